@@ -4393,16 +4393,104 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernelCount(
         ) as u32
     }
 }
-///`cudaLibraryUnload` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaLibraryLoadData` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadData(
+    library: *mut c_void,
+    code: *mut c_void,
+    jitOptions: *mut c_void,
+    jitOptionsValues: *mut c_void,
+    numJitOptions: u32,
+    libraryOptions: *mut c_void,
+    libraryOptionValues: *mut c_void,
+    numLibraryOptions: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLibraryLoadData",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::load_data(
+            &CTX,
+            library,
+            code,
+            jitOptions,
+            jitOptionsValues,
+            numJitOptions,
+            libraryOptions,
+            libraryOptionValues,
+            numLibraryOptions,
+        )
+    }
+}
+///`cudaLibraryLoadFromFile` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadFromFile(
+    library: *mut c_void,
+    fileName: *mut c_void,
+    jitOptions: *mut c_void,
+    jitOptionsValues: *mut c_void,
+    numJitOptions: u32,
+    libraryOptions: *mut c_void,
+    libraryOptionValues: *mut c_void,
+    numLibraryOptions: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLibraryLoadFromFile",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::load_from_file(
+            &CTX,
+            library,
+            fileName,
+            jitOptions,
+            jitOptionsValues,
+            numJitOptions,
+            libraryOptions,
+            libraryOptionValues,
+            numLibraryOptions,
+        )
+    }
+}
+///`cudaLibraryUnload` for CUDA 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryUnload(
     library: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaLibraryUnload,
-            &[(library) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLibraryUnload",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::unload(&CTX, library)
     }
 }
 ///`cudaLogsCurrent` for CUDA 13.0, 13.1 (sync).

@@ -4166,14 +4166,102 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetModule(
         ) as u32
     }
 }
-///`cuLibraryUnload` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLibraryLoadData` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadData(
+    library: *mut c_void,
+    code: *mut c_void,
+    jitOptions: *mut c_void,
+    jitOptionsValues: *mut c_void,
+    numJitOptions: u32,
+    libraryOptions: *mut c_void,
+    libraryOptionValues: *mut c_void,
+    numLibraryOptions: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLibraryLoadData",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::load_data(
+            &CTX,
+            library,
+            code,
+            jitOptions,
+            jitOptionsValues,
+            numJitOptions,
+            libraryOptions,
+            libraryOptionValues,
+            numLibraryOptions,
+        )
+    }
+}
+///`cuLibraryLoadFromFile` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadFromFile(
+    library: *mut c_void,
+    fileName: *mut c_void,
+    jitOptions: *mut c_void,
+    jitOptionsValues: *mut c_void,
+    numJitOptions: u32,
+    libraryOptions: *mut c_void,
+    libraryOptionValues: *mut c_void,
+    numLibraryOptions: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLibraryLoadFromFile",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::load_from_file(
+            &CTX,
+            library,
+            fileName,
+            jitOptions,
+            jitOptionsValues,
+            numJitOptions,
+            libraryOptions,
+            libraryOptionValues,
+            numLibraryOptions,
+        )
+    }
+}
+///`cuLibraryUnload` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryUnload(library: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuLibraryUnload,
-            &[(library) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLibraryUnload",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::unload(&CTX, library)
     }
 }
 ///`cuLinkDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -805,6 +805,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuLibraryGetModule" => {
             Some(driver::__chidori_driver_cuLibraryGetModule as *const c_void)
         }
+        "cuLibraryLoadData" => {
+            Some(driver::__chidori_driver_cuLibraryLoadData as *const c_void)
+        }
+        "cuLibraryLoadFromFile" => {
+            Some(driver::__chidori_driver_cuLibraryLoadFromFile as *const c_void)
+        }
         "cuLibraryUnload" => {
             Some(driver::__chidori_driver_cuLibraryUnload as *const c_void)
         }

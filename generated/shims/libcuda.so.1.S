@@ -1516,18 +1516,12 @@ cuLibraryGetUnifiedFunction:
     .globl cuLibraryLoadData
     .type cuLibraryLoadData, @function
 cuLibraryLoadData:
-    leaq .Lname34(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLibraryLoadData@PLT
     .size cuLibraryLoadData, .-cuLibraryLoadData
     .globl cuLibraryLoadFromFile
     .type cuLibraryLoadFromFile, @function
 cuLibraryLoadFromFile:
-    leaq .Lname35(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLibraryLoadFromFile@PLT
     .size cuLibraryLoadFromFile, .-cuLibraryLoadFromFile
     .globl cuLibraryUnload
     .type cuLibraryUnload, @function
@@ -1537,7 +1531,7 @@ cuLibraryUnload:
     .globl cuLinkAddData
     .type cuLinkAddData, @function
 cuLinkAddData:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1545,7 +1539,7 @@ cuLinkAddData:
     .globl cuLinkAddData_v2
     .type cuLinkAddData_v2, @function
 cuLinkAddData_v2:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1553,7 +1547,7 @@ cuLinkAddData_v2:
     .globl cuLinkAddFile
     .type cuLinkAddFile, @function
 cuLinkAddFile:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1561,7 +1555,7 @@ cuLinkAddFile:
     .globl cuLinkAddFile_v2
     .type cuLinkAddFile_v2, @function
 cuLinkAddFile_v2:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1569,7 +1563,7 @@ cuLinkAddFile_v2:
     .globl cuLinkComplete
     .type cuLinkComplete, @function
 cuLinkComplete:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1577,7 +1571,7 @@ cuLinkComplete:
     .globl cuLinkCreate
     .type cuLinkCreate, @function
 cuLinkCreate:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1585,7 +1579,7 @@ cuLinkCreate:
     .globl cuLinkCreate_v2
     .type cuLinkCreate_v2, @function
 cuLinkCreate_v2:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1603,7 +1597,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1611,7 +1605,7 @@ cuLogsDumpToFile:
     .globl cuLogsDumpToMemory
     .type cuLogsDumpToMemory, @function
 cuLogsDumpToMemory:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1619,7 +1613,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1652,7 +1646,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1690,7 +1684,7 @@ cuMemAllocHost_v2:
     .globl cuMemAllocManaged
     .type cuMemAllocManaged, @function
 cuMemAllocManaged:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1698,7 +1692,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1751,7 +1745,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1789,7 +1783,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1817,7 +1811,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1845,7 +1839,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1878,7 +1872,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1911,7 +1905,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1919,7 +1913,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1937,7 +1931,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1945,7 +1939,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2038,7 +2032,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2046,7 +2040,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2064,7 +2058,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2092,7 +2086,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2100,7 +2094,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2303,7 +2297,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2311,7 +2305,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2369,7 +2363,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2377,7 +2371,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2725,7 +2719,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cuOccupancyMaxActiveClusters
     .type cuOccupancyMaxActiveClusters, @function
 cuOccupancyMaxActiveClusters:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2743,7 +2737,7 @@ cuOccupancyMaxPotentialBlockSizeWithFlags:
     .globl cuOccupancyMaxPotentialClusterSize
     .type cuOccupancyMaxPotentialClusterSize, @function
 cuOccupancyMaxPotentialClusterSize:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2801,7 +2795,7 @@ cuProfilerStop:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2809,7 +2803,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2987,7 +2981,7 @@ cuStreamGetCtx_v2_ptsz:
     .globl cuStreamGetDevResource
     .type cuStreamGetDevResource, @function
 cuStreamGetDevResource:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2995,7 +2989,7 @@ cuStreamGetDevResource:
     .globl cuStreamGetDevResource_ptsz
     .type cuStreamGetDevResource_ptsz, @function
 cuStreamGetDevResource_ptsz:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3428,7 +3422,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3446,7 +3440,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3454,7 +3448,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3529,87 +3523,83 @@ cuWaitExternalSemaphoresAsync_ptsz:
 .Lname33:
     .asciz "cuLibraryGetUnifiedFunction"
 .Lname34:
-    .asciz "cuLibraryLoadData"
-.Lname35:
-    .asciz "cuLibraryLoadFromFile"
-.Lname36:
     .asciz "cuLinkAddData"
-.Lname37:
+.Lname35:
     .asciz "cuLinkAddData_v2"
-.Lname38:
+.Lname36:
     .asciz "cuLinkAddFile"
-.Lname39:
+.Lname37:
     .asciz "cuLinkAddFile_v2"
-.Lname40:
+.Lname38:
     .asciz "cuLinkComplete"
-.Lname41:
+.Lname39:
     .asciz "cuLinkCreate"
-.Lname42:
+.Lname40:
     .asciz "cuLinkCreate_v2"
-.Lname43:
+.Lname41:
     .asciz "cuLogsDumpToFile"
-.Lname44:
+.Lname42:
     .asciz "cuLogsDumpToMemory"
-.Lname45:
+.Lname43:
     .asciz "cuLogsRegisterCallback"
-.Lname46:
+.Lname44:
     .asciz "cuMemAlloc"
-.Lname47:
+.Lname45:
     .asciz "cuMemAllocManaged"
-.Lname48:
+.Lname46:
     .asciz "cuMemAllocPitch"
-.Lname49:
+.Lname47:
     .asciz "cuMemExportToShareableHandle"
-.Lname50:
+.Lname48:
     .asciz "cuMemGetAddressRange"
-.Lname51:
+.Lname49:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname52:
+.Lname50:
     .asciz "cuMemHostGetDevicePointer"
-.Lname53:
+.Lname51:
     .asciz "cuMemImportFromShareableHandle"
-.Lname54:
+.Lname52:
     .asciz "cuMemPoolExportPointer"
-.Lname55:
+.Lname53:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname56:
+.Lname54:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname57:
+.Lname55:
     .asciz "cuMemPoolImportPointer"
-.Lname58:
+.Lname56:
     .asciz "cuMemcpy2D"
-.Lname59:
+.Lname57:
     .asciz "cuMemcpy2DAsync"
-.Lname60:
+.Lname58:
     .asciz "cuMemcpy2DUnaligned"
-.Lname61:
+.Lname59:
     .asciz "cuMemcpy3D"
-.Lname62:
+.Lname60:
     .asciz "cuMemcpy3DAsync"
-.Lname63:
+.Lname61:
     .asciz "cuMemcpyDtoH"
-.Lname64:
+.Lname62:
     .asciz "cuMemcpyDtoHAsync"
-.Lname65:
+.Lname63:
     .asciz "cuMemcpyHtoD"
-.Lname66:
+.Lname64:
     .asciz "cuMemcpyHtoDAsync"
-.Lname67:
+.Lname65:
     .asciz "cuOccupancyMaxActiveClusters"
-.Lname68:
+.Lname66:
     .asciz "cuOccupancyMaxPotentialClusterSize"
-.Lname69:
+.Lname67:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname70:
+.Lname68:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname71:
+.Lname69:
     .asciz "cuStreamGetDevResource"
-.Lname72:
+.Lname70:
     .asciz "cuStreamGetDevResource_ptsz"
-.Lname73:
+.Lname71:
     .asciz "cuUserObjectCreate"
-.Lname74:
+.Lname72:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname75:
+.Lname73:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -1447,18 +1447,12 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname56(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryLoadData@PLT
     .size cudaLibraryLoadData, .-cudaLibraryLoadData
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname57(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryLoadFromFile@PLT
     .size cudaLibraryLoadFromFile, .-cudaLibraryLoadFromFile
     .globl cudaLibraryUnload
     .type cudaLibraryUnload, @function
@@ -1513,7 +1507,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1536,7 +1530,7 @@ cudaMemAdvise:
     .globl cudaMemAdvise_v2
     .type cudaMemAdvise_v2, @function
 cudaMemAdvise_v2:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1559,7 +1553,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1567,7 +1561,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1585,7 +1579,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1593,7 +1587,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1626,7 +1620,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemPrefetchAsync_v2
     .type cudaMemPrefetchAsync_v2, @function
 cudaMemPrefetchAsync_v2:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1634,7 +1628,7 @@ cudaMemPrefetchAsync_v2:
     .globl cudaMemPrefetchAsync_v2_ptsz
     .type cudaMemPrefetchAsync_v2_ptsz, @function
 cudaMemPrefetchAsync_v2_ptsz:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1987,7 +1981,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1995,7 +1989,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2053,7 +2047,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2061,7 +2055,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2069,7 +2063,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2077,7 +2071,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2175,7 +2169,7 @@ cudaStreamGetAttribute_ptsz:
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2183,7 +2177,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2191,7 +2185,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2199,7 +2193,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2207,7 +2201,7 @@ cudaStreamGetCaptureInfo_v2_ptsz:
     .globl cudaStreamGetCaptureInfo_v3
     .type cudaStreamGetCaptureInfo_v3, @function
 cudaStreamGetCaptureInfo_v3:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2215,7 +2209,7 @@ cudaStreamGetCaptureInfo_v3:
     .globl cudaStreamGetCaptureInfo_v3_ptsz
     .type cudaStreamGetCaptureInfo_v3_ptsz, @function
 cudaStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2313,7 +2307,7 @@ cudaStreamUpdateCaptureDependencies_ptsz:
     .globl cudaStreamUpdateCaptureDependencies_v2
     .type cudaStreamUpdateCaptureDependencies_v2, @function
 cudaStreamUpdateCaptureDependencies_v2:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2321,7 +2315,7 @@ cudaStreamUpdateCaptureDependencies_v2:
     .globl cudaStreamUpdateCaptureDependencies_v2_ptsz
     .type cudaStreamUpdateCaptureDependencies_v2_ptsz, @function
 cudaStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2374,7 +2368,7 @@ cudaThreadSynchronize:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2392,7 +2386,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2400,7 +2394,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2408,7 +2402,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2416,7 +2410,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2424,7 +2418,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2432,7 +2426,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2551,65 +2545,61 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname55:
     .asciz "cudaLibraryGetUnifiedFunction"
 .Lname56:
-    .asciz "cudaLibraryLoadData"
-.Lname57:
-    .asciz "cudaLibraryLoadFromFile"
-.Lname58:
     .asciz "cudaMallocManaged"
-.Lname59:
+.Lname57:
     .asciz "cudaMemAdvise_v2"
-.Lname60:
+.Lname58:
     .asciz "cudaMemPoolExportPointer"
-.Lname61:
+.Lname59:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname62:
+.Lname60:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname63:
+.Lname61:
     .asciz "cudaMemPoolImportPointer"
-.Lname64:
+.Lname62:
     .asciz "cudaMemPrefetchAsync_v2"
-.Lname65:
+.Lname63:
     .asciz "cudaMemPrefetchAsync_v2_ptsz"
-.Lname66:
+.Lname64:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname67:
+.Lname65:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname68:
+.Lname66:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname69:
+.Lname67:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname70:
+.Lname68:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname71:
+.Lname69:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname72:
+.Lname70:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname73:
+.Lname71:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname74:
+.Lname72:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname75:
+.Lname73:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname76:
+.Lname74:
     .asciz "cudaStreamGetCaptureInfo_v3"
-.Lname77:
+.Lname75:
     .asciz "cudaStreamGetCaptureInfo_v3_ptsz"
-.Lname78:
+.Lname76:
     .asciz "cudaStreamUpdateCaptureDependencies_v2"
-.Lname79:
+.Lname77:
     .asciz "cudaStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname80:
+.Lname78:
     .asciz "cudaUserObjectCreate"
-.Lname81:
+.Lname79:
     .asciz "cudaVDPAUGetDevice"
-.Lname82:
+.Lname80:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname83:
+.Lname81:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname84:
+.Lname82:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname85:
+.Lname83:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname86:
+.Lname84:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

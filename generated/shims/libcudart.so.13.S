@@ -1511,18 +1511,12 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname54(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryLoadData@PLT
     .size cudaLibraryLoadData, .-cudaLibraryLoadData
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname55(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryLoadFromFile@PLT
     .size cudaLibraryLoadFromFile, .-cudaLibraryLoadFromFile
     .globl cudaLibraryUnload
     .type cudaLibraryUnload, @function
@@ -1537,7 +1531,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1545,7 +1539,7 @@ cudaLogsDumpToFile:
     .globl cudaLogsDumpToMemory
     .type cudaLogsDumpToMemory, @function
 cudaLogsDumpToMemory:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1553,7 +1547,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1611,7 +1605,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1679,7 +1673,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1687,7 +1681,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1705,7 +1699,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1707,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2106,7 +2100,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2114,7 +2108,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2162,7 +2156,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2170,7 +2164,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2278,7 +2272,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetDevResource
     .type cudaStreamGetDevResource, @function
 cudaStreamGetDevResource:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2286,7 +2280,7 @@ cudaStreamGetDevResource:
     .globl cudaStreamGetDevResource_ptsz
     .type cudaStreamGetDevResource_ptsz, @function
 cudaStreamGetDevResource_ptsz:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2399,7 +2393,7 @@ cudaThreadExchangeStreamCaptureMode:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2417,7 +2411,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2425,7 +2419,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2433,7 +2427,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2441,7 +2435,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2556,45 +2550,41 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname53:
     .asciz "cudaLibraryGetUnifiedFunction"
 .Lname54:
-    .asciz "cudaLibraryLoadData"
-.Lname55:
-    .asciz "cudaLibraryLoadFromFile"
-.Lname56:
     .asciz "cudaLogsDumpToFile"
-.Lname57:
+.Lname55:
     .asciz "cudaLogsDumpToMemory"
-.Lname58:
+.Lname56:
     .asciz "cudaLogsRegisterCallback"
-.Lname59:
+.Lname57:
     .asciz "cudaMallocManaged"
-.Lname60:
+.Lname58:
     .asciz "cudaMemPoolExportPointer"
-.Lname61:
+.Lname59:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname62:
+.Lname60:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname63:
+.Lname61:
     .asciz "cudaMemPoolImportPointer"
-.Lname64:
+.Lname62:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname65:
+.Lname63:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname66:
+.Lname64:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname67:
+.Lname65:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname68:
+.Lname66:
     .asciz "cudaStreamGetDevResource"
-.Lname69:
+.Lname67:
     .asciz "cudaStreamGetDevResource_ptsz"
-.Lname70:
+.Lname68:
     .asciz "cudaUserObjectCreate"
-.Lname71:
+.Lname69:
     .asciz "cudaVDPAUGetDevice"
-.Lname72:
+.Lname70:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname73:
+.Lname71:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname74:
+.Lname72:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

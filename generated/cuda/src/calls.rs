@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 12037355528655941280u64;
+pub const SCHEMA_HASH: u64 = 8962840007367430711u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2471usize] = [
+pub static FUNCTIONS: [&str; 2469usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -777,7 +777,6 @@ pub static FUNCTIONS: [&str; 2471usize] = [
     "cudaLibraryGetGlobal",
     "cudaLibraryGetKernel",
     "cudaLibraryGetKernelCount",
-    "cudaLibraryUnload",
     "cudaLogsCurrent",
     "cudaLogsUnregisterCallback",
     "cudaMalloc",
@@ -1932,7 +1931,6 @@ pub static FUNCTIONS: [&str; 2471usize] = [
     "cuLibraryGetKernelCount",
     "cuLibraryGetManaged",
     "cuLibraryGetModule",
-    "cuLibraryUnload",
     "cuLinkDestroy",
     "cuLogsCurrent",
     "cuLogsUnregisterCallback",
@@ -2480,7 +2478,7 @@ pub static FUNCTIONS: [&str; 2471usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2471usize] = [
+pub static LIBRARY_OF: [&str; 2469usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -3103,7 +3101,6 @@ pub static LIBRARY_OF: [&str; 2471usize] = [
     "cublaslt",
     "cublaslt",
     "cublaslt",
-    "cudart",
     "cudart",
     "cudart",
     "cudart",
@@ -4203,7 +4200,6 @@ pub static LIBRARY_OF: [&str; 2471usize] = [
     "cusparselt",
     "cusparselt",
     "cusparselt",
-    "driver",
     "driver",
     "driver",
     "driver",
@@ -5124,7 +5120,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaLibraryGetGlobal,
     &cudart::cudaLibraryGetKernel,
     &cudart::cudaLibraryGetKernelCount,
-    &cudart::cudaLibraryUnload,
     &cudart::cudaLogsCurrent,
     &cudart::cudaLogsUnregisterCallback,
     &cudart::cudaMalloc__call,
@@ -5536,7 +5531,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuLibraryGetKernelCount,
     &driver::cuLibraryGetManaged,
     &driver::cuLibraryGetModule,
-    &driver::cuLibraryUnload,
     &driver::cuLinkDestroy,
     &driver::cuLogsCurrent,
     &driver::cuLogsUnregisterCallback,
@@ -7740,8 +7734,8 @@ pub mod cublas {
     use chidori_protocol::desc::*;
     static LEN_cublasDotEx__host_0: Len = Len::Lit(16u64);
     pub static cublasAxpyEx: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 781u32,
+        wire: 889u32,
+        call: 779u32,
         name: "cublasAxpyEx",
         form: None,
         library: "cublas",
@@ -7799,8 +7793,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasAxpyEx_64: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 782u32,
+        wire: 890u32,
+        call: 780u32,
         name: "cublasAxpyEx_64",
         form: None,
         library: "cublas",
@@ -7858,8 +7852,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 783u32,
+        wire: 891u32,
+        call: 781u32,
         name: "cublasCaxpy",
         form: None,
         library: "cublas",
@@ -7893,8 +7887,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 784u32,
+        wire: 892u32,
+        call: 782u32,
         name: "cublasCaxpy_v2",
         form: None,
         library: "cublas",
@@ -7936,8 +7930,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2_64: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 785u32,
+        wire: 893u32,
+        call: 783u32,
         name: "cublasCaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -7979,8 +7973,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 786u32,
+        wire: 894u32,
+        call: 784u32,
         name: "cublasCcopy",
         form: None,
         library: "cublas",
@@ -8013,8 +8007,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 787u32,
+        wire: 895u32,
+        call: 785u32,
         name: "cublasCcopy_v2",
         form: None,
         library: "cublas",
@@ -8051,8 +8045,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2_64: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 788u32,
+        wire: 896u32,
+        call: 786u32,
         name: "cublasCcopy_v2_64",
         form: None,
         library: "cublas",
@@ -8089,8 +8083,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 789u32,
+        wire: 897u32,
+        call: 787u32,
         name: "cublasCdgmm",
         form: None,
         library: "cublas",
@@ -8140,8 +8134,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm_64: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 790u32,
+        wire: 898u32,
+        call: 788u32,
         name: "cublasCdgmm_64",
         form: None,
         library: "cublas",
@@ -8191,8 +8185,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 791u32,
+        wire: 899u32,
+        call: 789u32,
         name: "cublasCdotc_v2",
         form: None,
         library: "cublas",
@@ -8234,8 +8228,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2_64: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 792u32,
+        wire: 900u32,
+        call: 790u32,
         name: "cublasCdotc_v2_64",
         form: None,
         library: "cublas",
@@ -8277,8 +8271,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 793u32,
+        wire: 901u32,
+        call: 791u32,
         name: "cublasCdotu_v2",
         form: None,
         library: "cublas",
@@ -8320,8 +8314,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2_64: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 794u32,
+        wire: 902u32,
+        call: 792u32,
         name: "cublasCdotu_v2_64",
         form: None,
         library: "cublas",
@@ -8363,8 +8357,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 795u32,
+        wire: 903u32,
+        call: 793u32,
         name: "cublasCgbmv",
         form: None,
         library: "cublas",
@@ -8420,8 +8414,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 796u32,
+        wire: 904u32,
+        call: 794u32,
         name: "cublasCgbmv_v2",
         form: None,
         library: "cublas",
@@ -8489,8 +8483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2_64: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 797u32,
+        wire: 905u32,
+        call: 795u32,
         name: "cublasCgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -8558,8 +8552,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 798u32,
+        wire: 906u32,
+        call: 796u32,
         name: "cublasCgeam",
         form: None,
         library: "cublas",
@@ -8623,8 +8617,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam_64: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 799u32,
+        wire: 907u32,
+        call: 797u32,
         name: "cublasCgeam_64",
         form: None,
         library: "cublas",
@@ -8688,8 +8682,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgelsBatched: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 800u32,
+        wire: 908u32,
+        call: 798u32,
         name: "cublasCgelsBatched",
         form: None,
         library: "cublas",
@@ -8749,8 +8743,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 801u32,
+        wire: 909u32,
+        call: 799u32,
         name: "cublasCgemm",
         form: None,
         library: "cublas",
@@ -8806,8 +8800,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 802u32,
+        wire: 910u32,
+        call: 800u32,
         name: "cublasCgemm3m",
         form: None,
         library: "cublas",
@@ -8875,8 +8869,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 803u32,
+        wire: 911u32,
+        call: 801u32,
         name: "cublasCgemm3mBatched",
         form: None,
         library: "cublas",
@@ -8948,8 +8942,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched_64: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 804u32,
+        wire: 912u32,
+        call: 802u32,
         name: "cublasCgemm3mBatched_64",
         form: None,
         library: "cublas",
@@ -9021,8 +9015,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 805u32,
+        wire: 913u32,
+        call: 803u32,
         name: "cublasCgemm3mEx",
         form: None,
         library: "cublas",
@@ -9102,8 +9096,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx_64: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 806u32,
+        wire: 914u32,
+        call: 804u32,
         name: "cublasCgemm3mEx_64",
         form: None,
         library: "cublas",
@@ -9183,8 +9177,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 807u32,
+        wire: 915u32,
+        call: 805u32,
         name: "cublasCgemm3mStridedBatched",
         form: None,
         library: "cublas",
@@ -9268,8 +9262,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched_64: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 808u32,
+        wire: 916u32,
+        call: 806u32,
         name: "cublasCgemm3mStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9353,8 +9347,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m_64: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 809u32,
+        wire: 917u32,
+        call: 807u32,
         name: "cublasCgemm3m_64",
         form: None,
         library: "cublas",
@@ -9422,8 +9416,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 810u32,
+        wire: 918u32,
+        call: 808u32,
         name: "cublasCgemmBatched",
         form: None,
         library: "cublas",
@@ -9495,8 +9489,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched_64: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 811u32,
+        wire: 919u32,
+        call: 809u32,
         name: "cublasCgemmBatched_64",
         form: None,
         library: "cublas",
@@ -9568,8 +9562,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 812u32,
+        wire: 920u32,
+        call: 810u32,
         name: "cublasCgemmEx",
         form: None,
         library: "cublas",
@@ -9649,8 +9643,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx_64: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 813u32,
+        wire: 921u32,
+        call: 811u32,
         name: "cublasCgemmEx_64",
         form: None,
         library: "cublas",
@@ -9730,8 +9724,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 814u32,
+        wire: 922u32,
+        call: 812u32,
         name: "cublasCgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -9815,8 +9809,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 815u32,
+        wire: 923u32,
+        call: 813u32,
         name: "cublasCgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9900,8 +9894,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 816u32,
+        wire: 924u32,
+        call: 814u32,
         name: "cublasCgemm_v2",
         form: None,
         library: "cublas",
@@ -9969,8 +9963,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2_64: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 817u32,
+        wire: 925u32,
+        call: 815u32,
         name: "cublasCgemm_v2_64",
         form: None,
         library: "cublas",
@@ -10038,8 +10032,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 818u32,
+        wire: 926u32,
+        call: 816u32,
         name: "cublasCgemv",
         form: None,
         library: "cublas",
@@ -10087,8 +10081,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 819u32,
+        wire: 927u32,
+        call: 817u32,
         name: "cublasCgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -10164,8 +10158,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 820u32,
+        wire: 928u32,
+        call: 818u32,
         name: "cublasCgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -10241,8 +10235,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 821u32,
+        wire: 929u32,
+        call: 819u32,
         name: "cublasCgemv_v2",
         form: None,
         library: "cublas",
@@ -10302,8 +10296,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2_64: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 822u32,
+        wire: 930u32,
+        call: 820u32,
         name: "cublasCgemv_v2_64",
         form: None,
         library: "cublas",
@@ -10363,8 +10357,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeqrfBatched: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 823u32,
+        wire: 931u32,
+        call: 821u32,
         name: "cublasCgeqrfBatched",
         form: None,
         library: "cublas",
@@ -10411,8 +10405,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 824u32,
+        wire: 932u32,
+        call: 822u32,
         name: "cublasCgerc",
         form: None,
         library: "cublas",
@@ -10455,8 +10449,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 825u32,
+        wire: 933u32,
+        call: 823u32,
         name: "cublasCgerc_v2",
         form: None,
         library: "cublas",
@@ -10507,8 +10501,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2_64: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 826u32,
+        wire: 934u32,
+        call: 824u32,
         name: "cublasCgerc_v2_64",
         form: None,
         library: "cublas",
@@ -10559,8 +10553,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 827u32,
+        wire: 935u32,
+        call: 825u32,
         name: "cublasCgeru",
         form: None,
         library: "cublas",
@@ -10603,8 +10597,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 828u32,
+        wire: 936u32,
+        call: 826u32,
         name: "cublasCgeru_v2",
         form: None,
         library: "cublas",
@@ -10655,8 +10649,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2_64: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 829u32,
+        wire: 937u32,
+        call: 827u32,
         name: "cublasCgeru_v2_64",
         form: None,
         library: "cublas",
@@ -10707,8 +10701,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrfBatched: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 830u32,
+        wire: 938u32,
+        call: 828u32,
         name: "cublasCgetrfBatched",
         form: None,
         library: "cublas",
@@ -10746,8 +10740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetriBatched: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 831u32,
+        wire: 939u32,
+        call: 829u32,
         name: "cublasCgetriBatched",
         form: None,
         library: "cublas",
@@ -10795,8 +10789,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrsBatched: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 832u32,
+        wire: 940u32,
+        call: 830u32,
         name: "cublasCgetrsBatched",
         form: None,
         library: "cublas",
@@ -10852,8 +10846,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 833u32,
+        wire: 941u32,
+        call: 831u32,
         name: "cublasChbmv",
         form: None,
         library: "cublas",
@@ -10901,8 +10895,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 834u32,
+        wire: 942u32,
+        call: 832u32,
         name: "cublasChbmv_v2",
         form: None,
         library: "cublas",
@@ -10962,8 +10956,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2_64: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 835u32,
+        wire: 943u32,
+        call: 833u32,
         name: "cublasChbmv_v2_64",
         form: None,
         library: "cublas",
@@ -11023,8 +11017,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 836u32,
+        wire: 944u32,
+        call: 834u32,
         name: "cublasChemm",
         form: None,
         library: "cublas",
@@ -11076,8 +11070,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 837u32,
+        wire: 945u32,
+        call: 835u32,
         name: "cublasChemm_v2",
         form: None,
         library: "cublas",
@@ -11141,8 +11135,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2_64: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 838u32,
+        wire: 946u32,
+        call: 836u32,
         name: "cublasChemm_v2_64",
         form: None,
         library: "cublas",
@@ -11206,8 +11200,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 839u32,
+        wire: 947u32,
+        call: 837u32,
         name: "cublasChemv",
         form: None,
         library: "cublas",
@@ -11251,8 +11245,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 840u32,
+        wire: 948u32,
+        call: 838u32,
         name: "cublasChemv_v2",
         form: None,
         library: "cublas",
@@ -11308,8 +11302,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2_64: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 841u32,
+        wire: 949u32,
+        call: 839u32,
         name: "cublasChemv_v2_64",
         form: None,
         library: "cublas",
@@ -11365,8 +11359,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 842u32,
+        wire: 950u32,
+        call: 840u32,
         name: "cublasCher",
         form: None,
         library: "cublas",
@@ -11407,8 +11401,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 843u32,
+        wire: 951u32,
+        call: 841u32,
         name: "cublasCher2",
         form: None,
         library: "cublas",
@@ -11451,8 +11445,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 844u32,
+        wire: 952u32,
+        call: 842u32,
         name: "cublasCher2_v2",
         form: None,
         library: "cublas",
@@ -11503,8 +11497,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2_64: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 845u32,
+        wire: 953u32,
+        call: 843u32,
         name: "cublasCher2_v2_64",
         form: None,
         library: "cublas",
@@ -11555,8 +11549,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 846u32,
+        wire: 954u32,
+        call: 844u32,
         name: "cublasCher2k",
         form: None,
         library: "cublas",
@@ -11611,8 +11605,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 847u32,
+        wire: 955u32,
+        call: 845u32,
         name: "cublasCher2k_v2",
         form: None,
         library: "cublas",
@@ -11676,8 +11670,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2_64: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 848u32,
+        wire: 956u32,
+        call: 846u32,
         name: "cublasCher2k_v2_64",
         form: None,
         library: "cublas",
@@ -11741,8 +11735,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 849u32,
+        wire: 957u32,
+        call: 847u32,
         name: "cublasCher_v2",
         form: None,
         library: "cublas",
@@ -11788,8 +11782,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2_64: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 850u32,
+        wire: 958u32,
+        call: 848u32,
         name: "cublasCher_v2_64",
         form: None,
         library: "cublas",
@@ -11835,8 +11829,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 851u32,
+        wire: 959u32,
+        call: 849u32,
         name: "cublasCherk",
         form: None,
         library: "cublas",
@@ -11889,8 +11883,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 852u32,
+        wire: 960u32,
+        call: 850u32,
         name: "cublasCherk3mEx",
         form: None,
         library: "cublas",
@@ -11957,8 +11951,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx_64: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 853u32,
+        wire: 961u32,
+        call: 851u32,
         name: "cublasCherk3mEx_64",
         form: None,
         library: "cublas",
@@ -12025,8 +12019,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 854u32,
+        wire: 962u32,
+        call: 852u32,
         name: "cublasCherkEx",
         form: None,
         library: "cublas",
@@ -12093,8 +12087,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx_64: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 855u32,
+        wire: 963u32,
+        call: 853u32,
         name: "cublasCherkEx_64",
         form: None,
         library: "cublas",
@@ -12161,8 +12155,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 856u32,
+        wire: 964u32,
+        call: 854u32,
         name: "cublasCherk_v2",
         form: None,
         library: "cublas",
@@ -12221,8 +12215,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2_64: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 857u32,
+        wire: 965u32,
+        call: 855u32,
         name: "cublasCherk_v2_64",
         form: None,
         library: "cublas",
@@ -12281,8 +12275,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 858u32,
+        wire: 966u32,
+        call: 856u32,
         name: "cublasCherkx",
         form: None,
         library: "cublas",
@@ -12346,8 +12340,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx_64: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 859u32,
+        wire: 967u32,
+        call: 857u32,
         name: "cublasCherkx_64",
         form: None,
         library: "cublas",
@@ -12411,8 +12405,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 860u32,
+        wire: 968u32,
+        call: 858u32,
         name: "cublasChpmv",
         form: None,
         library: "cublas",
@@ -12457,8 +12451,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 861u32,
+        wire: 969u32,
+        call: 859u32,
         name: "cublasChpmv_v2",
         form: None,
         library: "cublas",
@@ -12515,8 +12509,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2_64: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 862u32,
+        wire: 970u32,
+        call: 860u32,
         name: "cublasChpmv_v2_64",
         form: None,
         library: "cublas",
@@ -12573,8 +12567,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 863u32,
+        wire: 971u32,
+        call: 861u32,
         name: "cublasCopyEx",
         form: None,
         library: "cublas",
@@ -12619,8 +12613,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx_64: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 864u32,
+        wire: 972u32,
+        call: 862u32,
         name: "cublasCopyEx_64",
         form: None,
         library: "cublas",
@@ -12665,8 +12659,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCreate_v2__call: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 865u32,
+        wire: 973u32,
+        call: 863u32,
         name: "cublasCreate_v2",
         form: Some("call"),
         library: "cublas",
@@ -12689,8 +12683,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 866u32,
+        wire: 974u32,
+        call: 864u32,
         name: "cublasCrot",
         form: None,
         library: "cublas",
@@ -12728,8 +12722,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 867u32,
+        wire: 975u32,
+        call: 865u32,
         name: "cublasCrot_v2",
         form: None,
         library: "cublas",
@@ -12776,8 +12770,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2_64: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 868u32,
+        wire: 976u32,
+        call: 866u32,
         name: "cublasCrot_v2_64",
         form: None,
         library: "cublas",
@@ -12824,8 +12818,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrotg_v2: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 869u32,
+        wire: 977u32,
+        call: 867u32,
         name: "cublasCrotg_v2",
         form: None,
         library: "cublas",
@@ -12868,8 +12862,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 870u32,
+        wire: 978u32,
+        call: 868u32,
         name: "cublasCscal",
         form: None,
         library: "cublas",
@@ -12898,8 +12892,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 871u32,
+        wire: 979u32,
+        call: 869u32,
         name: "cublasCscal_v2",
         form: None,
         library: "cublas",
@@ -12936,8 +12930,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2_64: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 872u32,
+        wire: 980u32,
+        call: 870u32,
         name: "cublasCscal_v2_64",
         form: None,
         library: "cublas",
@@ -12974,8 +12968,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 873u32,
+        wire: 981u32,
+        call: 871u32,
         name: "cublasCsrot",
         form: None,
         library: "cublas",
@@ -13016,8 +13010,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 874u32,
+        wire: 982u32,
+        call: 872u32,
         name: "cublasCsrot_v2",
         form: None,
         library: "cublas",
@@ -13064,8 +13058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2_64: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 875u32,
+        wire: 983u32,
+        call: 873u32,
         name: "cublasCsrot_v2_64",
         form: None,
         library: "cublas",
@@ -13112,8 +13106,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 876u32,
+        wire: 984u32,
+        call: 874u32,
         name: "cublasCsscal",
         form: None,
         library: "cublas",
@@ -13145,8 +13139,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 877u32,
+        wire: 985u32,
+        call: 875u32,
         name: "cublasCsscal_v2",
         form: None,
         library: "cublas",
@@ -13183,8 +13177,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2_64: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 878u32,
+        wire: 986u32,
+        call: 876u32,
         name: "cublasCsscal_v2_64",
         form: None,
         library: "cublas",
@@ -13221,8 +13215,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 879u32,
+        wire: 987u32,
+        call: 877u32,
         name: "cublasCswap",
         form: None,
         library: "cublas",
@@ -13255,8 +13249,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 880u32,
+        wire: 988u32,
+        call: 878u32,
         name: "cublasCswap_v2",
         form: None,
         library: "cublas",
@@ -13293,8 +13287,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2_64: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 881u32,
+        wire: 989u32,
+        call: 879u32,
         name: "cublasCswap_v2_64",
         form: None,
         library: "cublas",
@@ -13331,8 +13325,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 882u32,
+        wire: 990u32,
+        call: 880u32,
         name: "cublasCsymm",
         form: None,
         library: "cublas",
@@ -13384,8 +13378,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 883u32,
+        wire: 991u32,
+        call: 881u32,
         name: "cublasCsymm_v2",
         form: None,
         library: "cublas",
@@ -13449,8 +13443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2_64: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 884u32,
+        wire: 992u32,
+        call: 882u32,
         name: "cublasCsymm_v2_64",
         form: None,
         library: "cublas",
@@ -13514,8 +13508,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 885u32,
+        wire: 993u32,
+        call: 883u32,
         name: "cublasCsymv_v2",
         form: None,
         library: "cublas",
@@ -13571,8 +13565,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2_64: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 886u32,
+        wire: 994u32,
+        call: 884u32,
         name: "cublasCsymv_v2_64",
         form: None,
         library: "cublas",
@@ -13628,8 +13622,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 887u32,
+        wire: 995u32,
+        call: 885u32,
         name: "cublasCsyr2_v2",
         form: None,
         library: "cublas",
@@ -13680,8 +13674,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2_64: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 888u32,
+        wire: 996u32,
+        call: 886u32,
         name: "cublasCsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -13732,8 +13726,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 889u32,
+        wire: 997u32,
+        call: 887u32,
         name: "cublasCsyr2k",
         form: None,
         library: "cublas",
@@ -13785,8 +13779,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 890u32,
+        wire: 998u32,
+        call: 888u32,
         name: "cublasCsyr2k_v2",
         form: None,
         library: "cublas",
@@ -13850,8 +13844,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 891u32,
+        wire: 999u32,
+        call: 889u32,
         name: "cublasCsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -13915,8 +13909,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 892u32,
+        wire: 1000u32,
+        call: 890u32,
         name: "cublasCsyr_v2",
         form: None,
         library: "cublas",
@@ -13962,8 +13956,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2_64: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 893u32,
+        wire: 1001u32,
+        call: 891u32,
         name: "cublasCsyr_v2_64",
         form: None,
         library: "cublas",
@@ -14009,8 +14003,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 894u32,
+        wire: 1002u32,
+        call: 892u32,
         name: "cublasCsyrk",
         form: None,
         library: "cublas",
@@ -14057,8 +14051,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 895u32,
+        wire: 1003u32,
+        call: 893u32,
         name: "cublasCsyrk3mEx",
         form: None,
         library: "cublas",
@@ -14125,8 +14119,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx_64: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 896u32,
+        wire: 1004u32,
+        call: 894u32,
         name: "cublasCsyrk3mEx_64",
         form: None,
         library: "cublas",
@@ -14193,8 +14187,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 897u32,
+        wire: 1005u32,
+        call: 895u32,
         name: "cublasCsyrkEx",
         form: None,
         library: "cublas",
@@ -14261,8 +14255,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx_64: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 898u32,
+        wire: 1006u32,
+        call: 896u32,
         name: "cublasCsyrkEx_64",
         form: None,
         library: "cublas",
@@ -14329,8 +14323,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 899u32,
+        wire: 1007u32,
+        call: 897u32,
         name: "cublasCsyrk_v2",
         form: None,
         library: "cublas",
@@ -14389,8 +14383,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 900u32,
+        wire: 1008u32,
+        call: 898u32,
         name: "cublasCsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -14449,8 +14443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 901u32,
+        wire: 1009u32,
+        call: 899u32,
         name: "cublasCsyrkx",
         form: None,
         library: "cublas",
@@ -14514,8 +14508,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx_64: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 902u32,
+        wire: 1010u32,
+        call: 900u32,
         name: "cublasCsyrkx_64",
         form: None,
         library: "cublas",
@@ -14579,8 +14573,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 903u32,
+        wire: 1011u32,
+        call: 901u32,
         name: "cublasCtbmv",
         form: None,
         library: "cublas",
@@ -14629,8 +14623,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 904u32,
+        wire: 1012u32,
+        call: 902u32,
         name: "cublasCtbmv_v2",
         form: None,
         library: "cublas",
@@ -14683,8 +14677,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 905u32,
+        wire: 1013u32,
+        call: 903u32,
         name: "cublasCtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -14737,8 +14731,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 906u32,
+        wire: 1014u32,
+        call: 904u32,
         name: "cublasCtbsv",
         form: None,
         library: "cublas",
@@ -14787,8 +14781,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 907u32,
+        wire: 1015u32,
+        call: 905u32,
         name: "cublasCtbsv_v2",
         form: None,
         library: "cublas",
@@ -14841,8 +14835,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 908u32,
+        wire: 1016u32,
+        call: 906u32,
         name: "cublasCtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -14895,8 +14889,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 909u32,
+        wire: 1017u32,
+        call: 907u32,
         name: "cublasCtpmv",
         form: None,
         library: "cublas",
@@ -14942,8 +14936,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 910u32,
+        wire: 1018u32,
+        call: 908u32,
         name: "cublasCtpmv_v2",
         form: None,
         library: "cublas",
@@ -14993,8 +14987,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 911u32,
+        wire: 1019u32,
+        call: 909u32,
         name: "cublasCtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -15044,8 +15038,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 912u32,
+        wire: 1020u32,
+        call: 910u32,
         name: "cublasCtpsv",
         form: None,
         library: "cublas",
@@ -15091,8 +15085,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 913u32,
+        wire: 1021u32,
+        call: 911u32,
         name: "cublasCtpsv_v2",
         form: None,
         library: "cublas",
@@ -15142,8 +15136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 914u32,
+        wire: 1022u32,
+        call: 912u32,
         name: "cublasCtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -15193,8 +15187,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpttr: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 915u32,
+        wire: 1023u32,
+        call: 913u32,
         name: "cublasCtpttr",
         form: None,
         library: "cublas",
@@ -15236,8 +15230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 916u32,
+        wire: 1024u32,
+        call: 914u32,
         name: "cublasCtrmm",
         form: None,
         library: "cublas",
@@ -15291,8 +15285,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 917u32,
+        wire: 1025u32,
+        call: 915u32,
         name: "cublasCtrmm_v2",
         form: None,
         library: "cublas",
@@ -15359,8 +15353,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 918u32,
+        wire: 1026u32,
+        call: 916u32,
         name: "cublasCtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -15427,8 +15421,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 919u32,
+        wire: 1027u32,
+        call: 917u32,
         name: "cublasCtrmv",
         form: None,
         library: "cublas",
@@ -15473,8 +15467,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 920u32,
+        wire: 1028u32,
+        call: 918u32,
         name: "cublasCtrmv_v2",
         form: None,
         library: "cublas",
@@ -15523,8 +15517,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 921u32,
+        wire: 1029u32,
+        call: 919u32,
         name: "cublasCtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -15573,8 +15567,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 922u32,
+        wire: 1030u32,
+        call: 920u32,
         name: "cublasCtrsm",
         form: None,
         library: "cublas",
@@ -15628,8 +15622,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 923u32,
+        wire: 1031u32,
+        call: 921u32,
         name: "cublasCtrsmBatched",
         form: None,
         library: "cublas",
@@ -15695,8 +15689,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 924u32,
+        wire: 1032u32,
+        call: 922u32,
         name: "cublasCtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -15762,8 +15756,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 925u32,
+        wire: 1033u32,
+        call: 923u32,
         name: "cublasCtrsm_v2",
         form: None,
         library: "cublas",
@@ -15825,8 +15819,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 926u32,
+        wire: 1034u32,
+        call: 924u32,
         name: "cublasCtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -15888,8 +15882,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 927u32,
+        wire: 1035u32,
+        call: 925u32,
         name: "cublasCtrsv",
         form: None,
         library: "cublas",
@@ -15934,8 +15928,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 928u32,
+        wire: 1036u32,
+        call: 926u32,
         name: "cublasCtrsv_v2",
         form: None,
         library: "cublas",
@@ -15984,8 +15978,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 929u32,
+        wire: 1037u32,
+        call: 927u32,
         name: "cublasCtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -16034,8 +16028,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 930u32,
+        wire: 1038u32,
+        call: 928u32,
         name: "cublasDasum",
         form: None,
         library: "cublas",
@@ -16066,8 +16060,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 931u32,
+        wire: 1039u32,
+        call: 929u32,
         name: "cublasDasum_v2",
         form: None,
         library: "cublas",
@@ -16104,8 +16098,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2_64: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 932u32,
+        wire: 1040u32,
+        call: 930u32,
         name: "cublasDasum_v2_64",
         form: None,
         library: "cublas",
@@ -16142,8 +16136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 933u32,
+        wire: 1041u32,
+        call: 931u32,
         name: "cublasDaxpy",
         form: None,
         library: "cublas",
@@ -16180,8 +16174,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 934u32,
+        wire: 1042u32,
+        call: 932u32,
         name: "cublasDaxpy_v2",
         form: None,
         library: "cublas",
@@ -16223,8 +16217,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 935u32,
+        wire: 1043u32,
+        call: 933u32,
         name: "cublasDaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -16266,8 +16260,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 936u32,
+        wire: 1044u32,
+        call: 934u32,
         name: "cublasDcopy",
         form: None,
         library: "cublas",
@@ -16300,8 +16294,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 937u32,
+        wire: 1045u32,
+        call: 935u32,
         name: "cublasDcopy_v2",
         form: None,
         library: "cublas",
@@ -16338,8 +16332,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2_64: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 938u32,
+        wire: 1046u32,
+        call: 936u32,
         name: "cublasDcopy_v2_64",
         form: None,
         library: "cublas",
@@ -16376,8 +16370,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 939u32,
+        wire: 1047u32,
+        call: 937u32,
         name: "cublasDdgmm",
         form: None,
         library: "cublas",
@@ -16427,8 +16421,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm_64: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 940u32,
+        wire: 1048u32,
+        call: 938u32,
         name: "cublasDdgmm_64",
         form: None,
         library: "cublas",
@@ -16478,8 +16472,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 941u32,
+        wire: 1049u32,
+        call: 939u32,
         name: "cublasDdot",
         form: None,
         library: "cublas",
@@ -16515,8 +16509,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 942u32,
+        wire: 1050u32,
+        call: 940u32,
         name: "cublasDdot_v2",
         form: None,
         library: "cublas",
@@ -16558,8 +16552,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2_64: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 943u32,
+        wire: 1051u32,
+        call: 941u32,
         name: "cublasDdot_v2_64",
         form: None,
         library: "cublas",
@@ -16601,8 +16595,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 944u32,
+        wire: 1052u32,
+        call: 942u32,
         name: "cublasDestroy_v2",
         form: None,
         library: "cublas",
@@ -16625,8 +16619,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 945u32,
+        wire: 1053u32,
+        call: 943u32,
         name: "cublasDgbmv",
         form: None,
         library: "cublas",
@@ -16688,8 +16682,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 946u32,
+        wire: 1054u32,
+        call: 944u32,
         name: "cublasDgbmv_v2",
         form: None,
         library: "cublas",
@@ -16757,8 +16751,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 947u32,
+        wire: 1055u32,
+        call: 945u32,
         name: "cublasDgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -16826,8 +16820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 948u32,
+        wire: 1056u32,
+        call: 946u32,
         name: "cublasDgeam",
         form: None,
         library: "cublas",
@@ -16891,8 +16885,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam_64: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 949u32,
+        wire: 1057u32,
+        call: 947u32,
         name: "cublasDgeam_64",
         form: None,
         library: "cublas",
@@ -16956,8 +16950,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgelsBatched: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 950u32,
+        wire: 1058u32,
+        call: 948u32,
         name: "cublasDgelsBatched",
         form: None,
         library: "cublas",
@@ -17017,8 +17011,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 951u32,
+        wire: 1059u32,
+        call: 949u32,
         name: "cublasDgemm",
         form: None,
         library: "cublas",
@@ -17080,8 +17074,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 952u32,
+        wire: 1060u32,
+        call: 950u32,
         name: "cublasDgemmBatched",
         form: None,
         library: "cublas",
@@ -17153,8 +17147,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched_64: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 953u32,
+        wire: 1061u32,
+        call: 951u32,
         name: "cublasDgemmBatched_64",
         form: None,
         library: "cublas",
@@ -17226,8 +17220,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 954u32,
+        wire: 1062u32,
+        call: 952u32,
         name: "cublasDgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -17311,8 +17305,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 955u32,
+        wire: 1063u32,
+        call: 953u32,
         name: "cublasDgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -17396,8 +17390,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 956u32,
+        wire: 1064u32,
+        call: 954u32,
         name: "cublasDgemm_v2",
         form: None,
         library: "cublas",
@@ -17465,8 +17459,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2_64: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 957u32,
+        wire: 1065u32,
+        call: 955u32,
         name: "cublasDgemm_v2_64",
         form: None,
         library: "cublas",
@@ -17534,8 +17528,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 958u32,
+        wire: 1066u32,
+        call: 956u32,
         name: "cublasDgemv",
         form: None,
         library: "cublas",
@@ -17589,8 +17583,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 959u32,
+        wire: 1067u32,
+        call: 957u32,
         name: "cublasDgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -17666,8 +17660,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 960u32,
+        wire: 1068u32,
+        call: 958u32,
         name: "cublasDgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -17743,8 +17737,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 961u32,
+        wire: 1069u32,
+        call: 959u32,
         name: "cublasDgemv_v2",
         form: None,
         library: "cublas",
@@ -17804,8 +17798,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2_64: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 962u32,
+        wire: 1070u32,
+        call: 960u32,
         name: "cublasDgemv_v2_64",
         form: None,
         library: "cublas",
@@ -17865,8 +17859,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeqrfBatched: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 963u32,
+        wire: 1071u32,
+        call: 961u32,
         name: "cublasDgeqrfBatched",
         form: None,
         library: "cublas",
@@ -17913,8 +17907,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 964u32,
+        wire: 1072u32,
+        call: 962u32,
         name: "cublasDger",
         form: None,
         library: "cublas",
@@ -17960,8 +17954,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 965u32,
+        wire: 1073u32,
+        call: 963u32,
         name: "cublasDger_v2",
         form: None,
         library: "cublas",
@@ -18012,8 +18006,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2_64: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 966u32,
+        wire: 1074u32,
+        call: 964u32,
         name: "cublasDger_v2_64",
         form: None,
         library: "cublas",
@@ -18064,8 +18058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrfBatched: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 967u32,
+        wire: 1075u32,
+        call: 965u32,
         name: "cublasDgetrfBatched",
         form: None,
         library: "cublas",
@@ -18103,8 +18097,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetriBatched: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 968u32,
+        wire: 1076u32,
+        call: 966u32,
         name: "cublasDgetriBatched",
         form: None,
         library: "cublas",
@@ -18152,8 +18146,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrsBatched: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 969u32,
+        wire: 1077u32,
+        call: 967u32,
         name: "cublasDgetrsBatched",
         form: None,
         library: "cublas",
@@ -18209,8 +18203,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 970u32,
+        wire: 1078u32,
+        call: 968u32,
         name: "cublasDnrm2",
         form: None,
         library: "cublas",
@@ -18241,8 +18235,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 971u32,
+        wire: 1079u32,
+        call: 969u32,
         name: "cublasDnrm2_v2",
         form: None,
         library: "cublas",
@@ -18279,8 +18273,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 972u32,
+        wire: 1080u32,
+        call: 970u32,
         name: "cublasDnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -18317,8 +18311,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__device: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 973u32,
+        wire: 1081u32,
+        call: 971u32,
         name: "cublasDotEx",
         form: Some("device"),
         library: "cublas",
@@ -18372,8 +18366,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__host: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 973u32,
+        wire: 1082u32,
+        call: 971u32,
         name: "cublasDotEx",
         form: Some("host"),
         library: "cublas",
@@ -18432,8 +18426,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 974u32,
+        wire: 1083u32,
+        call: 972u32,
         name: "cublasDrot",
         form: None,
         library: "cublas",
@@ -18474,8 +18468,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 975u32,
+        wire: 1084u32,
+        call: 973u32,
         name: "cublasDrot_v2",
         form: None,
         library: "cublas",
@@ -18522,8 +18516,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 976u32,
+        wire: 1085u32,
+        call: 974u32,
         name: "cublasDrot_v2_64",
         form: None,
         library: "cublas",
@@ -18570,8 +18564,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 977u32,
+        wire: 1086u32,
+        call: 975u32,
         name: "cublasDrotg_v2",
         form: None,
         library: "cublas",
@@ -18614,8 +18608,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotm_v2: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 978u32,
+        wire: 1087u32,
+        call: 976u32,
         name: "cublasDrotm_v2",
         form: None,
         library: "cublas",
@@ -18657,8 +18651,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotmg_v2: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 979u32,
+        wire: 1088u32,
+        call: 977u32,
         name: "cublasDrotmg_v2",
         form: None,
         library: "cublas",
@@ -18706,8 +18700,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 980u32,
+        wire: 1089u32,
+        call: 978u32,
         name: "cublasDsbmv",
         form: None,
         library: "cublas",
@@ -18761,8 +18755,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 981u32,
+        wire: 1090u32,
+        call: 979u32,
         name: "cublasDsbmv_v2",
         form: None,
         library: "cublas",
@@ -18822,8 +18816,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 982u32,
+        wire: 1091u32,
+        call: 980u32,
         name: "cublasDsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -18883,8 +18877,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 983u32,
+        wire: 1092u32,
+        call: 981u32,
         name: "cublasDscal",
         form: None,
         library: "cublas",
@@ -18916,8 +18910,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 984u32,
+        wire: 1093u32,
+        call: 982u32,
         name: "cublasDscal_v2",
         form: None,
         library: "cublas",
@@ -18954,8 +18948,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 985u32,
+        wire: 1094u32,
+        call: 983u32,
         name: "cublasDscal_v2_64",
         form: None,
         library: "cublas",
@@ -18992,8 +18986,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 986u32,
+        wire: 1095u32,
+        call: 984u32,
         name: "cublasDswap",
         form: None,
         library: "cublas",
@@ -19026,8 +19020,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 987u32,
+        wire: 1096u32,
+        call: 985u32,
         name: "cublasDswap_v2",
         form: None,
         library: "cublas",
@@ -19064,8 +19058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 988u32,
+        wire: 1097u32,
+        call: 986u32,
         name: "cublasDswap_v2_64",
         form: None,
         library: "cublas",
@@ -19102,8 +19096,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 989u32,
+        wire: 1098u32,
+        call: 987u32,
         name: "cublasDsymm",
         form: None,
         library: "cublas",
@@ -19161,8 +19155,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 990u32,
+        wire: 1099u32,
+        call: 988u32,
         name: "cublasDsymm_v2",
         form: None,
         library: "cublas",
@@ -19226,8 +19220,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 991u32,
+        wire: 1100u32,
+        call: 989u32,
         name: "cublasDsymm_v2_64",
         form: None,
         library: "cublas",
@@ -19291,8 +19285,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 992u32,
+        wire: 1101u32,
+        call: 990u32,
         name: "cublasDsymv",
         form: None,
         library: "cublas",
@@ -19342,8 +19336,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 993u32,
+        wire: 1102u32,
+        call: 991u32,
         name: "cublasDsymv_v2",
         form: None,
         library: "cublas",
@@ -19399,8 +19393,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 994u32,
+        wire: 1103u32,
+        call: 992u32,
         name: "cublasDsymv_v2_64",
         form: None,
         library: "cublas",
@@ -19456,8 +19450,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 995u32,
+        wire: 1104u32,
+        call: 993u32,
         name: "cublasDsyr",
         form: None,
         library: "cublas",
@@ -19498,8 +19492,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 996u32,
+        wire: 1105u32,
+        call: 994u32,
         name: "cublasDsyr2",
         form: None,
         library: "cublas",
@@ -19545,8 +19539,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 997u32,
+        wire: 1106u32,
+        call: 995u32,
         name: "cublasDsyr2_v2",
         form: None,
         library: "cublas",
@@ -19597,8 +19591,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 998u32,
+        wire: 1107u32,
+        call: 996u32,
         name: "cublasDsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -19649,8 +19643,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 999u32,
+        wire: 1108u32,
+        call: 997u32,
         name: "cublasDsyr2k",
         form: None,
         library: "cublas",
@@ -19708,8 +19702,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 1000u32,
+        wire: 1109u32,
+        call: 998u32,
         name: "cublasDsyr2k_v2",
         form: None,
         library: "cublas",
@@ -19773,8 +19767,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 1001u32,
+        wire: 1110u32,
+        call: 999u32,
         name: "cublasDsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -19838,8 +19832,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 1002u32,
+        wire: 1111u32,
+        call: 1000u32,
         name: "cublasDsyr_v2",
         form: None,
         library: "cublas",
@@ -19885,8 +19879,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 1003u32,
+        wire: 1112u32,
+        call: 1001u32,
         name: "cublasDsyr_v2_64",
         form: None,
         library: "cublas",
@@ -19932,8 +19926,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 1004u32,
+        wire: 1113u32,
+        call: 1002u32,
         name: "cublasDsyrk",
         form: None,
         library: "cublas",
@@ -19986,8 +19980,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 1005u32,
+        wire: 1114u32,
+        call: 1003u32,
         name: "cublasDsyrk_v2",
         form: None,
         library: "cublas",
@@ -20046,8 +20040,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 1006u32,
+        wire: 1115u32,
+        call: 1004u32,
         name: "cublasDsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -20106,8 +20100,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 1007u32,
+        wire: 1116u32,
+        call: 1005u32,
         name: "cublasDsyrkx",
         form: None,
         library: "cublas",
@@ -20171,8 +20165,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 1008u32,
+        wire: 1117u32,
+        call: 1006u32,
         name: "cublasDsyrkx_64",
         form: None,
         library: "cublas",
@@ -20236,8 +20230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 1009u32,
+        wire: 1118u32,
+        call: 1007u32,
         name: "cublasDtbmv",
         form: None,
         library: "cublas",
@@ -20286,8 +20280,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 1010u32,
+        wire: 1119u32,
+        call: 1008u32,
         name: "cublasDtbmv_v2",
         form: None,
         library: "cublas",
@@ -20340,8 +20334,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 1011u32,
+        wire: 1120u32,
+        call: 1009u32,
         name: "cublasDtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -20394,8 +20388,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 1012u32,
+        wire: 1121u32,
+        call: 1010u32,
         name: "cublasDtbsv",
         form: None,
         library: "cublas",
@@ -20444,8 +20438,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 1013u32,
+        wire: 1122u32,
+        call: 1011u32,
         name: "cublasDtbsv_v2",
         form: None,
         library: "cublas",
@@ -20498,8 +20492,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1014u32,
+        wire: 1123u32,
+        call: 1012u32,
         name: "cublasDtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -20552,8 +20546,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1015u32,
+        wire: 1124u32,
+        call: 1013u32,
         name: "cublasDtrmm",
         form: None,
         library: "cublas",
@@ -20610,8 +20604,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1016u32,
+        wire: 1125u32,
+        call: 1014u32,
         name: "cublasDtrmm_v2",
         form: None,
         library: "cublas",
@@ -20678,8 +20672,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1017u32,
+        wire: 1126u32,
+        call: 1015u32,
         name: "cublasDtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -20746,8 +20740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1018u32,
+        wire: 1127u32,
+        call: 1016u32,
         name: "cublasDtrmv",
         form: None,
         library: "cublas",
@@ -20792,8 +20786,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1019u32,
+        wire: 1128u32,
+        call: 1017u32,
         name: "cublasDtrmv_v2",
         form: None,
         library: "cublas",
@@ -20842,8 +20836,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1020u32,
+        wire: 1129u32,
+        call: 1018u32,
         name: "cublasDtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -20892,8 +20886,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1021u32,
+        wire: 1130u32,
+        call: 1019u32,
         name: "cublasDtrsm",
         form: None,
         library: "cublas",
@@ -20950,8 +20944,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1022u32,
+        wire: 1131u32,
+        call: 1020u32,
         name: "cublasDtrsmBatched",
         form: None,
         library: "cublas",
@@ -21017,8 +21011,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1023u32,
+        wire: 1132u32,
+        call: 1021u32,
         name: "cublasDtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -21084,8 +21078,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1024u32,
+        wire: 1133u32,
+        call: 1022u32,
         name: "cublasDtrsm_v2",
         form: None,
         library: "cublas",
@@ -21147,8 +21141,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1025u32,
+        wire: 1134u32,
+        call: 1023u32,
         name: "cublasDtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -21210,8 +21204,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1026u32,
+        wire: 1135u32,
+        call: 1024u32,
         name: "cublasDtrsv",
         form: None,
         library: "cublas",
@@ -21256,8 +21250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1027u32,
+        wire: 1136u32,
+        call: 1025u32,
         name: "cublasDtrsv_v2",
         form: None,
         library: "cublas",
@@ -21306,8 +21300,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1028u32,
+        wire: 1137u32,
+        call: 1026u32,
         name: "cublasDtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -21356,8 +21350,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1029u32,
+        wire: 1138u32,
+        call: 1027u32,
         name: "cublasDzasum",
         form: None,
         library: "cublas",
@@ -21388,8 +21382,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1030u32,
+        wire: 1139u32,
+        call: 1028u32,
         name: "cublasDzasum_v2",
         form: None,
         library: "cublas",
@@ -21426,8 +21420,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1031u32,
+        wire: 1140u32,
+        call: 1029u32,
         name: "cublasDzasum_v2_64",
         form: None,
         library: "cublas",
@@ -21464,8 +21458,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1032u32,
+        wire: 1141u32,
+        call: 1030u32,
         name: "cublasDznrm2",
         form: None,
         library: "cublas",
@@ -21496,8 +21490,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1033u32,
+        wire: 1142u32,
+        call: 1031u32,
         name: "cublasDznrm2_v2",
         form: None,
         library: "cublas",
@@ -21534,8 +21528,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1034u32,
+        wire: 1143u32,
+        call: 1032u32,
         name: "cublasDznrm2_v2_64",
         form: None,
         library: "cublas",
@@ -21572,8 +21566,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1035u32,
+        wire: 1144u32,
+        call: 1033u32,
         name: "cublasGemmBatchedEx",
         form: None,
         library: "cublas",
@@ -21665,8 +21659,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1036u32,
+        wire: 1145u32,
+        call: 1034u32,
         name: "cublasGemmBatchedEx_64",
         form: None,
         library: "cublas",
@@ -21758,8 +21752,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1037u32,
+        wire: 1146u32,
+        call: 1035u32,
         name: "cublasGemmEx",
         form: None,
         library: "cublas",
@@ -21847,8 +21841,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1038u32,
+        wire: 1147u32,
+        call: 1036u32,
         name: "cublasGemmEx_64",
         form: None,
         library: "cublas",
@@ -21936,8 +21930,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1039u32,
+        wire: 1148u32,
+        call: 1037u32,
         name: "cublasGemmStridedBatchedEx",
         form: None,
         library: "cublas",
@@ -22041,8 +22035,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1040u32,
+        wire: 1149u32,
+        call: 1038u32,
         name: "cublasGemmStridedBatchedEx_64",
         form: None,
         library: "cublas",
@@ -22146,8 +22140,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1041u32,
+        wire: 1150u32,
+        call: 1039u32,
         name: "cublasGetAtomicsMode",
         form: None,
         library: "cublas",
@@ -22176,8 +22170,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1042u32,
+        wire: 1151u32,
+        call: 1040u32,
         name: "cublasGetCudartVersion",
         form: None,
         library: "cublas",
@@ -22198,8 +22192,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1043u32,
+        wire: 1152u32,
+        call: 1041u32,
         name: "cublasGetError",
         form: None,
         library: "cublas",
@@ -22217,8 +22211,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetMathMode__call: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1044u32,
+        wire: 1153u32,
+        call: 1042u32,
         name: "cublasGetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -22247,8 +22241,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1045u32,
+        wire: 1154u32,
+        call: 1043u32,
         name: "cublasGetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -22277,8 +22271,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1046u32,
+        wire: 1155u32,
+        call: 1044u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -22305,8 +22299,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1047u32,
+        wire: 1156u32,
+        call: 1045u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -22347,8 +22341,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1048u32,
+        wire: 1157u32,
+        call: 1046u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -22389,8 +22383,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1049u32,
+        wire: 1158u32,
+        call: 1047u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -22431,8 +22425,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1050u32,
+        wire: 1159u32,
+        call: 1048u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -22473,8 +22467,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1051u32,
+        wire: 1160u32,
+        call: 1049u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -22505,8 +22499,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1052u32,
+        wire: 1161u32,
+        call: 1050u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -22543,8 +22537,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1053u32,
+        wire: 1162u32,
+        call: 1051u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -22581,8 +22575,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1054u32,
+        wire: 1163u32,
+        call: 1052u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -22613,8 +22607,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1055u32,
+        wire: 1164u32,
+        call: 1053u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -22651,8 +22645,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1056u32,
+        wire: 1165u32,
+        call: 1054u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -22689,8 +22683,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1057u32,
+        wire: 1166u32,
+        call: 1055u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -22721,8 +22715,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1058u32,
+        wire: 1167u32,
+        call: 1056u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -22759,8 +22753,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1059u32,
+        wire: 1168u32,
+        call: 1057u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -22797,8 +22791,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1060u32,
+        wire: 1169u32,
+        call: 1058u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -22829,8 +22823,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1061u32,
+        wire: 1170u32,
+        call: 1059u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -22867,8 +22861,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1062u32,
+        wire: 1171u32,
+        call: 1060u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -22905,8 +22899,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1063u32,
+        wire: 1172u32,
+        call: 1061u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -22924,8 +22918,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1064u32,
+        wire: 1173u32,
+        call: 1062u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -22956,8 +22950,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1065u32,
+        wire: 1174u32,
+        call: 1063u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -22994,8 +22988,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1066u32,
+        wire: 1175u32,
+        call: 1064u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -23032,8 +23026,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1067u32,
+        wire: 1176u32,
+        call: 1065u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -23064,8 +23058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1068u32,
+        wire: 1177u32,
+        call: 1066u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -23102,8 +23096,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1069u32,
+        wire: 1178u32,
+        call: 1067u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -23140,8 +23134,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1070u32,
+        wire: 1179u32,
+        call: 1068u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -23172,8 +23166,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1071u32,
+        wire: 1180u32,
+        call: 1069u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -23210,8 +23204,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1072u32,
+        wire: 1181u32,
+        call: 1070u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -23248,8 +23242,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1073u32,
+        wire: 1182u32,
+        call: 1071u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -23280,8 +23274,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1074u32,
+        wire: 1183u32,
+        call: 1072u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -23318,8 +23312,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1075u32,
+        wire: 1184u32,
+        call: 1073u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -23356,8 +23350,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1076u32,
+        wire: 1185u32,
+        call: 1074u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -23420,8 +23414,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1077u32,
+        wire: 1186u32,
+        call: 1075u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -23484,8 +23478,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1078u32,
+        wire: 1187u32,
+        call: 1076u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -23516,8 +23510,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1079u32,
+        wire: 1188u32,
+        call: 1077u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -23554,8 +23548,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1080u32,
+        wire: 1189u32,
+        call: 1078u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -23592,8 +23586,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1081u32,
+        wire: 1190u32,
+        call: 1079u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -23630,8 +23624,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1082u32,
+        wire: 1191u32,
+        call: 1080u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -23673,8 +23667,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1083u32,
+        wire: 1192u32,
+        call: 1081u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -23716,8 +23710,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1084u32,
+        wire: 1193u32,
+        call: 1082u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -23766,8 +23760,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1085u32,
+        wire: 1194u32,
+        call: 1083u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -23816,8 +23810,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1086u32,
+        wire: 1195u32,
+        call: 1084u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -23848,8 +23842,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1087u32,
+        wire: 1196u32,
+        call: 1085u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -23886,8 +23880,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1088u32,
+        wire: 1197u32,
+        call: 1086u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -23924,8 +23918,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1089u32,
+        wire: 1198u32,
+        call: 1087u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -23956,8 +23950,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1090u32,
+        wire: 1199u32,
+        call: 1088u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -23994,8 +23988,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1091u32,
+        wire: 1200u32,
+        call: 1089u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -24032,8 +24026,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1092u32,
+        wire: 1201u32,
+        call: 1090u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -24066,8 +24060,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1093u32,
+        wire: 1202u32,
+        call: 1091u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -24104,8 +24098,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1094u32,
+        wire: 1203u32,
+        call: 1092u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -24142,8 +24136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1095u32,
+        wire: 1204u32,
+        call: 1093u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -24193,8 +24187,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1096u32,
+        wire: 1205u32,
+        call: 1094u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -24244,8 +24238,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1097u32,
+        wire: 1206u32,
+        call: 1095u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -24281,8 +24275,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1098u32,
+        wire: 1207u32,
+        call: 1096u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -24324,8 +24318,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1099u32,
+        wire: 1208u32,
+        call: 1097u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -24367,8 +24361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1100u32,
+        wire: 1209u32,
+        call: 1098u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -24395,8 +24389,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1101u32,
+        wire: 1210u32,
+        call: 1099u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -24423,8 +24417,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1102u32,
+        wire: 1211u32,
+        call: 1100u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -24451,8 +24445,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1103u32,
+        wire: 1212u32,
+        call: 1101u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -24479,8 +24473,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1104u32,
+        wire: 1213u32,
+        call: 1102u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -24507,8 +24501,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1105u32,
+        wire: 1214u32,
+        call: 1103u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -24535,8 +24529,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1106u32,
+        wire: 1215u32,
+        call: 1104u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -24559,8 +24553,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1107u32,
+        wire: 1216u32,
+        call: 1105u32,
         name: "cublasSetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -24587,8 +24581,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1108u32,
+        wire: 1217u32,
+        call: 1106u32,
         name: "cublasSetPointerMode_v2",
         form: Some("call"),
         library: "cublas",
@@ -24615,8 +24609,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1109u32,
+        wire: 1218u32,
+        call: 1107u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -24643,8 +24637,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1110u32,
+        wire: 1219u32,
+        call: 1108u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -24671,8 +24665,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1111u32,
+        wire: 1220u32,
+        call: 1109u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -24700,8 +24694,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1112u32,
+        wire: 1221u32,
+        call: 1110u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -24763,8 +24757,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1113u32,
+        wire: 1222u32,
+        call: 1111u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -24832,8 +24826,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1114u32,
+        wire: 1223u32,
+        call: 1112u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -24901,8 +24895,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1115u32,
+        wire: 1224u32,
+        call: 1113u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -24966,8 +24960,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1116u32,
+        wire: 1225u32,
+        call: 1114u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -25031,8 +25025,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1117u32,
+        wire: 1226u32,
+        call: 1115u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -25092,8 +25086,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1118u32,
+        wire: 1227u32,
+        call: 1116u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -25155,8 +25149,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1119u32,
+        wire: 1228u32,
+        call: 1117u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -25228,8 +25222,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1120u32,
+        wire: 1229u32,
+        call: 1118u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -25301,8 +25295,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1121u32,
+        wire: 1230u32,
+        call: 1119u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -25382,8 +25376,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1122u32,
+        wire: 1231u32,
+        call: 1120u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -25463,8 +25457,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1123u32,
+        wire: 1232u32,
+        call: 1121u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -25548,8 +25542,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1124u32,
+        wire: 1233u32,
+        call: 1122u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -25633,8 +25627,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1125u32,
+        wire: 1234u32,
+        call: 1123u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -25702,8 +25696,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1126u32,
+        wire: 1235u32,
+        call: 1124u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -25771,8 +25765,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1127u32,
+        wire: 1236u32,
+        call: 1125u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -25826,8 +25820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1128u32,
+        wire: 1237u32,
+        call: 1126u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -25903,8 +25897,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1129u32,
+        wire: 1238u32,
+        call: 1127u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -25980,8 +25974,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1130u32,
+        wire: 1239u32,
+        call: 1128u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -26041,8 +26035,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1131u32,
+        wire: 1240u32,
+        call: 1129u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -26102,8 +26096,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1132u32,
+        wire: 1241u32,
+        call: 1130u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -26150,8 +26144,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1133u32,
+        wire: 1242u32,
+        call: 1131u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -26197,8 +26191,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1134u32,
+        wire: 1243u32,
+        call: 1132u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -26249,8 +26243,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1135u32,
+        wire: 1244u32,
+        call: 1133u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -26301,8 +26295,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1136u32,
+        wire: 1245u32,
+        call: 1134u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -26340,8 +26334,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1137u32,
+        wire: 1246u32,
+        call: 1135u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -26389,8 +26383,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1138u32,
+        wire: 1247u32,
+        call: 1136u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -26446,8 +26440,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1139u32,
+        wire: 1248u32,
+        call: 1137u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -26465,8 +26459,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1140u32,
+        wire: 1249u32,
+        call: 1138u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -26497,8 +26491,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1141u32,
+        wire: 1250u32,
+        call: 1139u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -26535,8 +26529,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1142u32,
+        wire: 1251u32,
+        call: 1140u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -26573,8 +26567,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1143u32,
+        wire: 1252u32,
+        call: 1141u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -26615,8 +26609,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1144u32,
+        wire: 1253u32,
+        call: 1142u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -26663,8 +26657,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1145u32,
+        wire: 1254u32,
+        call: 1143u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -26711,8 +26705,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1146u32,
+        wire: 1255u32,
+        call: 1144u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -26755,8 +26749,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotm_v2: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1147u32,
+        wire: 1256u32,
+        call: 1145u32,
         name: "cublasSrotm_v2",
         form: None,
         library: "cublas",
@@ -26798,8 +26792,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotmg_v2: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1148u32,
+        wire: 1257u32,
+        call: 1146u32,
         name: "cublasSrotmg_v2",
         form: None,
         library: "cublas",
@@ -26847,8 +26841,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1149u32,
+        wire: 1258u32,
+        call: 1147u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -26902,8 +26896,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1150u32,
+        wire: 1259u32,
+        call: 1148u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -26963,8 +26957,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1151u32,
+        wire: 1260u32,
+        call: 1149u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -27024,8 +27018,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1152u32,
+        wire: 1261u32,
+        call: 1150u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -27057,8 +27051,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1153u32,
+        wire: 1262u32,
+        call: 1151u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -27095,8 +27089,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1154u32,
+        wire: 1263u32,
+        call: 1152u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -27133,8 +27127,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1155u32,
+        wire: 1264u32,
+        call: 1153u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -27167,8 +27161,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1156u32,
+        wire: 1265u32,
+        call: 1154u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -27205,8 +27199,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1157u32,
+        wire: 1266u32,
+        call: 1155u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -27243,8 +27237,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1158u32,
+        wire: 1267u32,
+        call: 1156u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -27302,8 +27296,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1159u32,
+        wire: 1268u32,
+        call: 1157u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -27367,8 +27361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1160u32,
+        wire: 1269u32,
+        call: 1158u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -27432,8 +27426,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1161u32,
+        wire: 1270u32,
+        call: 1159u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -27483,8 +27477,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1162u32,
+        wire: 1271u32,
+        call: 1160u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -27540,8 +27534,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1163u32,
+        wire: 1272u32,
+        call: 1161u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -27597,8 +27591,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1164u32,
+        wire: 1273u32,
+        call: 1162u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -27639,8 +27633,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1165u32,
+        wire: 1274u32,
+        call: 1163u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -27686,8 +27680,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1166u32,
+        wire: 1275u32,
+        call: 1164u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -27738,8 +27732,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1167u32,
+        wire: 1276u32,
+        call: 1165u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -27790,8 +27784,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1168u32,
+        wire: 1277u32,
+        call: 1166u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -27849,8 +27843,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1169u32,
+        wire: 1278u32,
+        call: 1167u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -27914,8 +27908,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1170u32,
+        wire: 1279u32,
+        call: 1168u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -27979,8 +27973,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1171u32,
+        wire: 1280u32,
+        call: 1169u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -28026,8 +28020,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1172u32,
+        wire: 1281u32,
+        call: 1170u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -28073,8 +28067,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1173u32,
+        wire: 1282u32,
+        call: 1171u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -28127,8 +28121,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1174u32,
+        wire: 1283u32,
+        call: 1172u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -28187,8 +28181,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1175u32,
+        wire: 1284u32,
+        call: 1173u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -28247,8 +28241,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1176u32,
+        wire: 1285u32,
+        call: 1174u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -28312,8 +28306,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1177u32,
+        wire: 1286u32,
+        call: 1175u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -28377,8 +28371,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1178u32,
+        wire: 1287u32,
+        call: 1176u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -28427,8 +28421,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1179u32,
+        wire: 1288u32,
+        call: 1177u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -28481,8 +28475,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1180u32,
+        wire: 1289u32,
+        call: 1178u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -28535,8 +28529,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1181u32,
+        wire: 1290u32,
+        call: 1179u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -28585,8 +28579,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1182u32,
+        wire: 1291u32,
+        call: 1180u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -28639,8 +28633,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1183u32,
+        wire: 1292u32,
+        call: 1181u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -28693,8 +28687,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1184u32,
+        wire: 1293u32,
+        call: 1182u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -28751,8 +28745,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1185u32,
+        wire: 1294u32,
+        call: 1183u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -28819,8 +28813,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1186u32,
+        wire: 1295u32,
+        call: 1184u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -28887,8 +28881,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1187u32,
+        wire: 1296u32,
+        call: 1185u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -28933,8 +28927,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1188u32,
+        wire: 1297u32,
+        call: 1186u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -28983,8 +28977,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1189u32,
+        wire: 1298u32,
+        call: 1187u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -29033,8 +29027,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1190u32,
+        wire: 1299u32,
+        call: 1188u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -29091,8 +29085,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1191u32,
+        wire: 1300u32,
+        call: 1189u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -29158,8 +29152,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1192u32,
+        wire: 1301u32,
+        call: 1190u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -29225,8 +29219,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1193u32,
+        wire: 1302u32,
+        call: 1191u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -29288,8 +29282,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1194u32,
+        wire: 1303u32,
+        call: 1192u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -29351,8 +29345,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1195u32,
+        wire: 1304u32,
+        call: 1193u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -29397,8 +29391,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1196u32,
+        wire: 1305u32,
+        call: 1194u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -29447,8 +29441,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1197u32,
+        wire: 1306u32,
+        call: 1195u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -29497,8 +29491,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1198u32,
+        wire: 1307u32,
+        call: 1196u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -29543,8 +29537,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1199u32,
+        wire: 1308u32,
+        call: 1197u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -29589,8 +29583,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1200u32,
+        wire: 1309u32,
+        call: 1198u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -29672,8 +29666,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1201u32,
+        wire: 1310u32,
+        call: 1199u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -29697,8 +29691,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1202u32,
+        wire: 1311u32,
+        call: 1200u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -29766,8 +29760,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1203u32,
+        wire: 1312u32,
+        call: 1201u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -29831,8 +29825,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1204u32,
+        wire: 1313u32,
+        call: 1202u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -29896,8 +29890,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1205u32,
+        wire: 1314u32,
+        call: 1203u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -29956,8 +29950,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1206u32,
+        wire: 1315u32,
+        call: 1204u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -30021,8 +30015,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1207u32,
+        wire: 1316u32,
+        call: 1205u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -30045,8 +30039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1208u32,
+        wire: 1317u32,
+        call: 1206u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -30111,8 +30105,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1209u32,
+        wire: 1318u32,
+        call: 1207u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -30176,8 +30170,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1210u32,
+        wire: 1319u32,
+        call: 1208u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -30241,8 +30235,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1211u32,
+        wire: 1320u32,
+        call: 1209u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -30301,8 +30295,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1212u32,
+        wire: 1321u32,
+        call: 1210u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -30366,8 +30360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1213u32,
+        wire: 1322u32,
+        call: 1211u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -30434,8 +30428,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1214u32,
+        wire: 1323u32,
+        call: 1212u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -30497,8 +30491,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1215u32,
+        wire: 1324u32,
+        call: 1213u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -30521,8 +30515,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1216u32,
+        wire: 1325u32,
+        call: 1214u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -30590,8 +30584,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1217u32,
+        wire: 1326u32,
+        call: 1215u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -30655,8 +30649,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1218u32,
+        wire: 1327u32,
+        call: 1216u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -30720,8 +30714,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1219u32,
+        wire: 1328u32,
+        call: 1217u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -30780,8 +30774,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1220u32,
+        wire: 1329u32,
+        call: 1218u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -30845,8 +30839,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1221u32,
+        wire: 1330u32,
+        call: 1219u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -30913,8 +30907,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1222u32,
+        wire: 1331u32,
+        call: 1220u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -30976,8 +30970,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1223u32,
+        wire: 1332u32,
+        call: 1221u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -31006,8 +31000,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1224u32,
+        wire: 1333u32,
+        call: 1222u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -31034,8 +31028,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1225u32,
+        wire: 1334u32,
+        call: 1223u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -31070,8 +31064,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1226u32,
+        wire: 1335u32,
+        call: 1224u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -31098,8 +31092,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1227u32,
+        wire: 1336u32,
+        call: 1225u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -31167,8 +31161,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1228u32,
+        wire: 1337u32,
+        call: 1226u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -31232,8 +31226,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1229u32,
+        wire: 1338u32,
+        call: 1227u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -31297,8 +31291,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1230u32,
+        wire: 1339u32,
+        call: 1228u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -31357,8 +31351,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1231u32,
+        wire: 1340u32,
+        call: 1229u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -31422,8 +31416,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1232u32,
+        wire: 1341u32,
+        call: 1230u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -31490,8 +31484,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1233u32,
+        wire: 1342u32,
+        call: 1231u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -31553,8 +31547,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1234u32,
+        wire: 1343u32,
+        call: 1232u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -31622,8 +31616,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1235u32,
+        wire: 1344u32,
+        call: 1233u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -31687,8 +31681,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1236u32,
+        wire: 1345u32,
+        call: 1234u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -31752,8 +31746,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1237u32,
+        wire: 1346u32,
+        call: 1235u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -31812,8 +31806,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1238u32,
+        wire: 1347u32,
+        call: 1236u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -31877,8 +31871,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1239u32,
+        wire: 1348u32,
+        call: 1237u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -31943,8 +31937,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1240u32,
+        wire: 1349u32,
+        call: 1238u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -32008,8 +32002,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1241u32,
+        wire: 1350u32,
+        call: 1239u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -32073,8 +32067,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1242u32,
+        wire: 1351u32,
+        call: 1240u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -32133,8 +32127,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1243u32,
+        wire: 1352u32,
+        call: 1241u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -32198,8 +32192,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1244u32,
+        wire: 1353u32,
+        call: 1242u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -32266,8 +32260,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1245u32,
+        wire: 1354u32,
+        call: 1243u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -32329,8 +32323,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1246u32,
+        wire: 1355u32,
+        call: 1244u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -32364,8 +32358,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1247u32,
+        wire: 1356u32,
+        call: 1245u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -32407,8 +32401,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1248u32,
+        wire: 1357u32,
+        call: 1246u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -32450,8 +32444,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1249u32,
+        wire: 1358u32,
+        call: 1247u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -32484,8 +32478,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1250u32,
+        wire: 1359u32,
+        call: 1248u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -32522,8 +32516,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1251u32,
+        wire: 1360u32,
+        call: 1249u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -32560,8 +32554,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1252u32,
+        wire: 1361u32,
+        call: 1250u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -32611,8 +32605,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1253u32,
+        wire: 1362u32,
+        call: 1251u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -32662,8 +32656,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1254u32,
+        wire: 1363u32,
+        call: 1252u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -32705,8 +32699,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1255u32,
+        wire: 1364u32,
+        call: 1253u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -32748,8 +32742,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1256u32,
+        wire: 1365u32,
+        call: 1254u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -32791,8 +32785,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1257u32,
+        wire: 1366u32,
+        call: 1255u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -32834,8 +32828,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1258u32,
+        wire: 1367u32,
+        call: 1256u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -32876,8 +32870,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1259u32,
+        wire: 1368u32,
+        call: 1257u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -32924,8 +32918,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1260u32,
+        wire: 1369u32,
+        call: 1258u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -32972,8 +32966,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1261u32,
+        wire: 1370u32,
+        call: 1259u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -33005,8 +32999,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1262u32,
+        wire: 1371u32,
+        call: 1260u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -33043,8 +33037,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1263u32,
+        wire: 1372u32,
+        call: 1261u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -33081,8 +33075,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1264u32,
+        wire: 1373u32,
+        call: 1262u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -33138,8 +33132,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1265u32,
+        wire: 1374u32,
+        call: 1263u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -33207,8 +33201,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1266u32,
+        wire: 1375u32,
+        call: 1264u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -33276,8 +33270,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1267u32,
+        wire: 1376u32,
+        call: 1265u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -33341,8 +33335,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1268u32,
+        wire: 1377u32,
+        call: 1266u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -33406,8 +33400,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1269u32,
+        wire: 1378u32,
+        call: 1267u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -33467,8 +33461,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1270u32,
+        wire: 1379u32,
+        call: 1268u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -33524,8 +33518,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1271u32,
+        wire: 1380u32,
+        call: 1269u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -33593,8 +33587,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1272u32,
+        wire: 1381u32,
+        call: 1270u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -33662,8 +33656,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1273u32,
+        wire: 1382u32,
+        call: 1271u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -33735,8 +33729,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1274u32,
+        wire: 1383u32,
+        call: 1272u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -33808,8 +33802,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1275u32,
+        wire: 1384u32,
+        call: 1273u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -33893,8 +33887,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1276u32,
+        wire: 1385u32,
+        call: 1274u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -33978,8 +33972,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1277u32,
+        wire: 1386u32,
+        call: 1275u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -34047,8 +34041,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1278u32,
+        wire: 1387u32,
+        call: 1276u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -34116,8 +34110,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1279u32,
+        wire: 1388u32,
+        call: 1277u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -34165,8 +34159,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1280u32,
+        wire: 1389u32,
+        call: 1278u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -34242,8 +34236,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1281u32,
+        wire: 1390u32,
+        call: 1279u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -34319,8 +34313,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1282u32,
+        wire: 1391u32,
+        call: 1280u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -34380,8 +34374,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1283u32,
+        wire: 1392u32,
+        call: 1281u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -34441,8 +34435,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1284u32,
+        wire: 1393u32,
+        call: 1282u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -34489,8 +34483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1285u32,
+        wire: 1394u32,
+        call: 1283u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -34533,8 +34527,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1286u32,
+        wire: 1395u32,
+        call: 1284u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -34585,8 +34579,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1287u32,
+        wire: 1396u32,
+        call: 1285u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -34637,8 +34631,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1288u32,
+        wire: 1397u32,
+        call: 1286u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -34681,8 +34675,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1289u32,
+        wire: 1398u32,
+        call: 1287u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -34733,8 +34727,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1290u32,
+        wire: 1399u32,
+        call: 1288u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -34785,8 +34779,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1291u32,
+        wire: 1400u32,
+        call: 1289u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -34824,8 +34818,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1292u32,
+        wire: 1401u32,
+        call: 1290u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -34873,8 +34867,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1293u32,
+        wire: 1402u32,
+        call: 1291u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -34930,8 +34924,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1294u32,
+        wire: 1403u32,
+        call: 1292u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -34979,8 +34973,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1295u32,
+        wire: 1404u32,
+        call: 1293u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -35040,8 +35034,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1296u32,
+        wire: 1405u32,
+        call: 1294u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -35101,8 +35095,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1297u32,
+        wire: 1406u32,
+        call: 1295u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -35154,8 +35148,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1298u32,
+        wire: 1407u32,
+        call: 1296u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -35219,8 +35213,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1299u32,
+        wire: 1408u32,
+        call: 1297u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -35284,8 +35278,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1300u32,
+        wire: 1409u32,
+        call: 1298u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -35329,8 +35323,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1301u32,
+        wire: 1410u32,
+        call: 1299u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -35386,8 +35380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1302u32,
+        wire: 1411u32,
+        call: 1300u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -35443,8 +35437,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1303u32,
+        wire: 1412u32,
+        call: 1301u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -35485,8 +35479,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1304u32,
+        wire: 1413u32,
+        call: 1302u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -35529,8 +35523,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1305u32,
+        wire: 1414u32,
+        call: 1303u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -35581,8 +35575,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1306u32,
+        wire: 1415u32,
+        call: 1304u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -35633,8 +35627,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1307u32,
+        wire: 1416u32,
+        call: 1305u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -35689,8 +35683,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1308u32,
+        wire: 1417u32,
+        call: 1306u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -35754,8 +35748,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1309u32,
+        wire: 1418u32,
+        call: 1307u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -35819,8 +35813,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1310u32,
+        wire: 1419u32,
+        call: 1308u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -35866,8 +35860,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1311u32,
+        wire: 1420u32,
+        call: 1309u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -35913,8 +35907,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1312u32,
+        wire: 1421u32,
+        call: 1310u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -35967,8 +35961,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1313u32,
+        wire: 1422u32,
+        call: 1311u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -36027,8 +36021,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1314u32,
+        wire: 1423u32,
+        call: 1312u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -36087,8 +36081,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1315u32,
+        wire: 1424u32,
+        call: 1313u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -36152,8 +36146,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1316u32,
+        wire: 1425u32,
+        call: 1314u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -36217,8 +36211,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1317u32,
+        wire: 1426u32,
+        call: 1315u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -36263,8 +36257,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1318u32,
+        wire: 1427u32,
+        call: 1316u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -36321,8 +36315,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1319u32,
+        wire: 1428u32,
+        call: 1317u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -36379,8 +36373,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1320u32,
+        wire: 1429u32,
+        call: 1318u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -36418,8 +36412,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1321u32,
+        wire: 1430u32,
+        call: 1319u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -36466,8 +36460,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1322u32,
+        wire: 1431u32,
+        call: 1320u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -36514,8 +36508,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1323u32,
+        wire: 1432u32,
+        call: 1321u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -36558,8 +36552,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1324u32,
+        wire: 1433u32,
+        call: 1322u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -36588,8 +36582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1325u32,
+        wire: 1434u32,
+        call: 1323u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -36626,8 +36620,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1326u32,
+        wire: 1435u32,
+        call: 1324u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -36664,8 +36658,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1327u32,
+        wire: 1436u32,
+        call: 1325u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -36698,8 +36692,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1328u32,
+        wire: 1437u32,
+        call: 1326u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -36736,8 +36730,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1329u32,
+        wire: 1438u32,
+        call: 1327u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -36774,8 +36768,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1330u32,
+        wire: 1439u32,
+        call: 1328u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -36827,8 +36821,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1331u32,
+        wire: 1440u32,
+        call: 1329u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -36892,8 +36886,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1332u32,
+        wire: 1441u32,
+        call: 1330u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -36957,8 +36951,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1333u32,
+        wire: 1442u32,
+        call: 1331u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -37014,8 +37008,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1334u32,
+        wire: 1443u32,
+        call: 1332u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -37071,8 +37065,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1335u32,
+        wire: 1444u32,
+        call: 1333u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -37123,8 +37117,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1336u32,
+        wire: 1445u32,
+        call: 1334u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -37175,8 +37169,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1337u32,
+        wire: 1446u32,
+        call: 1335u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -37228,8 +37222,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1338u32,
+        wire: 1447u32,
+        call: 1336u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -37293,8 +37287,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1339u32,
+        wire: 1448u32,
+        call: 1337u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -37358,8 +37352,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1340u32,
+        wire: 1449u32,
+        call: 1338u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -37405,8 +37399,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1341u32,
+        wire: 1450u32,
+        call: 1339u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -37452,8 +37446,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1342u32,
+        wire: 1451u32,
+        call: 1340u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -37500,8 +37494,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1343u32,
+        wire: 1452u32,
+        call: 1341u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -37560,8 +37554,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1344u32,
+        wire: 1453u32,
+        call: 1342u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -37620,8 +37614,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1345u32,
+        wire: 1454u32,
+        call: 1343u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -37685,8 +37679,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1346u32,
+        wire: 1455u32,
+        call: 1344u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -37750,8 +37744,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1347u32,
+        wire: 1456u32,
+        call: 1345u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -37800,8 +37794,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1348u32,
+        wire: 1457u32,
+        call: 1346u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -37854,8 +37848,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1349u32,
+        wire: 1458u32,
+        call: 1347u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -37908,8 +37902,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1350u32,
+        wire: 1459u32,
+        call: 1348u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -37958,8 +37952,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1351u32,
+        wire: 1460u32,
+        call: 1349u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -38012,8 +38006,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1352u32,
+        wire: 1461u32,
+        call: 1350u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -38066,8 +38060,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1353u32,
+        wire: 1462u32,
+        call: 1351u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -38113,8 +38107,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1354u32,
+        wire: 1463u32,
+        call: 1352u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -38164,8 +38158,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1355u32,
+        wire: 1464u32,
+        call: 1353u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -38215,8 +38209,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1356u32,
+        wire: 1465u32,
+        call: 1354u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -38262,8 +38256,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1357u32,
+        wire: 1466u32,
+        call: 1355u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -38313,8 +38307,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1358u32,
+        wire: 1467u32,
+        call: 1356u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -38364,8 +38358,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1359u32,
+        wire: 1468u32,
+        call: 1357u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -38407,8 +38401,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1360u32,
+        wire: 1469u32,
+        call: 1358u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -38462,8 +38456,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1361u32,
+        wire: 1470u32,
+        call: 1359u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -38530,8 +38524,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1362u32,
+        wire: 1471u32,
+        call: 1360u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -38598,8 +38592,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1363u32,
+        wire: 1472u32,
+        call: 1361u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -38644,8 +38638,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1364u32,
+        wire: 1473u32,
+        call: 1362u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -38694,8 +38688,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1365u32,
+        wire: 1474u32,
+        call: 1363u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -38744,8 +38738,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1366u32,
+        wire: 1475u32,
+        call: 1364u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -38799,8 +38793,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1367u32,
+        wire: 1476u32,
+        call: 1365u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -38866,8 +38860,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1368u32,
+        wire: 1477u32,
+        call: 1366u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -38933,8 +38927,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1369u32,
+        wire: 1478u32,
+        call: 1367u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -38996,8 +38990,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1370u32,
+        wire: 1479u32,
+        call: 1368u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -39059,8 +39053,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1371u32,
+        wire: 1480u32,
+        call: 1369u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -39105,8 +39099,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1372u32,
+        wire: 1481u32,
+        call: 1370u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -39155,8 +39149,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1373u32,
+        wire: 1482u32,
+        call: 1371u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -39220,8 +39214,8 @@ pub mod cublaslt {
     );
     static LEN_cublasLtMatrixLayoutSetAttribute__call_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1374u32,
+        wire: 1483u32,
+        call: 1372u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -39244,8 +39238,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1375u32,
+        wire: 1484u32,
+        call: 1373u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -39268,8 +39262,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1376u32,
+        wire: 1485u32,
+        call: 1374u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -39295,8 +39289,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1377u32,
+        wire: 1486u32,
+        call: 1375u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -39319,8 +39313,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1378u32,
+        wire: 1487u32,
+        call: 1376u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -39343,8 +39337,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1379u32,
+        wire: 1488u32,
+        call: 1377u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -39371,8 +39365,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1380u32,
+        wire: 1489u32,
+        call: 1378u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -39393,8 +39387,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1381u32,
+        wire: 1490u32,
+        call: 1379u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -39415,8 +39409,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1382u32,
+        wire: 1491u32,
+        call: 1380u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -39439,8 +39433,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1383u32,
+        wire: 1492u32,
+        call: 1381u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -39458,8 +39452,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1384u32,
+        wire: 1493u32,
+        call: 1382u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -39482,8 +39476,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1385u32,
+        wire: 1494u32,
+        call: 1383u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -39506,8 +39500,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1386u32,
+        wire: 1495u32,
+        call: 1384u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -39579,8 +39573,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1386u32,
+        wire: 1496u32,
+        call: 1384u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -39652,8 +39646,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1387u32,
+        wire: 1497u32,
+        call: 1385u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39716,8 +39710,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1387u32,
+        wire: 1498u32,
+        call: 1385u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39780,8 +39774,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1387u32,
+        wire: 1499u32,
+        call: 1385u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39844,8 +39838,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1388u32,
+        wire: 1500u32,
+        call: 1386u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39876,8 +39870,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1388u32,
+        wire: 1501u32,
+        call: 1386u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39908,8 +39902,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1389u32,
+        wire: 1502u32,
+        call: 1387u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39932,8 +39926,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1389u32,
+        wire: 1503u32,
+        call: 1387u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39956,8 +39950,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1390u32,
+        wire: 1504u32,
+        call: 1388u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -39992,8 +39986,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1390u32,
+        wire: 1505u32,
+        call: 1388u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -40028,8 +40022,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1391u32,
+        wire: 1506u32,
+        call: 1389u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -40066,8 +40060,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1391u32,
+        wire: 1507u32,
+        call: 1389u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -40104,8 +40098,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1392u32,
+        wire: 1508u32,
+        call: 1390u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -40128,8 +40122,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1392u32,
+        wire: 1509u32,
+        call: 1390u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -40152,8 +40146,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1393u32,
+        wire: 1510u32,
+        call: 1391u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -40176,8 +40170,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1393u32,
+        wire: 1511u32,
+        call: 1391u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -40200,8 +40194,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1394u32,
+        wire: 1512u32,
+        call: 1392u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -40228,8 +40222,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1394u32,
+        wire: 1513u32,
+        call: 1392u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -40256,8 +40250,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1395u32,
+        wire: 1514u32,
+        call: 1393u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -40294,8 +40288,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1395u32,
+        wire: 1515u32,
+        call: 1393u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -40332,8 +40326,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1396u32,
+        wire: 1516u32,
+        call: 1394u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -40372,8 +40366,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1397u32,
+        wire: 1517u32,
+        call: 1395u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -40396,8 +40390,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1398u32,
+        wire: 1518u32,
+        call: 1396u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -40440,8 +40434,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1399u32,
+        wire: 1519u32,
+        call: 1397u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -40478,8 +40472,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1400u32,
+        wire: 1520u32,
+        call: 1398u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -40506,8 +40500,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1401u32,
+        wire: 1521u32,
+        call: 1399u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -40530,8 +40524,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1402u32,
+        wire: 1522u32,
+        call: 1400u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -46024,33 +46018,9 @@ pub mod cudart {
         },
         only_waits: false,
     };
-    pub static cudaLibraryUnload: CallDesc = CallDesc {
+    pub static cudaLogsCurrent: CallDesc = CallDesc {
         wire: 169u32,
         call: 148u32,
-        name: "cudaLibraryUnload",
-        form: None,
-        library: "cudart",
-        versions: &["12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 16u16,
-                destroy: true,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-            invalid_value: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cudaLogsCurrent: CallDesc = CallDesc {
-        wire: 170u32,
-        call: 149u32,
         name: "cudaLogsCurrent",
         form: None,
         library: "cudart",
@@ -46079,8 +46049,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 171u32,
-        call: 150u32,
+        wire: 170u32,
+        call: 149u32,
         name: "cudaLogsUnregisterCallback",
         form: None,
         library: "cudart",
@@ -46103,8 +46073,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMalloc__call: CallDesc = CallDesc {
-        wire: 172u32,
-        call: 151u32,
+        wire: 171u32,
+        call: 150u32,
         name: "cudaMalloc",
         form: Some("call"),
         library: "cudart",
@@ -46133,8 +46103,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMalloc3D__call: CallDesc = CallDesc {
-        wire: 173u32,
-        call: 152u32,
+        wire: 172u32,
+        call: 151u32,
         name: "cudaMalloc3D",
         form: Some("call"),
         library: "cudart",
@@ -46160,8 +46130,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMalloc3DArray: CallDesc = CallDesc {
-        wire: 174u32,
-        call: 153u32,
+        wire: 173u32,
+        call: 152u32,
         name: "cudaMalloc3DArray",
         form: None,
         library: "cudart",
@@ -46195,8 +46165,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocArray: CallDesc = CallDesc {
-        wire: 175u32,
-        call: 154u32,
+        wire: 174u32,
+        call: 153u32,
         name: "cudaMallocArray",
         form: None,
         library: "cudart",
@@ -46237,8 +46207,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocAsync__call: CallDesc = CallDesc {
-        wire: 176u32,
-        call: 155u32,
+        wire: 175u32,
+        call: 154u32,
         name: "cudaMallocAsync",
         form: Some("call"),
         library: "cudart",
@@ -46271,8 +46241,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocAsync_ptsz__call: CallDesc = CallDesc {
-        wire: 177u32,
-        call: 156u32,
+        wire: 176u32,
+        call: 155u32,
         name: "cudaMallocAsync_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -46305,8 +46275,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocFromPoolAsync__call: CallDesc = CallDesc {
-        wire: 178u32,
-        call: 157u32,
+        wire: 177u32,
+        call: 156u32,
         name: "cudaMallocFromPoolAsync",
         form: Some("call"),
         library: "cudart",
@@ -46343,8 +46313,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocFromPoolAsync_ptsz__call: CallDesc = CallDesc {
-        wire: 179u32,
-        call: 158u32,
+        wire: 178u32,
+        call: 157u32,
         name: "cudaMallocFromPoolAsync_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -46381,8 +46351,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocMipmappedArray: CallDesc = CallDesc {
-        wire: 180u32,
-        call: 159u32,
+        wire: 179u32,
+        call: 158u32,
         name: "cudaMallocMipmappedArray",
         form: None,
         library: "cudart",
@@ -46420,8 +46390,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocPitch__call: CallDesc = CallDesc {
-        wire: 181u32,
-        call: 160u32,
+        wire: 180u32,
+        call: 159u32,
         name: "cudaMallocPitch",
         form: Some("call"),
         library: "cudart",
@@ -46460,8 +46430,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemAdvise__cu118: CallDesc = CallDesc {
-        wire: 182u32,
-        call: 161u32,
+        wire: 181u32,
+        call: 160u32,
         name: "cudaMemAdvise",
         form: None,
         library: "cudart",
@@ -46493,8 +46463,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemAdvise__cu130: CallDesc = CallDesc {
-        wire: 183u32,
-        call: 161u32,
+        wire: 182u32,
+        call: 160u32,
         name: "cudaMemAdvise",
         form: None,
         library: "cudart",
@@ -46523,8 +46493,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardAndPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 184u32,
-        call: 162u32,
+        wire: 183u32,
+        call: 161u32,
         name: "cudaMemDiscardAndPrefetchBatchAsync",
         form: None,
         library: "cudart",
@@ -46583,8 +46553,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardAndPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 185u32,
-        call: 163u32,
+        wire: 184u32,
+        call: 162u32,
         name: "cudaMemDiscardAndPrefetchBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -46643,8 +46613,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardBatchAsync: CallDesc = CallDesc {
-        wire: 186u32,
-        call: 164u32,
+        wire: 185u32,
+        call: 163u32,
         name: "cudaMemDiscardBatchAsync",
         form: None,
         library: "cudart",
@@ -46687,8 +46657,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 187u32,
-        call: 165u32,
+        wire: 186u32,
+        call: 164u32,
         name: "cudaMemDiscardBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -46731,8 +46701,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 188u32,
-        call: 166u32,
+        wire: 187u32,
+        call: 165u32,
         name: "cudaMemGetDefaultMemPool",
         form: None,
         library: "cudart",
@@ -46765,8 +46735,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetInfo: CallDesc = CallDesc {
-        wire: 189u32,
-        call: 167u32,
+        wire: 188u32,
+        call: 166u32,
         name: "cudaMemGetInfo",
         form: None,
         library: "cudart",
@@ -46797,8 +46767,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetMemPool: CallDesc = CallDesc {
-        wire: 190u32,
-        call: 168u32,
+        wire: 189u32,
+        call: 167u32,
         name: "cudaMemGetMemPool",
         form: None,
         library: "cudart",
@@ -46831,8 +46801,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolCreate__cu118: CallDesc = CallDesc {
-        wire: 191u32,
-        call: 169u32,
+        wire: 190u32,
+        call: 168u32,
         name: "cudaMemPoolCreate",
         form: None,
         library: "cudart",
@@ -46861,8 +46831,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolCreate__cu126: CallDesc = CallDesc {
-        wire: 192u32,
-        call: 169u32,
+        wire: 191u32,
+        call: 168u32,
         name: "cudaMemPoolCreate",
         form: None,
         library: "cudart",
@@ -46891,8 +46861,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolDestroy: CallDesc = CallDesc {
-        wire: 193u32,
-        call: 170u32,
+        wire: 192u32,
+        call: 169u32,
         name: "cudaMemPoolDestroy",
         form: None,
         library: "cudart",
@@ -46915,8 +46885,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolGetAccess: CallDesc = CallDesc {
-        wire: 194u32,
-        call: 171u32,
+        wire: 193u32,
+        call: 170u32,
         name: "cudaMemPoolGetAccess",
         form: None,
         library: "cudart",
@@ -46951,8 +46921,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolGetAttribute: CallDesc = CallDesc {
-        wire: 195u32,
-        call: 172u32,
+        wire: 194u32,
+        call: 171u32,
         name: "cudaMemPoolGetAttribute",
         form: None,
         library: "cudart",
@@ -46985,8 +46955,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolSetAccess: CallDesc = CallDesc {
-        wire: 196u32,
-        call: 173u32,
+        wire: 195u32,
+        call: 172u32,
         name: "cudaMemPoolSetAccess",
         form: None,
         library: "cudart",
@@ -47019,8 +46989,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolSetAttribute: CallDesc = CallDesc {
-        wire: 197u32,
-        call: 174u32,
+        wire: 196u32,
+        call: 173u32,
         name: "cudaMemPoolSetAttribute",
         form: None,
         library: "cudart",
@@ -47053,8 +47023,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 198u32,
-        call: 175u32,
+        wire: 197u32,
+        call: 174u32,
         name: "cudaMemPoolTrimTo",
         form: None,
         library: "cudart",
@@ -47081,8 +47051,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync__cu118: CallDesc = CallDesc {
-        wire: 199u32,
-        call: 176u32,
+        wire: 198u32,
+        call: 175u32,
         name: "cudaMemPrefetchAsync",
         form: None,
         library: "cudart",
@@ -47114,8 +47084,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync__cu130: CallDesc = CallDesc {
-        wire: 200u32,
-        call: 176u32,
+        wire: 199u32,
+        call: 175u32,
         name: "cudaMemPrefetchAsync",
         form: None,
         library: "cudart",
@@ -47148,8 +47118,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync_ptsz__cu118: CallDesc = CallDesc {
-        wire: 201u32,
-        call: 177u32,
+        wire: 200u32,
+        call: 176u32,
         name: "cudaMemPrefetchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -47181,8 +47151,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync_ptsz__cu130: CallDesc = CallDesc {
-        wire: 202u32,
-        call: 177u32,
+        wire: 201u32,
+        call: 176u32,
         name: "cudaMemPrefetchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -47215,8 +47185,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 203u32,
-        call: 178u32,
+        wire: 202u32,
+        call: 177u32,
         name: "cudaMemPrefetchBatchAsync",
         form: None,
         library: "cudart",
@@ -47275,8 +47245,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 204u32,
-        call: 179u32,
+        wire: 203u32,
+        call: 178u32,
         name: "cudaMemPrefetchBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -47335,8 +47305,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemRangeGetAttribute: CallDesc = CallDesc {
-        wire: 205u32,
-        call: 180u32,
+        wire: 204u32,
+        call: 179u32,
         name: "cudaMemRangeGetAttribute",
         form: None,
         library: "cudart",
@@ -47374,8 +47344,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemSetMemPool: CallDesc = CallDesc {
-        wire: 206u32,
-        call: 181u32,
+        wire: 205u32,
+        call: 180u32,
         name: "cudaMemSetMemPool",
         form: None,
         library: "cudart",
@@ -47408,8 +47378,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__d2d: CallDesc = CallDesc {
-        wire: 207u32,
-        call: 182u32,
+        wire: 206u32,
+        call: 181u32,
         name: "cudaMemcpy",
         form: Some("d2d"),
         library: "cudart",
@@ -47438,8 +47408,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__d2h: CallDesc = CallDesc {
-        wire: 208u32,
-        call: 182u32,
+        wire: 207u32,
+        call: 181u32,
         name: "cudaMemcpy",
         form: Some("d2h"),
         library: "cudart",
@@ -47473,8 +47443,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__h2d: CallDesc = CallDesc {
-        wire: 209u32,
-        call: 182u32,
+        wire: 208u32,
+        call: 181u32,
         name: "cudaMemcpy",
         form: Some("h2d"),
         library: "cudart",
@@ -47508,8 +47478,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__d2d: CallDesc = CallDesc {
-        wire: 210u32,
-        call: 183u32,
+        wire: 209u32,
+        call: 182u32,
         name: "cudaMemcpy2D",
         form: Some("d2d"),
         library: "cudart",
@@ -47550,8 +47520,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__d2h: CallDesc = CallDesc {
-        wire: 211u32,
-        call: 183u32,
+        wire: 210u32,
+        call: 182u32,
         name: "cudaMemcpy2D",
         form: Some("d2h"),
         library: "cudart",
@@ -47597,8 +47567,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__h2d: CallDesc = CallDesc {
-        wire: 212u32,
-        call: 183u32,
+        wire: 211u32,
+        call: 182u32,
         name: "cudaMemcpy2D",
         form: Some("h2d"),
         library: "cudart",
@@ -47644,8 +47614,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DArrayToArray: CallDesc = CallDesc {
-        wire: 213u32,
-        call: 184u32,
+        wire: 212u32,
+        call: 183u32,
         name: "cudaMemcpy2DArrayToArray",
         form: None,
         library: "cudart",
@@ -47700,8 +47670,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 214u32,
-        call: 185u32,
+        wire: 213u32,
+        call: 184u32,
         name: "cudaMemcpy2DArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -47756,8 +47726,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__d2d: CallDesc = CallDesc {
-        wire: 215u32,
-        call: 186u32,
+        wire: 214u32,
+        call: 185u32,
         name: "cudaMemcpy2DAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -47802,8 +47772,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__d2h: CallDesc = CallDesc {
-        wire: 216u32,
-        call: 186u32,
+        wire: 215u32,
+        call: 185u32,
         name: "cudaMemcpy2DAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -47853,8 +47823,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__h2d: CallDesc = CallDesc {
-        wire: 217u32,
-        call: 186u32,
+        wire: 216u32,
+        call: 185u32,
         name: "cudaMemcpy2DAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -47904,8 +47874,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 218u32,
-        call: 187u32,
+        wire: 217u32,
+        call: 186u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -47950,8 +47920,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 219u32,
-        call: 187u32,
+        wire: 218u32,
+        call: 186u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -48001,8 +47971,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 220u32,
-        call: 187u32,
+        wire: 219u32,
+        call: 186u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -48052,8 +48022,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DFromArray__a2d: CallDesc = CallDesc {
-        wire: 221u32,
-        call: 188u32,
+        wire: 220u32,
+        call: 187u32,
         name: "cudaMemcpy2DFromArray",
         form: Some("a2d"),
         library: "cudart",
@@ -48101,8 +48071,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DFromArray__a2h: CallDesc = CallDesc {
-        wire: 222u32,
-        call: 188u32,
+        wire: 221u32,
+        call: 187u32,
         name: "cudaMemcpy2DFromArray",
         form: Some("a2h"),
         library: "cudart",
@@ -48155,8 +48125,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DFromArrayAsync__a2d: CallDesc = CallDesc {
-        wire: 223u32,
-        call: 189u32,
+        wire: 222u32,
+        call: 188u32,
         name: "cudaMemcpy2DFromArrayAsync",
         form: Some("a2d"),
         library: "cudart",
@@ -48208,8 +48178,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DFromArrayAsync__a2h: CallDesc = CallDesc {
-        wire: 224u32,
-        call: 189u32,
+        wire: 223u32,
+        call: 188u32,
         name: "cudaMemcpy2DFromArrayAsync",
         form: Some("a2h"),
         library: "cudart",
@@ -48266,8 +48236,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DFromArrayAsync_ptsz__a2d: CallDesc = CallDesc {
-        wire: 225u32,
-        call: 190u32,
+        wire: 224u32,
+        call: 189u32,
         name: "cudaMemcpy2DFromArrayAsync_ptsz",
         form: Some("a2d"),
         library: "cudart",
@@ -48319,8 +48289,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DFromArrayAsync_ptsz__a2h: CallDesc = CallDesc {
-        wire: 226u32,
-        call: 190u32,
+        wire: 225u32,
+        call: 189u32,
         name: "cudaMemcpy2DFromArrayAsync_ptsz",
         form: Some("a2h"),
         library: "cudart",
@@ -48377,8 +48347,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DFromArray_ptds__a2d: CallDesc = CallDesc {
-        wire: 227u32,
-        call: 191u32,
+        wire: 226u32,
+        call: 190u32,
         name: "cudaMemcpy2DFromArray_ptds",
         form: Some("a2d"),
         library: "cudart",
@@ -48426,8 +48396,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DFromArray_ptds__a2h: CallDesc = CallDesc {
-        wire: 228u32,
-        call: 191u32,
+        wire: 227u32,
+        call: 190u32,
         name: "cudaMemcpy2DFromArray_ptds",
         form: Some("a2h"),
         library: "cudart",
@@ -48480,8 +48450,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DToArray__d2a: CallDesc = CallDesc {
-        wire: 229u32,
-        call: 192u32,
+        wire: 228u32,
+        call: 191u32,
         name: "cudaMemcpy2DToArray",
         form: Some("d2a"),
         library: "cudart",
@@ -48529,8 +48499,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DToArray__h2a: CallDesc = CallDesc {
-        wire: 230u32,
-        call: 192u32,
+        wire: 229u32,
+        call: 191u32,
         name: "cudaMemcpy2DToArray",
         form: Some("h2a"),
         library: "cudart",
@@ -48583,8 +48553,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DToArrayAsync__d2a: CallDesc = CallDesc {
-        wire: 231u32,
-        call: 193u32,
+        wire: 230u32,
+        call: 192u32,
         name: "cudaMemcpy2DToArrayAsync",
         form: Some("d2a"),
         library: "cudart",
@@ -48636,8 +48606,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DToArrayAsync__h2a: CallDesc = CallDesc {
-        wire: 232u32,
-        call: 193u32,
+        wire: 231u32,
+        call: 192u32,
         name: "cudaMemcpy2DToArrayAsync",
         form: Some("h2a"),
         library: "cudart",
@@ -48694,8 +48664,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DToArrayAsync_ptsz__d2a: CallDesc = CallDesc {
-        wire: 233u32,
-        call: 194u32,
+        wire: 232u32,
+        call: 193u32,
         name: "cudaMemcpy2DToArrayAsync_ptsz",
         form: Some("d2a"),
         library: "cudart",
@@ -48747,8 +48717,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DToArrayAsync_ptsz__h2a: CallDesc = CallDesc {
-        wire: 234u32,
-        call: 194u32,
+        wire: 233u32,
+        call: 193u32,
         name: "cudaMemcpy2DToArrayAsync_ptsz",
         form: Some("h2a"),
         library: "cudart",
@@ -48805,8 +48775,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DToArray_ptds__d2a: CallDesc = CallDesc {
-        wire: 235u32,
-        call: 195u32,
+        wire: 234u32,
+        call: 194u32,
         name: "cudaMemcpy2DToArray_ptds",
         form: Some("d2a"),
         library: "cudart",
@@ -48854,8 +48824,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DToArray_ptds__h2a: CallDesc = CallDesc {
-        wire: 236u32,
-        call: 195u32,
+        wire: 235u32,
+        call: 194u32,
         name: "cudaMemcpy2DToArray_ptds",
         form: Some("h2a"),
         library: "cudart",
@@ -48908,8 +48878,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__d2d: CallDesc = CallDesc {
-        wire: 237u32,
-        call: 196u32,
+        wire: 236u32,
+        call: 195u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -48950,8 +48920,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__d2h: CallDesc = CallDesc {
-        wire: 238u32,
-        call: 196u32,
+        wire: 237u32,
+        call: 195u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -48997,8 +48967,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__h2d: CallDesc = CallDesc {
-        wire: 239u32,
-        call: 196u32,
+        wire: 238u32,
+        call: 195u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -49044,8 +49014,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy3D__d2d: CallDesc = CallDesc {
-        wire: 240u32,
-        call: 197u32,
+        wire: 239u32,
+        call: 196u32,
         name: "cudaMemcpy3D",
         form: Some("d2d"),
         library: "cudart",
@@ -49070,8 +49040,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy3DAsync__d2d: CallDesc = CallDesc {
-        wire: 241u32,
-        call: 198u32,
+        wire: 240u32,
+        call: 197u32,
         name: "cudaMemcpy3DAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -49100,8 +49070,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy3DAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 242u32,
-        call: 199u32,
+        wire: 241u32,
+        call: 198u32,
         name: "cudaMemcpy3DAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -49130,8 +49100,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy3DPeer: CallDesc = CallDesc {
-        wire: 243u32,
-        call: 200u32,
+        wire: 242u32,
+        call: 199u32,
         name: "cudaMemcpy3DPeer",
         form: None,
         library: "cudart",
@@ -49156,8 +49126,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy3DPeerAsync: CallDesc = CallDesc {
-        wire: 244u32,
-        call: 201u32,
+        wire: 243u32,
+        call: 200u32,
         name: "cudaMemcpy3DPeerAsync",
         form: None,
         library: "cudart",
@@ -49186,8 +49156,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy3DPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 245u32,
-        call: 202u32,
+        wire: 244u32,
+        call: 201u32,
         name: "cudaMemcpy3DPeerAsync_ptsz",
         form: None,
         library: "cudart",
@@ -49216,8 +49186,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy3DPeer_ptds: CallDesc = CallDesc {
-        wire: 246u32,
-        call: 203u32,
+        wire: 245u32,
+        call: 202u32,
         name: "cudaMemcpy3DPeer_ptds",
         form: None,
         library: "cudart",
@@ -49242,8 +49212,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy3D_ptds__d2d: CallDesc = CallDesc {
-        wire: 247u32,
-        call: 204u32,
+        wire: 246u32,
+        call: 203u32,
         name: "cudaMemcpy3D_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -49268,8 +49238,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyArrayToArray: CallDesc = CallDesc {
-        wire: 248u32,
-        call: 205u32,
+        wire: 247u32,
+        call: 204u32,
         name: "cudaMemcpyArrayToArray",
         form: None,
         library: "cudart",
@@ -49320,8 +49290,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 249u32,
-        call: 206u32,
+        wire: 248u32,
+        call: 205u32,
         name: "cudaMemcpyArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -49372,8 +49342,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__d2d: CallDesc = CallDesc {
-        wire: 250u32,
-        call: 207u32,
+        wire: 249u32,
+        call: 206u32,
         name: "cudaMemcpyAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -49406,8 +49376,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__d2h: CallDesc = CallDesc {
-        wire: 251u32,
-        call: 207u32,
+        wire: 250u32,
+        call: 206u32,
         name: "cudaMemcpyAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -49445,8 +49415,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__h2d: CallDesc = CallDesc {
-        wire: 252u32,
-        call: 207u32,
+        wire: 251u32,
+        call: 206u32,
         name: "cudaMemcpyAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -49484,8 +49454,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 253u32,
-        call: 208u32,
+        wire: 252u32,
+        call: 207u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -49518,8 +49488,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 254u32,
-        call: 208u32,
+        wire: 253u32,
+        call: 207u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -49557,8 +49527,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 255u32,
-        call: 208u32,
+        wire: 254u32,
+        call: 207u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -49596,8 +49566,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyFromArray__a2d: CallDesc = CallDesc {
-        wire: 256u32,
-        call: 209u32,
+        wire: 255u32,
+        call: 208u32,
         name: "cudaMemcpyFromArray",
         form: Some("a2d"),
         library: "cudart",
@@ -49637,8 +49607,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyFromArray__a2h: CallDesc = CallDesc {
-        wire: 257u32,
-        call: 209u32,
+        wire: 256u32,
+        call: 208u32,
         name: "cudaMemcpyFromArray",
         form: Some("a2h"),
         library: "cudart",
@@ -49683,8 +49653,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyFromArrayAsync__a2d: CallDesc = CallDesc {
-        wire: 258u32,
-        call: 210u32,
+        wire: 257u32,
+        call: 209u32,
         name: "cudaMemcpyFromArrayAsync",
         form: Some("a2d"),
         library: "cudart",
@@ -49728,8 +49698,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyFromArrayAsync__a2h: CallDesc = CallDesc {
-        wire: 259u32,
-        call: 210u32,
+        wire: 258u32,
+        call: 209u32,
         name: "cudaMemcpyFromArrayAsync",
         form: Some("a2h"),
         library: "cudart",
@@ -49778,8 +49748,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyFromArrayAsync_ptsz__a2d: CallDesc = CallDesc {
-        wire: 260u32,
-        call: 211u32,
+        wire: 259u32,
+        call: 210u32,
         name: "cudaMemcpyFromArrayAsync_ptsz",
         form: Some("a2d"),
         library: "cudart",
@@ -49823,8 +49793,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyFromArrayAsync_ptsz__a2h: CallDesc = CallDesc {
-        wire: 261u32,
-        call: 211u32,
+        wire: 260u32,
+        call: 210u32,
         name: "cudaMemcpyFromArrayAsync_ptsz",
         form: Some("a2h"),
         library: "cudart",
@@ -49873,8 +49843,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyFromArray_ptds__a2d: CallDesc = CallDesc {
-        wire: 262u32,
-        call: 212u32,
+        wire: 261u32,
+        call: 211u32,
         name: "cudaMemcpyFromArray_ptds",
         form: Some("a2d"),
         library: "cudart",
@@ -49914,8 +49884,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyFromArray_ptds__a2h: CallDesc = CallDesc {
-        wire: 263u32,
-        call: 212u32,
+        wire: 262u32,
+        call: 211u32,
         name: "cudaMemcpyFromArray_ptds",
         form: Some("a2h"),
         library: "cudart",
@@ -49960,8 +49930,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyPeer: CallDesc = CallDesc {
-        wire: 264u32,
-        call: 213u32,
+        wire: 263u32,
+        call: 212u32,
         name: "cudaMemcpyPeer",
         form: None,
         library: "cudart",
@@ -49994,8 +49964,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 265u32,
-        call: 214u32,
+        wire: 264u32,
+        call: 213u32,
         name: "cudaMemcpyPeerAsync",
         form: None,
         library: "cudart",
@@ -50032,8 +50002,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyToArray__d2a: CallDesc = CallDesc {
-        wire: 266u32,
-        call: 215u32,
+        wire: 265u32,
+        call: 214u32,
         name: "cudaMemcpyToArray",
         form: Some("d2a"),
         library: "cudart",
@@ -50073,8 +50043,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyToArray__h2a: CallDesc = CallDesc {
-        wire: 267u32,
-        call: 215u32,
+        wire: 266u32,
+        call: 214u32,
         name: "cudaMemcpyToArray",
         form: Some("h2a"),
         library: "cudart",
@@ -50119,8 +50089,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyToArrayAsync__d2a: CallDesc = CallDesc {
-        wire: 268u32,
-        call: 216u32,
+        wire: 267u32,
+        call: 215u32,
         name: "cudaMemcpyToArrayAsync",
         form: Some("d2a"),
         library: "cudart",
@@ -50164,8 +50134,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyToArrayAsync__h2a: CallDesc = CallDesc {
-        wire: 269u32,
-        call: 216u32,
+        wire: 268u32,
+        call: 215u32,
         name: "cudaMemcpyToArrayAsync",
         form: Some("h2a"),
         library: "cudart",
@@ -50214,8 +50184,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyToArrayAsync_ptsz__d2a: CallDesc = CallDesc {
-        wire: 270u32,
-        call: 217u32,
+        wire: 269u32,
+        call: 216u32,
         name: "cudaMemcpyToArrayAsync_ptsz",
         form: Some("d2a"),
         library: "cudart",
@@ -50259,8 +50229,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyToArrayAsync_ptsz__h2a: CallDesc = CallDesc {
-        wire: 271u32,
-        call: 217u32,
+        wire: 270u32,
+        call: 216u32,
         name: "cudaMemcpyToArrayAsync_ptsz",
         form: Some("h2a"),
         library: "cudart",
@@ -50309,8 +50279,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyToArray_ptds__d2a: CallDesc = CallDesc {
-        wire: 272u32,
-        call: 218u32,
+        wire: 271u32,
+        call: 217u32,
         name: "cudaMemcpyToArray_ptds",
         form: Some("d2a"),
         library: "cudart",
@@ -50350,8 +50320,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyToArray_ptds__h2a: CallDesc = CallDesc {
-        wire: 273u32,
-        call: 218u32,
+        wire: 272u32,
+        call: 217u32,
         name: "cudaMemcpyToArray_ptds",
         form: Some("h2a"),
         library: "cudart",
@@ -50396,8 +50366,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__d2d: CallDesc = CallDesc {
-        wire: 274u32,
-        call: 219u32,
+        wire: 273u32,
+        call: 218u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -50426,8 +50396,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__d2h: CallDesc = CallDesc {
-        wire: 275u32,
-        call: 219u32,
+        wire: 274u32,
+        call: 218u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -50461,8 +50431,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__h2d: CallDesc = CallDesc {
-        wire: 276u32,
-        call: 219u32,
+        wire: 275u32,
+        call: 218u32,
         name: "cudaMemcpy_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -50496,8 +50466,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset: CallDesc = CallDesc {
-        wire: 277u32,
-        call: 220u32,
+        wire: 276u32,
+        call: 219u32,
         name: "cudaMemset",
         form: None,
         library: "cudart",
@@ -50525,8 +50495,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2D: CallDesc = CallDesc {
-        wire: 278u32,
-        call: 221u32,
+        wire: 277u32,
+        call: 220u32,
         name: "cudaMemset2D",
         form: None,
         library: "cudart",
@@ -50562,8 +50532,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2DAsync: CallDesc = CallDesc {
-        wire: 279u32,
-        call: 222u32,
+        wire: 278u32,
+        call: 221u32,
         name: "cudaMemset2DAsync",
         form: None,
         library: "cudart",
@@ -50603,8 +50573,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2DAsync_ptsz: CallDesc = CallDesc {
-        wire: 280u32,
-        call: 223u32,
+        wire: 279u32,
+        call: 222u32,
         name: "cudaMemset2DAsync_ptsz",
         form: None,
         library: "cudart",
@@ -50644,8 +50614,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2D_ptds: CallDesc = CallDesc {
-        wire: 281u32,
-        call: 224u32,
+        wire: 280u32,
+        call: 223u32,
         name: "cudaMemset2D_ptds",
         form: None,
         library: "cudart",
@@ -50681,8 +50651,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset3D: CallDesc = CallDesc {
-        wire: 282u32,
-        call: 225u32,
+        wire: 281u32,
+        call: 224u32,
         name: "cudaMemset3D",
         form: None,
         library: "cudart",
@@ -50707,8 +50677,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset3DAsync: CallDesc = CallDesc {
-        wire: 283u32,
-        call: 226u32,
+        wire: 282u32,
+        call: 225u32,
         name: "cudaMemset3DAsync",
         form: None,
         library: "cudart",
@@ -50737,8 +50707,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset3DAsync_ptsz: CallDesc = CallDesc {
-        wire: 284u32,
-        call: 227u32,
+        wire: 283u32,
+        call: 226u32,
         name: "cudaMemset3DAsync_ptsz",
         form: None,
         library: "cudart",
@@ -50767,8 +50737,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset3D_ptds: CallDesc = CallDesc {
-        wire: 285u32,
-        call: 228u32,
+        wire: 284u32,
+        call: 227u32,
         name: "cudaMemset3D_ptds",
         form: None,
         library: "cudart",
@@ -50793,8 +50763,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemsetAsync: CallDesc = CallDesc {
-        wire: 286u32,
-        call: 229u32,
+        wire: 285u32,
+        call: 228u32,
         name: "cudaMemsetAsync",
         form: None,
         library: "cudart",
@@ -50826,8 +50796,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemsetAsync_ptsz: CallDesc = CallDesc {
-        wire: 287u32,
-        call: 230u32,
+        wire: 286u32,
+        call: 229u32,
         name: "cudaMemsetAsync_ptsz",
         form: None,
         library: "cudart",
@@ -50859,8 +50829,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset_ptds: CallDesc = CallDesc {
-        wire: 288u32,
-        call: 231u32,
+        wire: 287u32,
+        call: 230u32,
         name: "cudaMemset_ptds",
         form: None,
         library: "cudart",
@@ -50888,8 +50858,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMipmappedArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 289u32,
-        call: 232u32,
+        wire: 288u32,
+        call: 231u32,
         name: "cudaMipmappedArrayGetMemoryRequirements",
         form: None,
         library: "cudart",
@@ -50922,8 +50892,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMipmappedArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 290u32,
-        call: 233u32,
+        wire: 289u32,
+        call: 232u32,
         name: "cudaMipmappedArrayGetSparseProperties",
         form: None,
         library: "cudart",
@@ -50952,8 +50922,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDevice__call: CallDesc = CallDesc {
-        wire: 291u32,
-        call: 234u32,
+        wire: 290u32,
+        call: 233u32,
         name: "cudaSetDevice",
         form: Some("call"),
         library: "cudart",
@@ -50976,8 +50946,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDeviceFlags__call: CallDesc = CallDesc {
-        wire: 292u32,
-        call: 235u32,
+        wire: 291u32,
+        call: 234u32,
         name: "cudaSetDeviceFlags",
         form: Some("call"),
         library: "cudart",
@@ -51000,8 +50970,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDoubleForDevice: CallDesc = CallDesc {
-        wire: 293u32,
-        call: 236u32,
+        wire: 292u32,
+        call: 235u32,
         name: "cudaSetDoubleForDevice",
         form: None,
         library: "cudart",
@@ -51026,8 +50996,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDoubleForHost: CallDesc = CallDesc {
-        wire: 294u32,
-        call: 237u32,
+        wire: 293u32,
+        call: 236u32,
         name: "cudaSetDoubleForHost",
         form: None,
         library: "cudart",
@@ -51052,8 +51022,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetValidDevices: CallDesc = CallDesc {
-        wire: 295u32,
-        call: 238u32,
+        wire: 294u32,
+        call: 237u32,
         name: "cudaSetValidDevices",
         form: None,
         library: "cudart",
@@ -51082,8 +51052,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAddCallback__host: CallDesc = CallDesc {
-        wire: 296u32,
-        call: 239u32,
+        wire: 295u32,
+        call: 238u32,
         name: "cudaStreamAddCallback",
         form: Some("host"),
         library: "cudart",
@@ -51118,8 +51088,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAddCallback_ptsz__host: CallDesc = CallDesc {
-        wire: 297u32,
-        call: 240u32,
+        wire: 296u32,
+        call: 239u32,
         name: "cudaStreamAddCallback_ptsz",
         form: Some("host"),
         library: "cudart",
@@ -51154,8 +51124,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 298u32,
-        call: 241u32,
+        wire: 297u32,
+        call: 240u32,
         name: "cudaStreamAttachMemAsync",
         form: None,
         library: "cudart",
@@ -51187,8 +51157,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 299u32,
-        call: 242u32,
+        wire: 298u32,
+        call: 241u32,
         name: "cudaStreamAttachMemAsync_ptsz",
         form: None,
         library: "cudart",
@@ -51220,8 +51190,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 300u32,
-        call: 243u32,
+        wire: 299u32,
+        call: 242u32,
         name: "cudaStreamBeginCapture",
         form: Some("call"),
         library: "cudart",
@@ -51248,8 +51218,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamBeginCaptureToGraph__call: CallDesc = CallDesc {
-        wire: 301u32,
-        call: 244u32,
+        wire: 300u32,
+        call: 243u32,
         name: "cudaStreamBeginCaptureToGraph",
         form: Some("call"),
         library: "cudart",
@@ -51294,8 +51264,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamBeginCaptureToGraph_ptsz__call: CallDesc = CallDesc {
-        wire: 302u32,
-        call: 245u32,
+        wire: 301u32,
+        call: 244u32,
         name: "cudaStreamBeginCaptureToGraph_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -51340,8 +51310,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 303u32,
-        call: 246u32,
+        wire: 302u32,
+        call: 245u32,
         name: "cudaStreamBeginCapture_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -51368,8 +51338,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 304u32,
-        call: 247u32,
+        wire: 303u32,
+        call: 246u32,
         name: "cudaStreamCopyAttributes",
         form: None,
         library: "cudart",
@@ -51396,8 +51366,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 305u32,
-        call: 248u32,
+        wire: 304u32,
+        call: 247u32,
         name: "cudaStreamCopyAttributes_ptsz",
         form: None,
         library: "cudart",
@@ -51424,8 +51394,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreate: CallDesc = CallDesc {
-        wire: 306u32,
-        call: 249u32,
+        wire: 305u32,
+        call: 248u32,
         name: "cudaStreamCreate",
         form: None,
         library: "cudart",
@@ -51448,8 +51418,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreateWithFlags: CallDesc = CallDesc {
-        wire: 307u32,
-        call: 250u32,
+        wire: 306u32,
+        call: 249u32,
         name: "cudaStreamCreateWithFlags",
         form: None,
         library: "cudart",
@@ -51476,8 +51446,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreateWithPriority__call: CallDesc = CallDesc {
-        wire: 308u32,
-        call: 251u32,
+        wire: 307u32,
+        call: 250u32,
         name: "cudaStreamCreateWithPriority",
         form: Some("call"),
         library: "cudart",
@@ -51508,8 +51478,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamDestroy: CallDesc = CallDesc {
-        wire: 309u32,
-        call: 252u32,
+        wire: 308u32,
+        call: 251u32,
         name: "cudaStreamDestroy",
         form: None,
         library: "cudart",
@@ -51532,8 +51502,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 310u32,
-        call: 253u32,
+        wire: 309u32,
+        call: 252u32,
         name: "cudaStreamEndCapture",
         form: Some("call"),
         library: "cudart",
@@ -51560,8 +51530,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 311u32,
-        call: 254u32,
+        wire: 310u32,
+        call: 253u32,
         name: "cudaStreamEndCapture_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -51588,8 +51558,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 312u32,
-        call: 255u32,
+        wire: 311u32,
+        call: 254u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -51622,8 +51592,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 313u32,
-        call: 255u32,
+        wire: 312u32,
+        call: 254u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -51656,8 +51626,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 314u32,
-        call: 255u32,
+        wire: 313u32,
+        call: 254u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -51690,8 +51660,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 315u32,
-        call: 255u32,
+        wire: 314u32,
+        call: 254u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -51724,8 +51694,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 316u32,
-        call: 255u32,
+        wire: 315u32,
+        call: 254u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -51758,8 +51728,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 317u32,
-        call: 256u32,
+        wire: 316u32,
+        call: 255u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -51792,8 +51762,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 318u32,
-        call: 256u32,
+        wire: 317u32,
+        call: 255u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -51826,8 +51796,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 319u32,
-        call: 256u32,
+        wire: 318u32,
+        call: 255u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -51860,8 +51830,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 320u32,
-        call: 256u32,
+        wire: 319u32,
+        call: 255u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -51894,8 +51864,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 321u32,
-        call: 256u32,
+        wire: 320u32,
+        call: 255u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -51928,8 +51898,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo__cu118__call: CallDesc = CallDesc {
-        wire: 322u32,
-        call: 257u32,
+        wire: 321u32,
+        call: 256u32,
         name: "cudaStreamGetCaptureInfo",
         form: Some("call"),
         library: "cudart",
@@ -51964,8 +51934,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo__cu130__call: CallDesc = CallDesc {
-        wire: 323u32,
-        call: 257u32,
+        wire: 322u32,
+        call: 256u32,
         name: "cudaStreamGetCaptureInfo",
         form: Some("call"),
         library: "cudart",
@@ -52012,8 +51982,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu118__call: CallDesc = CallDesc {
-        wire: 324u32,
-        call: 258u32,
+        wire: 323u32,
+        call: 257u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -52048,8 +52018,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu130__call: CallDesc = CallDesc {
-        wire: 325u32,
-        call: 258u32,
+        wire: 324u32,
+        call: 257u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -52096,8 +52066,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetDevice: CallDesc = CallDesc {
-        wire: 326u32,
-        call: 259u32,
+        wire: 325u32,
+        call: 258u32,
         name: "cudaStreamGetDevice",
         form: None,
         library: "cudart",
@@ -52126,8 +52096,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 327u32,
-        call: 260u32,
+        wire: 326u32,
+        call: 259u32,
         name: "cudaStreamGetDevice_ptsz",
         form: None,
         library: "cudart",
@@ -52156,8 +52126,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetFlags: CallDesc = CallDesc {
-        wire: 328u32,
-        call: 261u32,
+        wire: 327u32,
+        call: 260u32,
         name: "cudaStreamGetFlags",
         form: None,
         library: "cudart",
@@ -52186,8 +52156,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 329u32,
-        call: 262u32,
+        wire: 328u32,
+        call: 261u32,
         name: "cudaStreamGetFlags_ptsz",
         form: None,
         library: "cudart",
@@ -52216,8 +52186,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetId: CallDesc = CallDesc {
-        wire: 330u32,
-        call: 263u32,
+        wire: 329u32,
+        call: 262u32,
         name: "cudaStreamGetId",
         form: None,
         library: "cudart",
@@ -52246,8 +52216,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 331u32,
-        call: 264u32,
+        wire: 330u32,
+        call: 263u32,
         name: "cudaStreamGetId_ptsz",
         form: None,
         library: "cudart",
@@ -52276,8 +52246,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetPriority: CallDesc = CallDesc {
-        wire: 332u32,
-        call: 265u32,
+        wire: 331u32,
+        call: 264u32,
         name: "cudaStreamGetPriority",
         form: None,
         library: "cudart",
@@ -52306,8 +52276,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 333u32,
-        call: 266u32,
+        wire: 332u32,
+        call: 265u32,
         name: "cudaStreamGetPriority_ptsz",
         form: None,
         library: "cudart",
@@ -52336,8 +52306,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 334u32,
-        call: 267u32,
+        wire: 333u32,
+        call: 266u32,
         name: "cudaStreamIsCapturing",
         form: Some("call"),
         library: "cudart",
@@ -52366,8 +52336,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 335u32,
-        call: 268u32,
+        wire: 334u32,
+        call: 267u32,
         name: "cudaStreamIsCapturing_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -52396,8 +52366,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamQuery: CallDesc = CallDesc {
-        wire: 336u32,
-        call: 269u32,
+        wire: 335u32,
+        call: 268u32,
         name: "cudaStreamQuery",
         form: None,
         library: "cudart",
@@ -52420,8 +52390,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 337u32,
-        call: 270u32,
+        wire: 336u32,
+        call: 269u32,
         name: "cudaStreamQuery_ptsz",
         form: None,
         library: "cudart",
@@ -52444,8 +52414,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 338u32,
-        call: 271u32,
+        wire: 337u32,
+        call: 270u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -52478,8 +52448,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 339u32,
-        call: 271u32,
+        wire: 338u32,
+        call: 270u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -52512,8 +52482,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 340u32,
-        call: 271u32,
+        wire: 339u32,
+        call: 270u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -52546,8 +52516,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 341u32,
-        call: 271u32,
+        wire: 340u32,
+        call: 270u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -52580,8 +52550,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 342u32,
-        call: 271u32,
+        wire: 341u32,
+        call: 270u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -52614,8 +52584,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 343u32,
-        call: 272u32,
+        wire: 342u32,
+        call: 271u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -52648,8 +52618,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 344u32,
-        call: 272u32,
+        wire: 343u32,
+        call: 271u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -52682,8 +52652,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 345u32,
-        call: 272u32,
+        wire: 344u32,
+        call: 271u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -52716,8 +52686,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 346u32,
-        call: 272u32,
+        wire: 345u32,
+        call: 271u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -52750,8 +52720,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 347u32,
-        call: 272u32,
+        wire: 346u32,
+        call: 271u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -52784,8 +52754,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSynchronize: CallDesc = CallDesc {
-        wire: 348u32,
-        call: 273u32,
+        wire: 347u32,
+        call: 272u32,
         name: "cudaStreamSynchronize",
         form: None,
         library: "cudart",
@@ -52808,8 +52778,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 349u32,
-        call: 274u32,
+        wire: 348u32,
+        call: 273u32,
         name: "cudaStreamSynchronize_ptsz",
         form: None,
         library: "cudart",
@@ -52832,8 +52802,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaStreamUpdateCaptureDependencies__cu118: CallDesc = CallDesc {
-        wire: 350u32,
-        call: 275u32,
+        wire: 349u32,
+        call: 274u32,
         name: "cudaStreamUpdateCaptureDependencies",
         form: None,
         library: "cudart",
@@ -52868,8 +52838,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamUpdateCaptureDependencies__cu130: CallDesc = CallDesc {
-        wire: 351u32,
-        call: 275u32,
+        wire: 350u32,
+        call: 274u32,
         name: "cudaStreamUpdateCaptureDependencies",
         form: None,
         library: "cudart",
@@ -52910,8 +52880,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu126: CallDesc = CallDesc {
-        wire: 352u32,
-        call: 276u32,
+        wire: 351u32,
+        call: 275u32,
         name: "cudaStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "cudart",
@@ -52946,8 +52916,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu130: CallDesc = CallDesc {
-        wire: 353u32,
-        call: 276u32,
+        wire: 352u32,
+        call: 275u32,
         name: "cudaStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "cudart",
@@ -52988,8 +52958,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamWaitEvent: CallDesc = CallDesc {
-        wire: 354u32,
-        call: 277u32,
+        wire: 353u32,
+        call: 276u32,
         name: "cudaStreamWaitEvent",
         form: None,
         library: "cudart",
@@ -53020,8 +52990,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 355u32,
-        call: 278u32,
+        wire: 354u32,
+        call: 277u32,
         name: "cudaStreamWaitEvent_ptsz",
         form: None,
         library: "cudart",
@@ -53052,8 +53022,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 356u32,
-        call: 279u32,
+        wire: 355u32,
+        call: 278u32,
         name: "cudaThreadExchangeStreamCaptureMode",
         form: None,
         library: "cudart",
@@ -53078,8 +53048,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadExit: CallDesc = CallDesc {
-        wire: 357u32,
-        call: 280u32,
+        wire: 356u32,
+        call: 279u32,
         name: "cudaThreadExit",
         form: None,
         library: "cudart",
@@ -53097,8 +53067,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadGetCacheConfig: CallDesc = CallDesc {
-        wire: 358u32,
-        call: 281u32,
+        wire: 357u32,
+        call: 280u32,
         name: "cudaThreadGetCacheConfig",
         form: None,
         library: "cudart",
@@ -53123,8 +53093,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadGetLimit: CallDesc = CallDesc {
-        wire: 359u32,
-        call: 282u32,
+        wire: 358u32,
+        call: 281u32,
         name: "cudaThreadGetLimit",
         form: None,
         library: "cudart",
@@ -53153,8 +53123,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSetCacheConfig: CallDesc = CallDesc {
-        wire: 360u32,
-        call: 283u32,
+        wire: 359u32,
+        call: 282u32,
         name: "cudaThreadSetCacheConfig",
         form: None,
         library: "cudart",
@@ -53177,8 +53147,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSetLimit: CallDesc = CallDesc {
-        wire: 361u32,
-        call: 284u32,
+        wire: 360u32,
+        call: 283u32,
         name: "cudaThreadSetLimit",
         form: None,
         library: "cudart",
@@ -53205,8 +53175,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSynchronize: CallDesc = CallDesc {
-        wire: 362u32,
-        call: 285u32,
+        wire: 361u32,
+        call: 284u32,
         name: "cudaThreadSynchronize",
         form: None,
         library: "cudart",
@@ -53224,8 +53194,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaUnbindTexture: CallDesc = CallDesc {
-        wire: 363u32,
-        call: 286u32,
+        wire: 362u32,
+        call: 285u32,
         name: "cudaUnbindTexture",
         form: None,
         library: "cudart",
@@ -53250,8 +53220,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaUserObjectRelease: CallDesc = CallDesc {
-        wire: 364u32,
-        call: 287u32,
+        wire: 363u32,
+        call: 286u32,
         name: "cudaUserObjectRelease",
         form: None,
         library: "cudart",
@@ -53278,8 +53248,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaUserObjectRetain: CallDesc = CallDesc {
-        wire: 365u32,
-        call: 288u32,
+        wire: 364u32,
+        call: 287u32,
         name: "cudaUserObjectRetain",
         form: None,
         library: "cudart",
@@ -53518,8 +53488,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1403u32,
+        wire: 1523u32,
+        call: 1401u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -53578,8 +53548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1403u32,
+        wire: 1524u32,
+        call: 1401u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -53638,8 +53608,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1404u32,
+        wire: 1525u32,
+        call: 1402u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -53688,8 +53658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1404u32,
+        wire: 1526u32,
+        call: 1402u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -53738,8 +53708,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1405u32,
+        wire: 1527u32,
+        call: 1403u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -53757,8 +53727,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1406u32,
+        wire: 1528u32,
+        call: 1404u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -53776,8 +53746,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1407u32,
+        wire: 1529u32,
+        call: 1405u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -53795,8 +53765,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1408u32,
+        wire: 1530u32,
+        call: 1406u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -53823,8 +53793,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1408u32,
+        wire: 1531u32,
+        call: 1406u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -53851,8 +53821,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1408u32,
+        wire: 1532u32,
+        call: 1406u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -53879,8 +53849,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1408u32,
+        wire: 1533u32,
+        call: 1406u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -53907,8 +53877,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1409u32,
+        wire: 1534u32,
+        call: 1407u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -53931,8 +53901,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1409u32,
+        wire: 1535u32,
+        call: 1407u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -53955,8 +53925,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1410u32,
+        wire: 1536u32,
+        call: 1408u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -53987,8 +53957,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1410u32,
+        wire: 1537u32,
+        call: 1408u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -54019,8 +53989,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1411u32,
+        wire: 1538u32,
+        call: 1409u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -54043,8 +54013,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1411u32,
+        wire: 1539u32,
+        call: 1409u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -54067,8 +54037,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1411u32,
+        wire: 1540u32,
+        call: 1409u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -54091,8 +54061,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1411u32,
+        wire: 1541u32,
+        call: 1409u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -54115,8 +54085,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1412u32,
+        wire: 1542u32,
+        call: 1410u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -54163,8 +54133,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1412u32,
+        wire: 1543u32,
+        call: 1410u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -54209,8 +54179,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1412u32,
+        wire: 1544u32,
+        call: 1410u32,
         name: "cudnnBackendGetAttribute",
         form: Some("refill"),
         library: "cudnn",
@@ -54250,8 +54220,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1412u32,
+        wire: 1545u32,
+        call: 1410u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -54298,8 +54268,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1412u32,
+        wire: 1546u32,
+        call: 1410u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -54344,8 +54314,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1412u32,
+        wire: 1547u32,
+        call: 1410u32,
         name: "cudnnBackendGetAttribute",
         form: Some("refill"),
         library: "cudnn",
@@ -54385,8 +54355,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1413u32,
+        wire: 1548u32,
+        call: 1411u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -54409,8 +54379,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1413u32,
+        wire: 1549u32,
+        call: 1411u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -54433,8 +54403,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1414u32,
+        wire: 1550u32,
+        call: 1412u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -54469,8 +54439,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1415u32,
+        wire: 1551u32,
+        call: 1413u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -54511,8 +54481,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1415u32,
+        wire: 1552u32,
+        call: 1413u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -54551,8 +54521,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1415u32,
+        wire: 1553u32,
+        call: 1413u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -54593,8 +54563,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1415u32,
+        wire: 1554u32,
+        call: 1413u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -54635,8 +54605,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1415u32,
+        wire: 1555u32,
+        call: 1413u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -54675,8 +54645,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1415u32,
+        wire: 1556u32,
+        call: 1413u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -54717,8 +54687,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1416u32,
+        wire: 1557u32,
+        call: 1414u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -54753,8 +54723,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1417u32,
+        wire: 1558u32,
+        call: 1415u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -54862,8 +54832,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1417u32,
+        wire: 1559u32,
+        call: 1415u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -54971,8 +54941,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1418u32,
+        wire: 1560u32,
+        call: 1416u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -55033,8 +55003,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1418u32,
+        wire: 1561u32,
+        call: 1416u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -55095,8 +55065,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1419u32,
+        wire: 1562u32,
+        call: 1417u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -55163,8 +55133,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1419u32,
+        wire: 1563u32,
+        call: 1417u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -55231,8 +55201,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1420u32,
+        wire: 1564u32,
+        call: 1418u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -55322,8 +55292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1420u32,
+        wire: 1565u32,
+        call: 1418u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -55413,8 +55383,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1421u32,
+        wire: 1566u32,
+        call: 1419u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -55445,8 +55415,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1421u32,
+        wire: 1567u32,
+        call: 1419u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -55477,8 +55447,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1422u32,
+        wire: 1568u32,
+        call: 1420u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -55528,8 +55498,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1422u32,
+        wire: 1569u32,
+        call: 1420u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -55579,8 +55549,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1423u32,
+        wire: 1570u32,
+        call: 1421u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -55598,8 +55568,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1424u32,
+        wire: 1571u32,
+        call: 1422u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -55617,8 +55587,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1425u32,
+        wire: 1572u32,
+        call: 1423u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -55636,8 +55606,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1426u32,
+        wire: 1573u32,
+        call: 1424u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -55700,8 +55670,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1426u32,
+        wire: 1574u32,
+        call: 1424u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -55764,8 +55734,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1427u32,
+        wire: 1575u32,
+        call: 1425u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -55828,8 +55798,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1427u32,
+        wire: 1576u32,
+        call: 1425u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -55892,8 +55862,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1428u32,
+        wire: 1577u32,
+        call: 1426u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -55970,8 +55940,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1428u32,
+        wire: 1578u32,
+        call: 1426u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -56048,8 +56018,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1429u32,
+        wire: 1579u32,
+        call: 1427u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -56112,8 +56082,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1429u32,
+        wire: 1580u32,
+        call: 1427u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -56176,8 +56146,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1430u32,
+        wire: 1581u32,
+        call: 1428u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -56204,8 +56174,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1431u32,
+        wire: 1582u32,
+        call: 1429u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -56228,8 +56198,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1431u32,
+        wire: 1583u32,
+        call: 1429u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -56252,8 +56222,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1432u32,
+        wire: 1584u32,
+        call: 1430u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -56276,8 +56246,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1432u32,
+        wire: 1585u32,
+        call: 1430u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -56300,8 +56270,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1433u32,
+        wire: 1586u32,
+        call: 1431u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -56324,8 +56294,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1434u32,
+        wire: 1587u32,
+        call: 1432u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -56352,8 +56322,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1435u32,
+        wire: 1588u32,
+        call: 1433u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -56376,8 +56346,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1435u32,
+        wire: 1589u32,
+        call: 1433u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -56400,8 +56370,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1436u32,
+        wire: 1590u32,
+        call: 1434u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -56424,8 +56394,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1436u32,
+        wire: 1591u32,
+        call: 1434u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -56448,8 +56418,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1437u32,
+        wire: 1592u32,
+        call: 1435u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -56472,8 +56442,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1437u32,
+        wire: 1593u32,
+        call: 1435u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -56496,8 +56466,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1438u32,
+        wire: 1594u32,
+        call: 1436u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -56520,8 +56490,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1438u32,
+        wire: 1595u32,
+        call: 1436u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -56544,8 +56514,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1439u32,
+        wire: 1596u32,
+        call: 1437u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -56568,8 +56538,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1439u32,
+        wire: 1597u32,
+        call: 1437u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -56592,8 +56562,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1440u32,
+        wire: 1598u32,
+        call: 1438u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -56620,8 +56590,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1440u32,
+        wire: 1599u32,
+        call: 1438u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -56648,8 +56618,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1441u32,
+        wire: 1600u32,
+        call: 1439u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -56676,8 +56646,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1441u32,
+        wire: 1601u32,
+        call: 1439u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -56704,8 +56674,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1442u32,
+        wire: 1602u32,
+        call: 1440u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -56732,8 +56702,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1442u32,
+        wire: 1603u32,
+        call: 1440u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -56760,8 +56730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1443u32,
+        wire: 1604u32,
+        call: 1441u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -56784,8 +56754,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1443u32,
+        wire: 1605u32,
+        call: 1441u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -56808,8 +56778,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1444u32,
+        wire: 1606u32,
+        call: 1442u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -56832,8 +56802,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1444u32,
+        wire: 1607u32,
+        call: 1442u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -56856,8 +56826,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1445u32,
+        wire: 1608u32,
+        call: 1443u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -56892,8 +56862,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1446u32,
+        wire: 1609u32,
+        call: 1444u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -56916,8 +56886,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1446u32,
+        wire: 1610u32,
+        call: 1444u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -56940,8 +56910,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1447u32,
+        wire: 1611u32,
+        call: 1445u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -56964,8 +56934,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1447u32,
+        wire: 1612u32,
+        call: 1445u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -56988,8 +56958,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1448u32,
+        wire: 1613u32,
+        call: 1446u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -57012,8 +56982,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1448u32,
+        wire: 1614u32,
+        call: 1446u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -57036,8 +57006,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1449u32,
+        wire: 1615u32,
+        call: 1447u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57060,8 +57030,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1449u32,
+        wire: 1616u32,
+        call: 1447u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57084,8 +57054,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1450u32,
+        wire: 1617u32,
+        call: 1448u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -57108,8 +57078,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1450u32,
+        wire: 1618u32,
+        call: 1448u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -57132,8 +57102,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1451u32,
+        wire: 1619u32,
+        call: 1449u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -57156,8 +57126,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1451u32,
+        wire: 1620u32,
+        call: 1449u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -57180,8 +57150,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1452u32,
+        wire: 1621u32,
+        call: 1450u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57204,8 +57174,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1452u32,
+        wire: 1622u32,
+        call: 1450u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57228,8 +57198,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1453u32,
+        wire: 1623u32,
+        call: 1451u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -57252,8 +57222,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1453u32,
+        wire: 1624u32,
+        call: 1451u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -57276,8 +57246,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1454u32,
+        wire: 1625u32,
+        call: 1452u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57308,8 +57278,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1454u32,
+        wire: 1626u32,
+        call: 1452u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57340,8 +57310,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1455u32,
+        wire: 1627u32,
+        call: 1453u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57380,8 +57350,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1455u32,
+        wire: 1628u32,
+        call: 1453u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57420,8 +57390,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1456u32,
+        wire: 1629u32,
+        call: 1454u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -57444,8 +57414,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1456u32,
+        wire: 1630u32,
+        call: 1454u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -57468,8 +57438,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1457u32,
+        wire: 1631u32,
+        call: 1455u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -57492,8 +57462,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1457u32,
+        wire: 1632u32,
+        call: 1455u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -57516,8 +57486,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1458u32,
+        wire: 1633u32,
+        call: 1456u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -57540,8 +57510,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1459u32,
+        wire: 1634u32,
+        call: 1457u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -57568,8 +57538,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1460u32,
+        wire: 1635u32,
+        call: 1458u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -57592,8 +57562,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1460u32,
+        wire: 1636u32,
+        call: 1458u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -57616,8 +57586,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1461u32,
+        wire: 1637u32,
+        call: 1459u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -57640,8 +57610,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1461u32,
+        wire: 1638u32,
+        call: 1459u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -57664,8 +57634,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1462u32,
+        wire: 1639u32,
+        call: 1460u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -57688,8 +57658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1462u32,
+        wire: 1640u32,
+        call: 1460u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -57712,8 +57682,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1463u32,
+        wire: 1641u32,
+        call: 1461u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -57736,8 +57706,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1463u32,
+        wire: 1642u32,
+        call: 1461u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -57760,8 +57730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1464u32,
+        wire: 1643u32,
+        call: 1462u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -57784,8 +57754,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1464u32,
+        wire: 1644u32,
+        call: 1462u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -57808,8 +57778,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1465u32,
+        wire: 1645u32,
+        call: 1463u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -57832,8 +57802,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1465u32,
+        wire: 1646u32,
+        call: 1463u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -57856,8 +57826,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1466u32,
+        wire: 1647u32,
+        call: 1464u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -57880,8 +57850,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1466u32,
+        wire: 1648u32,
+        call: 1464u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -57904,8 +57874,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1467u32,
+        wire: 1649u32,
+        call: 1465u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -57928,8 +57898,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1467u32,
+        wire: 1650u32,
+        call: 1465u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -57952,8 +57922,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1468u32,
+        wire: 1651u32,
+        call: 1466u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -57976,8 +57946,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1468u32,
+        wire: 1652u32,
+        call: 1466u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -58000,8 +57970,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1469u32,
+        wire: 1653u32,
+        call: 1467u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58024,8 +57994,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1469u32,
+        wire: 1654u32,
+        call: 1467u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58048,8 +58018,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1470u32,
+        wire: 1655u32,
+        call: 1468u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -58072,8 +58042,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1471u32,
+        wire: 1656u32,
+        call: 1469u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -58096,8 +58066,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1471u32,
+        wire: 1657u32,
+        call: 1469u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -58120,8 +58090,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1472u32,
+        wire: 1658u32,
+        call: 1470u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -58144,8 +58114,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1472u32,
+        wire: 1659u32,
+        call: 1470u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -58168,8 +58138,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1473u32,
+        wire: 1660u32,
+        call: 1471u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -58192,8 +58162,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1473u32,
+        wire: 1661u32,
+        call: 1471u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -58216,8 +58186,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1474u32,
+        wire: 1662u32,
+        call: 1472u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58240,8 +58210,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1474u32,
+        wire: 1663u32,
+        call: 1472u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58264,8 +58234,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1475u32,
+        wire: 1664u32,
+        call: 1473u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -58288,8 +58258,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1475u32,
+        wire: 1665u32,
+        call: 1473u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -58312,8 +58282,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1476u32,
+        wire: 1666u32,
+        call: 1474u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -58336,8 +58306,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1476u32,
+        wire: 1667u32,
+        call: 1474u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -58360,8 +58330,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1477u32,
+        wire: 1668u32,
+        call: 1475u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58384,8 +58354,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1477u32,
+        wire: 1669u32,
+        call: 1475u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58408,8 +58378,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1478u32,
+        wire: 1670u32,
+        call: 1476u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -58432,8 +58402,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1478u32,
+        wire: 1671u32,
+        call: 1476u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -58456,8 +58426,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1479u32,
+        wire: 1672u32,
+        call: 1477u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -58499,8 +58469,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1479u32,
+        wire: 1673u32,
+        call: 1477u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -58542,8 +58512,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1480u32,
+        wire: 1674u32,
+        call: 1478u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -58585,8 +58555,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1480u32,
+        wire: 1675u32,
+        call: 1478u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -58628,8 +58598,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1481u32,
+        wire: 1676u32,
+        call: 1479u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -58658,8 +58628,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1481u32,
+        wire: 1677u32,
+        call: 1479u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -58688,8 +58658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1482u32,
+        wire: 1678u32,
+        call: 1480u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -58718,8 +58688,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1482u32,
+        wire: 1679u32,
+        call: 1480u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -58748,8 +58718,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1483u32,
+        wire: 1680u32,
+        call: 1481u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -58812,8 +58782,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1483u32,
+        wire: 1681u32,
+        call: 1481u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -58876,8 +58846,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1484u32,
+        wire: 1682u32,
+        call: 1482u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -58940,8 +58910,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1484u32,
+        wire: 1683u32,
+        call: 1482u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -59004,8 +58974,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1485u32,
+        wire: 1684u32,
+        call: 1483u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -59068,8 +59038,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1485u32,
+        wire: 1685u32,
+        call: 1483u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -59132,8 +59102,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1486u32,
+        wire: 1686u32,
+        call: 1484u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -59164,8 +59134,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1486u32,
+        wire: 1687u32,
+        call: 1484u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -59196,8 +59166,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1487u32,
+        wire: 1688u32,
+        call: 1485u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59238,8 +59208,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1487u32,
+        wire: 1689u32,
+        call: 1485u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59280,8 +59250,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1488u32,
+        wire: 1690u32,
+        call: 1486u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -59310,8 +59280,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1488u32,
+        wire: 1691u32,
+        call: 1486u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -59340,8 +59310,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1489u32,
+        wire: 1692u32,
+        call: 1487u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -59386,8 +59356,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1490u32,
+        wire: 1693u32,
+        call: 1488u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -59420,8 +59390,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1491u32,
+        wire: 1694u32,
+        call: 1489u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -59486,8 +59456,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1491u32,
+        wire: 1695u32,
+        call: 1489u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -59552,8 +59522,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1492u32,
+        wire: 1696u32,
+        call: 1490u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -59610,8 +59580,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1492u32,
+        wire: 1697u32,
+        call: 1490u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -59668,8 +59638,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1493u32,
+        wire: 1698u32,
+        call: 1491u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -59714,8 +59684,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1493u32,
+        wire: 1699u32,
+        call: 1491u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -59760,8 +59730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1494u32,
+        wire: 1700u32,
+        call: 1492u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59790,8 +59760,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1494u32,
+        wire: 1701u32,
+        call: 1492u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59820,8 +59790,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1495u32,
+        wire: 1702u32,
+        call: 1493u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -59862,8 +59832,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1495u32,
+        wire: 1703u32,
+        call: 1493u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -59904,8 +59874,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1496u32,
+        wire: 1704u32,
+        call: 1494u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -59950,8 +59920,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1496u32,
+        wire: 1705u32,
+        call: 1494u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -59996,8 +59966,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1497u32,
+        wire: 1706u32,
+        call: 1495u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -60068,8 +60038,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1497u32,
+        wire: 1707u32,
+        call: 1495u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -60140,8 +60110,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1498u32,
+        wire: 1708u32,
+        call: 1496u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -60191,8 +60161,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1498u32,
+        wire: 1709u32,
+        call: 1496u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -60242,8 +60212,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1499u32,
+        wire: 1710u32,
+        call: 1497u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60272,8 +60242,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1499u32,
+        wire: 1711u32,
+        call: 1497u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60302,8 +60272,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1500u32,
+        wire: 1712u32,
+        call: 1498u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -60358,8 +60328,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1500u32,
+        wire: 1713u32,
+        call: 1498u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -60414,8 +60384,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1501u32,
+        wire: 1714u32,
+        call: 1499u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -60464,8 +60434,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1501u32,
+        wire: 1715u32,
+        call: 1499u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -60514,8 +60484,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1502u32,
+        wire: 1716u32,
+        call: 1500u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60544,8 +60514,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1502u32,
+        wire: 1717u32,
+        call: 1500u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60574,8 +60544,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1503u32,
+        wire: 1718u32,
+        call: 1501u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -60630,8 +60600,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1503u32,
+        wire: 1719u32,
+        call: 1501u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -60686,8 +60656,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1504u32,
+        wire: 1720u32,
+        call: 1502u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -60736,8 +60706,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1504u32,
+        wire: 1721u32,
+        call: 1502u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -60786,8 +60756,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1505u32,
+        wire: 1722u32,
+        call: 1503u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60816,8 +60786,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1505u32,
+        wire: 1723u32,
+        call: 1503u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60846,8 +60816,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1506u32,
+        wire: 1724u32,
+        call: 1504u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -60902,8 +60872,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1506u32,
+        wire: 1725u32,
+        call: 1504u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -60958,8 +60928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1507u32,
+        wire: 1726u32,
+        call: 1505u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61008,8 +60978,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1507u32,
+        wire: 1727u32,
+        call: 1505u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61058,8 +61028,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1508u32,
+        wire: 1728u32,
+        call: 1506u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -61088,8 +61058,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1508u32,
+        wire: 1729u32,
+        call: 1506u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -61118,8 +61088,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1509u32,
+        wire: 1730u32,
+        call: 1507u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -61148,8 +61118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1509u32,
+        wire: 1731u32,
+        call: 1507u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -61178,8 +61148,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1510u32,
+        wire: 1732u32,
+        call: 1508u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -61220,8 +61190,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1510u32,
+        wire: 1733u32,
+        call: 1508u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -61262,8 +61232,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1511u32,
+        wire: 1734u32,
+        call: 1509u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -61292,8 +61262,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1511u32,
+        wire: 1735u32,
+        call: 1509u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -61322,8 +61292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1512u32,
+        wire: 1736u32,
+        call: 1510u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -61344,8 +61314,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1512u32,
+        wire: 1737u32,
+        call: 1510u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -61366,8 +61336,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1513u32,
+        wire: 1738u32,
+        call: 1511u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -61407,8 +61377,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1513u32,
+        wire: 1739u32,
+        call: 1511u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -61448,8 +61418,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1514u32,
+        wire: 1740u32,
+        call: 1512u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -61503,8 +61473,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1514u32,
+        wire: 1741u32,
+        call: 1512u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -61558,8 +61528,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1515u32,
+        wire: 1742u32,
+        call: 1513u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -61610,8 +61580,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1515u32,
+        wire: 1743u32,
+        call: 1513u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -61662,8 +61632,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1516u32,
+        wire: 1744u32,
+        call: 1514u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -61692,8 +61662,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1516u32,
+        wire: 1745u32,
+        call: 1514u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -61722,8 +61692,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1517u32,
+        wire: 1746u32,
+        call: 1515u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -61798,8 +61768,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1517u32,
+        wire: 1747u32,
+        call: 1515u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -61874,8 +61844,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1518u32,
+        wire: 1748u32,
+        call: 1516u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -61922,8 +61892,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1518u32,
+        wire: 1749u32,
+        call: 1516u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -61970,8 +61940,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1519u32,
+        wire: 1750u32,
+        call: 1517u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -62000,8 +61970,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1520u32,
+        wire: 1751u32,
+        call: 1518u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -62022,8 +61992,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1520u32,
+        wire: 1752u32,
+        call: 1518u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -62044,8 +62014,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1521u32,
+        wire: 1753u32,
+        call: 1519u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62122,8 +62092,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1521u32,
+        wire: 1754u32,
+        call: 1519u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62200,8 +62170,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1522u32,
+        wire: 1755u32,
+        call: 1520u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62270,8 +62240,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1522u32,
+        wire: 1756u32,
+        call: 1520u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62340,8 +62310,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1523u32,
+        wire: 1757u32,
+        call: 1521u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -62394,8 +62364,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1523u32,
+        wire: 1758u32,
+        call: 1521u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -62448,8 +62418,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1524u32,
+        wire: 1759u32,
+        call: 1522u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -62490,8 +62460,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1524u32,
+        wire: 1760u32,
+        call: 1522u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -62532,8 +62502,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1525u32,
+        wire: 1761u32,
+        call: 1523u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -62604,8 +62574,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1525u32,
+        wire: 1762u32,
+        call: 1523u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -62676,8 +62646,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1526u32,
+        wire: 1763u32,
+        call: 1524u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -62723,8 +62693,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1526u32,
+        wire: 1764u32,
+        call: 1524u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -62770,8 +62740,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1527u32,
+        wire: 1765u32,
+        call: 1525u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -62834,8 +62804,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1527u32,
+        wire: 1766u32,
+        call: 1525u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -62898,8 +62868,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1528u32,
+        wire: 1767u32,
+        call: 1526u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -62936,8 +62906,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1528u32,
+        wire: 1768u32,
+        call: 1526u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -62974,8 +62944,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1529u32,
+        wire: 1769u32,
+        call: 1527u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -63004,8 +62974,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1529u32,
+        wire: 1770u32,
+        call: 1527u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -63034,8 +63004,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1530u32,
+        wire: 1771u32,
+        call: 1528u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63068,8 +63038,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1531u32,
+        wire: 1772u32,
+        call: 1529u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63102,8 +63072,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1532u32,
+        wire: 1773u32,
+        call: 1530u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -63132,8 +63102,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1533u32,
+        wire: 1774u32,
+        call: 1531u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63166,8 +63136,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1534u32,
+        wire: 1775u32,
+        call: 1532u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63200,8 +63170,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1535u32,
+        wire: 1776u32,
+        call: 1533u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -63230,8 +63200,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1536u32,
+        wire: 1777u32,
+        call: 1534u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -63260,8 +63230,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1537u32,
+        wire: 1778u32,
+        call: 1535u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -63302,8 +63272,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1538u32,
+        wire: 1779u32,
+        call: 1536u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -63350,8 +63320,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1538u32,
+        wire: 1780u32,
+        call: 1536u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -63398,8 +63368,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1539u32,
+        wire: 1781u32,
+        call: 1537u32,
         name: "cudnnGetRNNWeightParams",
         form: Some("call"),
         library: "cudnn",
@@ -63459,8 +63429,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1539u32,
+        wire: 1782u32,
+        call: 1537u32,
         name: "cudnnGetRNNWeightParams",
         form: Some("call"),
         library: "cudnn",
@@ -63520,8 +63490,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1540u32,
+        wire: 1783u32,
+        call: 1538u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -63554,8 +63524,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1540u32,
+        wire: 1784u32,
+        call: 1538u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -63588,8 +63558,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1541u32,
+        wire: 1785u32,
+        call: 1539u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -63642,8 +63612,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1541u32,
+        wire: 1786u32,
+        call: 1539u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -63696,8 +63666,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1542u32,
+        wire: 1787u32,
+        call: 1540u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -63738,8 +63708,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1542u32,
+        wire: 1788u32,
+        call: 1540u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -63780,8 +63750,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1543u32,
+        wire: 1789u32,
+        call: 1541u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63822,8 +63792,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1543u32,
+        wire: 1790u32,
+        call: 1541u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63864,8 +63834,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1544u32,
+        wire: 1791u32,
+        call: 1542u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -63892,8 +63862,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1544u32,
+        wire: 1792u32,
+        call: 1542u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -63920,8 +63890,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1545u32,
+        wire: 1793u32,
+        call: 1543u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -63993,8 +63963,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1545u32,
+        wire: 1794u32,
+        call: 1543u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64066,8 +64036,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1546u32,
+        wire: 1795u32,
+        call: 1544u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -64118,8 +64088,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1546u32,
+        wire: 1796u32,
+        call: 1544u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -64170,8 +64140,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1547u32,
+        wire: 1797u32,
+        call: 1545u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -64200,8 +64170,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1547u32,
+        wire: 1798u32,
+        call: 1545u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -64230,8 +64200,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1548u32,
+        wire: 1799u32,
+        call: 1546u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -64288,8 +64258,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1548u32,
+        wire: 1800u32,
+        call: 1546u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -64346,8 +64316,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1549u32,
+        wire: 1801u32,
+        call: 1547u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -64368,8 +64338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1549u32,
+        wire: 1802u32,
+        call: 1547u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -64390,8 +64360,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1550u32,
+        wire: 1803u32,
+        call: 1548u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -64409,8 +64379,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1551u32,
+        wire: 1804u32,
+        call: 1549u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -64447,8 +64417,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1551u32,
+        wire: 1805u32,
+        call: 1549u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -64485,8 +64455,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1552u32,
+        wire: 1806u32,
+        call: 1550u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -64549,8 +64519,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1552u32,
+        wire: 1807u32,
+        call: 1550u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -64613,8 +64583,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1553u32,
+        wire: 1808u32,
+        call: 1551u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -64667,8 +64637,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1553u32,
+        wire: 1809u32,
+        call: 1551u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -64721,8 +64691,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1554u32,
+        wire: 1810u32,
+        call: 1552u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -64759,8 +64729,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1554u32,
+        wire: 1811u32,
+        call: 1552u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -64797,8 +64767,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1555u32,
+        wire: 1812u32,
+        call: 1553u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -64816,8 +64786,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1556u32,
+        wire: 1813u32,
+        call: 1554u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -64835,8 +64805,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1557u32,
+        wire: 1814u32,
+        call: 1555u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -64854,8 +64824,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1558u32,
+        wire: 1815u32,
+        call: 1556u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -64914,8 +64884,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1558u32,
+        wire: 1816u32,
+        call: 1556u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -64974,8 +64944,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1559u32,
+        wire: 1817u32,
+        call: 1557u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -65024,8 +64994,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1559u32,
+        wire: 1818u32,
+        call: 1557u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -65074,8 +65044,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1560u32,
+        wire: 1819u32,
+        call: 1558u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -65112,8 +65082,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1560u32,
+        wire: 1820u32,
+        call: 1558u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -65150,8 +65120,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1561u32,
+        wire: 1821u32,
+        call: 1559u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -65219,8 +65189,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1561u32,
+        wire: 1822u32,
+        call: 1559u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -65288,8 +65258,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1562u32,
+        wire: 1823u32,
+        call: 1560u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -65346,8 +65316,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1563u32,
+        wire: 1824u32,
+        call: 1561u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -65409,8 +65379,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1563u32,
+        wire: 1825u32,
+        call: 1561u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -65472,8 +65442,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1564u32,
+        wire: 1826u32,
+        call: 1562u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -65542,8 +65512,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1564u32,
+        wire: 1827u32,
+        call: 1562u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -65612,8 +65582,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1565u32,
+        wire: 1828u32,
+        call: 1563u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -65664,8 +65634,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1566u32,
+        wire: 1829u32,
+        call: 1564u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -65712,8 +65682,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1566u32,
+        wire: 1830u32,
+        call: 1564u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -65760,8 +65730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1567u32,
+        wire: 1831u32,
+        call: 1565u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -65802,8 +65772,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1568u32,
+        wire: 1832u32,
+        call: 1566u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -65846,8 +65816,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1569u32,
+        wire: 1833u32,
+        call: 1567u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -65886,8 +65856,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1569u32,
+        wire: 1834u32,
+        call: 1567u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -65926,8 +65896,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1570u32,
+        wire: 1835u32,
+        call: 1568u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -65962,8 +65932,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1571u32,
+        wire: 1836u32,
+        call: 1569u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -66003,8 +65973,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1571u32,
+        wire: 1837u32,
+        call: 1569u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -66044,8 +66014,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1572u32,
+        wire: 1838u32,
+        call: 1570u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -66079,8 +66049,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1572u32,
+        wire: 1839u32,
+        call: 1570u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -66114,8 +66084,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1573u32,
+        wire: 1840u32,
+        call: 1571u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -66150,8 +66120,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1573u32,
+        wire: 1841u32,
+        call: 1571u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -66186,8 +66156,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1574u32,
+        wire: 1842u32,
+        call: 1572u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -66214,8 +66184,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1574u32,
+        wire: 1843u32,
+        call: 1572u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -66242,8 +66212,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1575u32,
+        wire: 1844u32,
+        call: 1573u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -66267,8 +66237,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1576u32,
+        wire: 1845u32,
+        call: 1574u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -66307,8 +66277,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1577u32,
+        wire: 1846u32,
+        call: 1575u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -66407,8 +66377,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1577u32,
+        wire: 1847u32,
+        call: 1575u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -66507,8 +66477,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1578u32,
+        wire: 1848u32,
+        call: 1576u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -66535,8 +66505,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1578u32,
+        wire: 1849u32,
+        call: 1576u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -66563,8 +66533,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1579u32,
+        wire: 1850u32,
+        call: 1577u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -66599,8 +66569,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1579u32,
+        wire: 1851u32,
+        call: 1577u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -66635,8 +66605,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1580u32,
+        wire: 1852u32,
+        call: 1578u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -66675,8 +66645,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1580u32,
+        wire: 1853u32,
+        call: 1578u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -66715,8 +66685,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1581u32,
+        wire: 1854u32,
+        call: 1579u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -66755,8 +66725,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1582u32,
+        wire: 1855u32,
+        call: 1580u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -66811,8 +66781,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1582u32,
+        wire: 1856u32,
+        call: 1580u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -66867,8 +66837,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1583u32,
+        wire: 1857u32,
+        call: 1581u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -66895,8 +66865,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1583u32,
+        wire: 1858u32,
+        call: 1581u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -66923,8 +66893,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1584u32,
+        wire: 1859u32,
+        call: 1582u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -66951,8 +66921,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1584u32,
+        wire: 1860u32,
+        call: 1582u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -66979,8 +66949,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1585u32,
+        wire: 1861u32,
+        call: 1583u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -67033,8 +67003,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1585u32,
+        wire: 1862u32,
+        call: 1583u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -67087,8 +67057,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1586u32,
+        wire: 1863u32,
+        call: 1584u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -67115,8 +67085,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1586u32,
+        wire: 1864u32,
+        call: 1584u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -67143,8 +67113,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1587u32,
+        wire: 1865u32,
+        call: 1585u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -67184,8 +67154,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1587u32,
+        wire: 1866u32,
+        call: 1585u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -67225,8 +67195,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1588u32,
+        wire: 1867u32,
+        call: 1586u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -67273,8 +67243,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1588u32,
+        wire: 1868u32,
+        call: 1586u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -67321,8 +67291,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1589u32,
+        wire: 1869u32,
+        call: 1587u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -67363,8 +67333,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1589u32,
+        wire: 1870u32,
+        call: 1587u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -67405,8 +67375,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1590u32,
+        wire: 1871u32,
+        call: 1588u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -67445,8 +67415,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1590u32,
+        wire: 1872u32,
+        call: 1588u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -67485,8 +67455,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1591u32,
+        wire: 1873u32,
+        call: 1589u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -67521,8 +67491,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1591u32,
+        wire: 1874u32,
+        call: 1589u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -67557,8 +67527,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1592u32,
+        wire: 1875u32,
+        call: 1590u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -67585,8 +67555,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1593u32,
+        wire: 1876u32,
+        call: 1591u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -67641,8 +67611,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1593u32,
+        wire: 1877u32,
+        call: 1591u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -67697,8 +67667,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1594u32,
+        wire: 1878u32,
+        call: 1592u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -67729,8 +67699,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1595u32,
+        wire: 1879u32,
+        call: 1593u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -67757,8 +67727,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1596u32,
+        wire: 1880u32,
+        call: 1594u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -67813,8 +67783,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1596u32,
+        wire: 1881u32,
+        call: 1594u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -67869,8 +67839,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1597u32,
+        wire: 1882u32,
+        call: 1595u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -67929,8 +67899,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1598u32,
+        wire: 1883u32,
+        call: 1596u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -68009,8 +67979,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1598u32,
+        wire: 1884u32,
+        call: 1596u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -68089,8 +68059,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1599u32,
+        wire: 1885u32,
+        call: 1597u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -68117,8 +68087,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1600u32,
+        wire: 1886u32,
+        call: 1598u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -68145,8 +68115,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1601u32,
+        wire: 1887u32,
+        call: 1599u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -68181,8 +68151,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1602u32,
+        wire: 1888u32,
+        call: 1600u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -68225,8 +68195,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1602u32,
+        wire: 1889u32,
+        call: 1600u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -68269,8 +68239,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1603u32,
+        wire: 1890u32,
+        call: 1601u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -68311,8 +68281,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1603u32,
+        wire: 1891u32,
+        call: 1601u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -68353,8 +68323,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1604u32,
+        wire: 1892u32,
+        call: 1602u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -68381,8 +68351,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1604u32,
+        wire: 1893u32,
+        call: 1602u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -68409,8 +68379,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1605u32,
+        wire: 1894u32,
+        call: 1603u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -68457,8 +68427,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1605u32,
+        wire: 1895u32,
+        call: 1603u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -68505,8 +68475,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1606u32,
+        wire: 1896u32,
+        call: 1604u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -68565,8 +68535,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1606u32,
+        wire: 1897u32,
+        call: 1604u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -68625,8 +68595,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1607u32,
+        wire: 1898u32,
+        call: 1605u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -68669,8 +68639,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1607u32,
+        wire: 1899u32,
+        call: 1605u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -68713,8 +68683,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1608u32,
+        wire: 1900u32,
+        call: 1606u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -68772,8 +68742,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1608u32,
+        wire: 1901u32,
+        call: 1606u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -68831,8 +68801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1609u32,
+        wire: 1902u32,
+        call: 1607u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -68885,8 +68855,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1609u32,
+        wire: 1903u32,
+        call: 1607u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -68939,8 +68909,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1610u32,
+        wire: 1904u32,
+        call: 1608u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -68969,8 +68939,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1610u32,
+        wire: 1905u32,
+        call: 1608u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -68999,8 +68969,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1611u32,
+        wire: 1906u32,
+        call: 1609u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -69029,8 +68999,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1611u32,
+        wire: 1907u32,
+        call: 1609u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -69059,8 +69029,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1612u32,
+        wire: 1908u32,
+        call: 1610u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -69128,8 +69098,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1612u32,
+        wire: 1909u32,
+        call: 1610u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -69197,8 +69167,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1613u32,
+        wire: 1910u32,
+        call: 1611u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -69248,8 +69218,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1613u32,
+        wire: 1911u32,
+        call: 1611u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -69299,8 +69269,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1614u32,
+        wire: 1912u32,
+        call: 1612u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -69345,8 +69315,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1614u32,
+        wire: 1913u32,
+        call: 1612u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -69397,8 +69367,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1816u32,
+        wire: 2115u32,
+        call: 1814u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -69423,8 +69393,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1817u32,
+        wire: 2116u32,
+        call: 1815u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -69447,8 +69417,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1818u32,
+        wire: 2117u32,
+        call: 1816u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -69475,8 +69445,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1819u32,
+        wire: 2118u32,
+        call: 1817u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -69503,8 +69473,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1820u32,
+        wire: 2119u32,
+        call: 1818u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -69535,8 +69505,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1821u32,
+        wire: 2120u32,
+        call: 1819u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -69563,8 +69533,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1822u32,
+        wire: 2121u32,
+        call: 1820u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -69588,8 +69558,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1823u32,
+        wire: 2122u32,
+        call: 1821u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -69616,8 +69586,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1824u32,
+        wire: 2123u32,
+        call: 1822u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -69646,8 +69616,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1825u32,
+        wire: 2124u32,
+        call: 1823u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -69730,8 +69700,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1826u32,
+        wire: 2125u32,
+        call: 1824u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -69762,8 +69732,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1827u32,
+        wire: 2126u32,
+        call: 1825u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -69801,8 +69771,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1828u32,
+        wire: 2127u32,
+        call: 1826u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -69829,8 +69799,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1829u32,
+        wire: 2128u32,
+        call: 1827u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -69857,8 +69827,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1830u32,
+        wire: 2129u32,
+        call: 1828u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -69885,8 +69855,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1831u32,
+        wire: 2130u32,
+        call: 1829u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -69909,8 +69879,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1832u32,
+        wire: 2131u32,
+        call: 1830u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -69933,8 +69903,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1833u32,
+        wire: 2132u32,
+        call: 1831u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -69957,8 +69927,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1834u32,
+        wire: 2133u32,
+        call: 1832u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -69985,8 +69955,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1835u32,
+        wire: 2134u32,
+        call: 1833u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -70013,8 +69983,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1836u32,
+        wire: 2135u32,
+        call: 1834u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -70041,8 +70011,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1837u32,
+        wire: 2136u32,
+        call: 1835u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -70069,8 +70039,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1838u32,
+        wire: 2137u32,
+        call: 1836u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -70109,8 +70079,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2142u32,
+        wire: 2441u32,
+        call: 2140u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70147,8 +70117,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2143u32,
+        wire: 2442u32,
+        call: 2141u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -70191,8 +70161,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2144u32,
+        wire: 2443u32,
+        call: 2142u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70234,8 +70204,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2145u32,
+        wire: 2444u32,
+        call: 2143u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -70297,8 +70267,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2146u32,
+        wire: 2445u32,
+        call: 2144u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70335,8 +70305,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2147u32,
+        wire: 2446u32,
+        call: 2145u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -70423,8 +70393,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2148u32,
+        wire: 2447u32,
+        call: 2146u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70505,8 +70475,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2149u32,
+        wire: 2448u32,
+        call: 2147u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -70571,8 +70541,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2150u32,
+        wire: 2449u32,
+        call: 2148u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -70637,8 +70607,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2151u32,
+        wire: 2450u32,
+        call: 2149u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70703,8 +70673,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2152u32,
+        wire: 2451u32,
+        call: 2150u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70769,8 +70739,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2153u32,
+        wire: 2452u32,
+        call: 2151u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -70809,8 +70779,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2154u32,
+        wire: 2453u32,
+        call: 2152u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70852,8 +70822,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2155u32,
+        wire: 2454u32,
+        call: 2153u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -70900,8 +70870,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2156u32,
+        wire: 2455u32,
+        call: 2154u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -70948,8 +70918,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2157u32,
+        wire: 2456u32,
+        call: 2155u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70996,8 +70966,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2158u32,
+        wire: 2457u32,
+        call: 2156u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -71048,8 +71018,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2159u32,
+        wire: 2458u32,
+        call: 2157u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -71104,8 +71074,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2160u32,
+        wire: 2459u32,
+        call: 2158u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -71160,8 +71130,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2161u32,
+        wire: 2460u32,
+        call: 2159u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -71212,8 +71182,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2162u32,
+        wire: 2461u32,
+        call: 2160u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -71269,8 +71239,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2163u32,
+        wire: 2462u32,
+        call: 2161u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71326,8 +71296,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2164u32,
+        wire: 2463u32,
+        call: 2162u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -71387,8 +71357,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2165u32,
+        wire: 2464u32,
+        call: 2163u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -71448,8 +71418,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2166u32,
+        wire: 2465u32,
+        call: 2164u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -71494,8 +71464,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2167u32,
+        wire: 2466u32,
+        call: 2165u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -71537,8 +71507,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2168u32,
+        wire: 2467u32,
+        call: 2166u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -71580,8 +71550,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2169u32,
+        wire: 2468u32,
+        call: 2167u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -71623,8 +71593,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2170u32,
+        wire: 2469u32,
+        call: 2168u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -71665,8 +71635,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2171u32,
+        wire: 2470u32,
+        call: 2169u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71708,8 +71678,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2172u32,
+        wire: 2471u32,
+        call: 2170u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -71751,8 +71721,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2173u32,
+        wire: 2472u32,
+        call: 2171u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -71794,8 +71764,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2174u32,
+        wire: 2473u32,
+        call: 2172u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -71841,8 +71811,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2175u32,
+        wire: 2474u32,
+        call: 2173u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -71892,8 +71862,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2176u32,
+        wire: 2475u32,
+        call: 2174u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -71916,8 +71886,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2177u32,
+        wire: 2476u32,
+        call: 2175u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -71940,8 +71910,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2178u32,
+        wire: 2477u32,
+        call: 2176u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -71964,8 +71934,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2179u32,
+        wire: 2478u32,
+        call: 2177u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -71988,8 +71958,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2180u32,
+        wire: 2479u32,
+        call: 2178u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -72032,8 +72002,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2181u32,
+        wire: 2480u32,
+        call: 2179u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72071,8 +72041,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2182u32,
+        wire: 2481u32,
+        call: 2180u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -72115,8 +72085,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2183u32,
+        wire: 2482u32,
+        call: 2181u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -72159,8 +72129,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2184u32,
+        wire: 2483u32,
+        call: 2182u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -72211,8 +72181,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2185u32,
+        wire: 2484u32,
+        call: 2183u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -72263,8 +72233,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2186u32,
+        wire: 2485u32,
+        call: 2184u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -72311,8 +72281,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2187u32,
+        wire: 2486u32,
+        call: 2185u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -72359,8 +72329,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2188u32,
+        wire: 2487u32,
+        call: 2186u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -72403,8 +72373,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2189u32,
+        wire: 2488u32,
+        call: 2187u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -72447,8 +72417,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2190u32,
+        wire: 2489u32,
+        call: 2188u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -72508,8 +72478,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2191u32,
+        wire: 2490u32,
+        call: 2189u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -72569,8 +72539,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2192u32,
+        wire: 2491u32,
+        call: 2190u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -72630,8 +72600,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2193u32,
+        wire: 2492u32,
+        call: 2191u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -72691,8 +72661,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2194u32,
+        wire: 2493u32,
+        call: 2192u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -72715,8 +72685,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2195u32,
+        wire: 2494u32,
+        call: 2193u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -72739,8 +72709,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2196u32,
+        wire: 2495u32,
+        call: 2194u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -72763,8 +72733,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2197u32,
+        wire: 2496u32,
+        call: 2195u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -72787,8 +72757,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2198u32,
+        wire: 2497u32,
+        call: 2196u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72825,8 +72795,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2199u32,
+        wire: 2498u32,
+        call: 2197u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -72869,8 +72839,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2200u32,
+        wire: 2499u32,
+        call: 2198u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72912,8 +72882,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2201u32,
+        wire: 2500u32,
+        call: 2199u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -72975,8 +72945,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2202u32,
+        wire: 2501u32,
+        call: 2200u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -73013,8 +72983,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2203u32,
+        wire: 2502u32,
+        call: 2201u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -73101,8 +73071,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2204u32,
+        wire: 2503u32,
+        call: 2202u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -73183,8 +73153,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2205u32,
+        wire: 2504u32,
+        call: 2203u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -73249,8 +73219,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2206u32,
+        wire: 2505u32,
+        call: 2204u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -73315,8 +73285,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2207u32,
+        wire: 2506u32,
+        call: 2205u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -73381,8 +73351,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2208u32,
+        wire: 2507u32,
+        call: 2206u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -73447,8 +73417,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2209u32,
+        wire: 2508u32,
+        call: 2207u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -73487,8 +73457,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2210u32,
+        wire: 2509u32,
+        call: 2208u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73530,8 +73500,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2211u32,
+        wire: 2510u32,
+        call: 2209u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -73578,8 +73548,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2212u32,
+        wire: 2511u32,
+        call: 2210u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -73624,8 +73594,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2213u32,
+        wire: 2512u32,
+        call: 2211u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -73667,8 +73637,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2214u32,
+        wire: 2513u32,
+        call: 2212u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -73710,8 +73680,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2215u32,
+        wire: 2514u32,
+        call: 2213u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -73762,8 +73732,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2216u32,
+        wire: 2515u32,
+        call: 2214u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73814,8 +73784,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2217u32,
+        wire: 2516u32,
+        call: 2215u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -73862,8 +73832,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2218u32,
+        wire: 2517u32,
+        call: 2216u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73910,8 +73880,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2219u32,
+        wire: 2518u32,
+        call: 2217u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -73954,8 +73924,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2220u32,
+        wire: 2519u32,
+        call: 2218u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73998,8 +73968,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2221u32,
+        wire: 2520u32,
+        call: 2219u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -74059,8 +74029,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2222u32,
+        wire: 2521u32,
+        call: 2220u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74120,8 +74090,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2223u32,
+        wire: 2522u32,
+        call: 2221u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -74181,8 +74151,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2224u32,
+        wire: 2523u32,
+        call: 2222u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74242,8 +74212,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2225u32,
+        wire: 2524u32,
+        call: 2223u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -74285,8 +74255,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2226u32,
+        wire: 2525u32,
+        call: 2224u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -74327,8 +74297,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2227u32,
+        wire: 2526u32,
+        call: 2225u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -74370,8 +74340,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2228u32,
+        wire: 2527u32,
+        call: 2226u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -74413,8 +74383,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2229u32,
+        wire: 2528u32,
+        call: 2227u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -74456,8 +74426,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2230u32,
+        wire: 2529u32,
+        call: 2228u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -74503,8 +74473,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2231u32,
+        wire: 2530u32,
+        call: 2229u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -74554,8 +74524,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2232u32,
+        wire: 2531u32,
+        call: 2230u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -74602,8 +74572,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2233u32,
+        wire: 2532u32,
+        call: 2231u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74650,8 +74620,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2234u32,
+        wire: 2533u32,
+        call: 2232u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -74702,8 +74672,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2235u32,
+        wire: 2534u32,
+        call: 2233u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -74758,8 +74728,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2236u32,
+        wire: 2535u32,
+        call: 2234u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -74814,8 +74784,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2237u32,
+        wire: 2536u32,
+        call: 2235u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -74866,8 +74836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2238u32,
+        wire: 2537u32,
+        call: 2236u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -74923,8 +74893,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2239u32,
+        wire: 2538u32,
+        call: 2237u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74980,8 +74950,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2240u32,
+        wire: 2539u32,
+        call: 2238u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -75041,8 +75011,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2241u32,
+        wire: 2540u32,
+        call: 2239u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75102,8 +75072,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2242u32,
+        wire: 2541u32,
+        call: 2240u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -75146,8 +75116,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2243u32,
+        wire: 2542u32,
+        call: 2241u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75185,8 +75155,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2244u32,
+        wire: 2543u32,
+        call: 2242u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -75229,8 +75199,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2245u32,
+        wire: 2544u32,
+        call: 2243u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -75273,8 +75243,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2246u32,
+        wire: 2545u32,
+        call: 2244u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -75301,8 +75271,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2247u32,
+        wire: 2546u32,
+        call: 2245u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -75361,8 +75331,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2248u32,
+        wire: 2547u32,
+        call: 2246u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -75385,8 +75355,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2249u32,
+        wire: 2548u32,
+        call: 2247u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -75409,8 +75379,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2250u32,
+        wire: 2549u32,
+        call: 2248u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -75433,8 +75403,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2251u32,
+        wire: 2550u32,
+        call: 2249u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -75457,8 +75427,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2252u32,
+        wire: 2551u32,
+        call: 2250u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -75481,8 +75451,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2253u32,
+        wire: 2552u32,
+        call: 2251u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -75505,8 +75475,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2254u32,
+        wire: 2553u32,
+        call: 2252u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -75529,8 +75499,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2255u32,
+        wire: 2554u32,
+        call: 2253u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -75557,8 +75527,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2256u32,
+        wire: 2555u32,
+        call: 2254u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -75585,8 +75555,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2257u32,
+        wire: 2556u32,
+        call: 2255u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -75613,8 +75583,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2258u32,
+        wire: 2557u32,
+        call: 2256u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -75641,8 +75611,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2259u32,
+        wire: 2558u32,
+        call: 2257u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -75669,8 +75639,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2260u32,
+        wire: 2559u32,
+        call: 2258u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -75701,8 +75671,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2261u32,
+        wire: 2560u32,
+        call: 2259u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -75729,8 +75699,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2262u32,
+        wire: 2561u32,
+        call: 2260u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -75757,8 +75727,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2263u32,
+        wire: 2562u32,
+        call: 2261u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -75776,8 +75746,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2264u32,
+        wire: 2563u32,
+        call: 2262u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -75800,8 +75770,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2265u32,
+        wire: 2564u32,
+        call: 2263u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -75824,8 +75794,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2266u32,
+        wire: 2565u32,
+        call: 2264u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -75883,8 +75853,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2267u32,
+        wire: 2566u32,
+        call: 2265u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -75915,8 +75885,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2268u32,
+        wire: 2567u32,
+        call: 2266u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -75943,8 +75913,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2269u32,
+        wire: 2568u32,
+        call: 2267u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -75971,8 +75941,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2270u32,
+        wire: 2569u32,
+        call: 2268u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -75999,8 +75969,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2271u32,
+        wire: 2570u32,
+        call: 2269u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -76027,8 +75997,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2272u32,
+        wire: 2571u32,
+        call: 2270u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76065,8 +76035,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2273u32,
+        wire: 2572u32,
+        call: 2271u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -76109,8 +76079,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2274u32,
+        wire: 2573u32,
+        call: 2272u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76152,8 +76122,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2275u32,
+        wire: 2574u32,
+        call: 2273u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -76215,8 +76185,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2276u32,
+        wire: 2575u32,
+        call: 2274u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76253,8 +76223,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2277u32,
+        wire: 2576u32,
+        call: 2275u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -76341,8 +76311,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2278u32,
+        wire: 2577u32,
+        call: 2276u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -76423,8 +76393,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2279u32,
+        wire: 2578u32,
+        call: 2277u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -76489,8 +76459,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2280u32,
+        wire: 2579u32,
+        call: 2278u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -76555,8 +76525,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2281u32,
+        wire: 2580u32,
+        call: 2279u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -76621,8 +76591,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2282u32,
+        wire: 2581u32,
+        call: 2280u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76687,8 +76657,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2283u32,
+        wire: 2582u32,
+        call: 2281u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -76727,8 +76697,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2284u32,
+        wire: 2583u32,
+        call: 2282u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76770,8 +76740,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2285u32,
+        wire: 2584u32,
+        call: 2283u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -76818,8 +76788,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2286u32,
+        wire: 2585u32,
+        call: 2284u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -76864,8 +76834,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2287u32,
+        wire: 2586u32,
+        call: 2285u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -76907,8 +76877,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2288u32,
+        wire: 2587u32,
+        call: 2286u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -76950,8 +76920,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2289u32,
+        wire: 2588u32,
+        call: 2287u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -77002,8 +76972,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2290u32,
+        wire: 2589u32,
+        call: 2288u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77054,8 +77024,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2291u32,
+        wire: 2590u32,
+        call: 2289u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -77102,8 +77072,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2292u32,
+        wire: 2591u32,
+        call: 2290u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77150,8 +77120,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2293u32,
+        wire: 2592u32,
+        call: 2291u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -77194,8 +77164,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2294u32,
+        wire: 2593u32,
+        call: 2292u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77238,8 +77208,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2295u32,
+        wire: 2594u32,
+        call: 2293u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -77299,8 +77269,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2296u32,
+        wire: 2595u32,
+        call: 2294u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77360,8 +77330,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2297u32,
+        wire: 2596u32,
+        call: 2295u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -77421,8 +77391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2298u32,
+        wire: 2597u32,
+        call: 2296u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77482,8 +77452,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2299u32,
+        wire: 2598u32,
+        call: 2297u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -77525,8 +77495,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2300u32,
+        wire: 2599u32,
+        call: 2298u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -77567,8 +77537,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2301u32,
+        wire: 2600u32,
+        call: 2299u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77610,8 +77580,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2302u32,
+        wire: 2601u32,
+        call: 2300u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -77653,8 +77623,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2303u32,
+        wire: 2602u32,
+        call: 2301u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -77696,8 +77666,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2304u32,
+        wire: 2603u32,
+        call: 2302u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -77743,8 +77713,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2305u32,
+        wire: 2604u32,
+        call: 2303u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -77794,8 +77764,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2306u32,
+        wire: 2605u32,
+        call: 2304u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -77842,8 +77812,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2307u32,
+        wire: 2606u32,
+        call: 2305u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77890,8 +77860,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2308u32,
+        wire: 2607u32,
+        call: 2306u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -77942,8 +77912,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2309u32,
+        wire: 2608u32,
+        call: 2307u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -77998,8 +77968,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2310u32,
+        wire: 2609u32,
+        call: 2308u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78054,8 +78024,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2311u32,
+        wire: 2610u32,
+        call: 2309u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78106,8 +78076,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2312u32,
+        wire: 2611u32,
+        call: 2310u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -78163,8 +78133,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2313u32,
+        wire: 2612u32,
+        call: 2311u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78220,8 +78190,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2314u32,
+        wire: 2613u32,
+        call: 2312u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -78281,8 +78251,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2315u32,
+        wire: 2614u32,
+        call: 2313u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78342,8 +78312,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2316u32,
+        wire: 2615u32,
+        call: 2314u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -78386,8 +78356,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2317u32,
+        wire: 2616u32,
+        call: 2315u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78425,8 +78395,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2318u32,
+        wire: 2617u32,
+        call: 2316u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -78469,8 +78439,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2319u32,
+        wire: 2618u32,
+        call: 2317u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -78513,8 +78483,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2320u32,
+        wire: 2619u32,
+        call: 2318u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -78605,8 +78575,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2321u32,
+        wire: 2620u32,
+        call: 2319u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -78693,8 +78663,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2322u32,
+        wire: 2621u32,
+        call: 2320u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -78763,8 +78733,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2323u32,
+        wire: 2622u32,
+        call: 2321u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78829,8 +78799,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2324u32,
+        wire: 2623u32,
+        call: 2322u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -78925,8 +78895,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2325u32,
+        wire: 2624u32,
+        call: 2323u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79017,8 +78987,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2326u32,
+        wire: 2625u32,
+        call: 2324u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -79045,8 +79015,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2327u32,
+        wire: 2626u32,
+        call: 2325u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -79073,8 +79043,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2328u32,
+        wire: 2627u32,
+        call: 2326u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -79101,8 +79071,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2329u32,
+        wire: 2628u32,
+        call: 2327u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -79193,8 +79163,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2330u32,
+        wire: 2629u32,
+        call: 2328u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -79259,8 +79229,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2331u32,
+        wire: 2630u32,
+        call: 2329u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79320,8 +79290,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2332u32,
+        wire: 2631u32,
+        call: 2330u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -79380,8 +79350,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2333u32,
+        wire: 2632u32,
+        call: 2331u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -79445,8 +79415,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2334u32,
+        wire: 2633u32,
+        call: 2332u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79506,8 +79476,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2335u32,
+        wire: 2634u32,
+        call: 2333u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -79565,8 +79535,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2336u32,
+        wire: 2635u32,
+        call: 2334u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -79643,8 +79613,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2337u32,
+        wire: 2636u32,
+        call: 2335u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -79717,8 +79687,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2338u32,
+        wire: 2637u32,
+        call: 2336u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -79791,8 +79761,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2339u32,
+        wire: 2638u32,
+        call: 2337u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79861,8 +79831,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2340u32,
+        wire: 2639u32,
+        call: 2338u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -79889,8 +79859,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2341u32,
+        wire: 2640u32,
+        call: 2339u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -79917,8 +79887,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2342u32,
+        wire: 2641u32,
+        call: 2340u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -79945,8 +79915,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2343u32,
+        wire: 2642u32,
+        call: 2341u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -80016,8 +79986,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2344u32,
+        wire: 2643u32,
+        call: 2342u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -80083,8 +80053,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2345u32,
+        wire: 2644u32,
+        call: 2343u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -80144,8 +80114,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2346u32,
+        wire: 2645u32,
+        call: 2344u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -80201,8 +80171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2347u32,
+        wire: 2646u32,
+        call: 2345u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80239,8 +80209,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2348u32,
+        wire: 2647u32,
+        call: 2346u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -80283,8 +80253,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2349u32,
+        wire: 2648u32,
+        call: 2347u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80326,8 +80296,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2350u32,
+        wire: 2649u32,
+        call: 2348u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -80389,8 +80359,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2351u32,
+        wire: 2650u32,
+        call: 2349u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80427,8 +80397,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2352u32,
+        wire: 2651u32,
+        call: 2350u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -80515,8 +80485,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2353u32,
+        wire: 2652u32,
+        call: 2351u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -80597,8 +80567,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2354u32,
+        wire: 2653u32,
+        call: 2352u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -80663,8 +80633,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2355u32,
+        wire: 2654u32,
+        call: 2353u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -80729,8 +80699,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2356u32,
+        wire: 2655u32,
+        call: 2354u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -80795,8 +80765,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2357u32,
+        wire: 2656u32,
+        call: 2355u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -80861,8 +80831,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2358u32,
+        wire: 2657u32,
+        call: 2356u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -80901,8 +80871,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2359u32,
+        wire: 2658u32,
+        call: 2357u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80944,8 +80914,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2360u32,
+        wire: 2659u32,
+        call: 2358u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -80992,8 +80962,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2361u32,
+        wire: 2660u32,
+        call: 2359u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -81040,8 +81010,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2663u32,
-        call: 2362u32,
+        wire: 2661u32,
+        call: 2360u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81088,8 +81058,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2664u32,
-        call: 2363u32,
+        wire: 2662u32,
+        call: 2361u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -81140,8 +81110,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2665u32,
-        call: 2364u32,
+        wire: 2663u32,
+        call: 2362u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -81196,8 +81166,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2666u32,
-        call: 2365u32,
+        wire: 2664u32,
+        call: 2363u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81252,8 +81222,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2667u32,
-        call: 2366u32,
+        wire: 2665u32,
+        call: 2364u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -81304,8 +81274,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2668u32,
-        call: 2367u32,
+        wire: 2666u32,
+        call: 2365u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -81361,8 +81331,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2669u32,
-        call: 2368u32,
+        wire: 2667u32,
+        call: 2366u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81418,8 +81388,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2670u32,
-        call: 2369u32,
+        wire: 2668u32,
+        call: 2367u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -81479,8 +81449,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2671u32,
-        call: 2370u32,
+        wire: 2669u32,
+        call: 2368u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -81540,8 +81510,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2672u32,
-        call: 2371u32,
+        wire: 2670u32,
+        call: 2369u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -81586,8 +81556,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2673u32,
-        call: 2372u32,
+        wire: 2671u32,
+        call: 2370u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -81629,8 +81599,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2674u32,
-        call: 2373u32,
+        wire: 2672u32,
+        call: 2371u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -81672,8 +81642,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2675u32,
-        call: 2374u32,
+        wire: 2673u32,
+        call: 2372u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -81715,8 +81685,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2676u32,
-        call: 2375u32,
+        wire: 2674u32,
+        call: 2373u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -81757,8 +81727,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2677u32,
-        call: 2376u32,
+        wire: 2675u32,
+        call: 2374u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81800,8 +81770,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2678u32,
-        call: 2377u32,
+        wire: 2676u32,
+        call: 2375u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -81843,8 +81813,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2679u32,
-        call: 2378u32,
+        wire: 2677u32,
+        call: 2376u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -81886,8 +81856,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2680u32,
-        call: 2379u32,
+        wire: 2678u32,
+        call: 2377u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -81933,8 +81903,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2681u32,
-        call: 2380u32,
+        wire: 2679u32,
+        call: 2378u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -81984,8 +81954,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2682u32,
-        call: 2381u32,
+        wire: 2680u32,
+        call: 2379u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -82028,8 +81998,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2683u32,
-        call: 2382u32,
+        wire: 2681u32,
+        call: 2380u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82067,8 +82037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2684u32,
-        call: 2383u32,
+        wire: 2682u32,
+        call: 2381u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -82111,8 +82081,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2685u32,
-        call: 2384u32,
+        wire: 2683u32,
+        call: 2382u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -82155,8 +82125,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2686u32,
-        call: 2385u32,
+        wire: 2684u32,
+        call: 2383u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -82207,8 +82177,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2687u32,
-        call: 2386u32,
+        wire: 2685u32,
+        call: 2384u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82259,8 +82229,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2688u32,
-        call: 2387u32,
+        wire: 2686u32,
+        call: 2385u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -82307,8 +82277,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2689u32,
-        call: 2388u32,
+        wire: 2687u32,
+        call: 2386u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82355,8 +82325,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2690u32,
-        call: 2389u32,
+        wire: 2688u32,
+        call: 2387u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -82399,8 +82369,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2691u32,
-        call: 2390u32,
+        wire: 2689u32,
+        call: 2388u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82443,8 +82413,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2692u32,
-        call: 2391u32,
+        wire: 2690u32,
+        call: 2389u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -82504,8 +82474,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2693u32,
-        call: 2392u32,
+        wire: 2691u32,
+        call: 2390u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82565,8 +82535,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2694u32,
-        call: 2393u32,
+        wire: 2692u32,
+        call: 2391u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -82626,8 +82596,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2695u32,
-        call: 2394u32,
+        wire: 2693u32,
+        call: 2392u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82687,8 +82657,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2696u32,
-        call: 2395u32,
+        wire: 2694u32,
+        call: 2393u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -82711,8 +82681,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2697u32,
-        call: 2396u32,
+        wire: 2695u32,
+        call: 2394u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -82735,8 +82705,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2698u32,
-        call: 2397u32,
+        wire: 2696u32,
+        call: 2395u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -82759,8 +82729,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2699u32,
-        call: 2398u32,
+        wire: 2697u32,
+        call: 2396u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -82783,8 +82753,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2700u32,
-        call: 2399u32,
+        wire: 2698u32,
+        call: 2397u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -82807,8 +82777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2701u32,
-        call: 2400u32,
+        wire: 2699u32,
+        call: 2398u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -82831,8 +82801,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2702u32,
-        call: 2401u32,
+        wire: 2700u32,
+        call: 2399u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -82863,8 +82833,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2703u32,
-        call: 2402u32,
+        wire: 2701u32,
+        call: 2400u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -82895,8 +82865,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2704u32,
-        call: 2403u32,
+        wire: 2702u32,
+        call: 2401u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -82927,8 +82897,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2705u32,
-        call: 2404u32,
+        wire: 2703u32,
+        call: 2402u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -82955,8 +82925,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2706u32,
-        call: 2405u32,
+        wire: 2704u32,
+        call: 2403u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -82979,8 +82949,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2707u32,
-        call: 2406u32,
+        wire: 2705u32,
+        call: 2404u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -83003,8 +82973,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2708u32,
-        call: 2407u32,
+        wire: 2706u32,
+        call: 2405u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -83027,8 +82997,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2709u32,
-        call: 2408u32,
+        wire: 2707u32,
+        call: 2406u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -83051,8 +83021,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2710u32,
-        call: 2409u32,
+        wire: 2708u32,
+        call: 2407u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -83079,8 +83049,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2711u32,
-        call: 2410u32,
+        wire: 2709u32,
+        call: 2408u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -83110,8 +83080,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1839u32,
+        wire: 2138u32,
+        call: 1837u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -83152,8 +83122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1840u32,
+        wire: 2139u32,
+        call: 1838u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -83192,8 +83162,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1841u32,
+        wire: 2140u32,
+        call: 1839u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -83246,8 +83216,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1842u32,
+        wire: 2141u32,
+        call: 1840u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -83302,8 +83272,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1843u32,
+        wire: 2142u32,
+        call: 1841u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83359,8 +83329,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1844u32,
+        wire: 2143u32,
+        call: 1842u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -83415,8 +83385,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1845u32,
+        wire: 2144u32,
+        call: 1843u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -83471,8 +83441,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1846u32,
+        wire: 2145u32,
+        call: 1844u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83528,8 +83498,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1847u32,
+        wire: 2146u32,
+        call: 1845u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -83611,8 +83581,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1848u32,
+        wire: 2147u32,
+        call: 1846u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -83678,8 +83648,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1849u32,
+        wire: 2148u32,
+        call: 1847u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -83746,8 +83716,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1850u32,
+        wire: 2149u32,
+        call: 1848u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -83815,8 +83785,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1851u32,
+        wire: 2150u32,
+        call: 1849u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -83898,8 +83868,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1852u32,
+        wire: 2151u32,
+        call: 1850u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -83958,8 +83928,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1853u32,
+        wire: 2152u32,
+        call: 1851u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -84019,8 +83989,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1854u32,
+        wire: 2153u32,
+        call: 1852u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -84086,8 +84056,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1855u32,
+        wire: 2154u32,
+        call: 1853u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -84159,8 +84129,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1856u32,
+        wire: 2155u32,
+        call: 1854u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -84213,8 +84183,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1857u32,
+        wire: 2156u32,
+        call: 1855u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -84261,8 +84231,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1858u32,
+        wire: 2157u32,
+        call: 1856u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -84320,8 +84290,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1859u32,
+        wire: 2158u32,
+        call: 1857u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -84377,8 +84347,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1860u32,
+        wire: 2159u32,
+        call: 1858u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -84449,8 +84419,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1861u32,
+        wire: 2160u32,
+        call: 1859u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84526,8 +84496,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1862u32,
+        wire: 2161u32,
+        call: 1860u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -84617,8 +84587,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1863u32,
+        wire: 2162u32,
+        call: 1861u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84703,8 +84673,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1864u32,
+        wire: 2163u32,
+        call: 1862u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -84751,8 +84721,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1865u32,
+        wire: 2164u32,
+        call: 1863u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84800,8 +84770,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1866u32,
+        wire: 2165u32,
+        call: 1864u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -84848,8 +84818,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1867u32,
+        wire: 2166u32,
+        call: 1865u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84897,8 +84867,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1868u32,
+        wire: 2167u32,
+        call: 1866u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -84971,8 +84941,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1869u32,
+        wire: 2168u32,
+        call: 1867u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -85045,8 +85015,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1870u32,
+        wire: 2169u32,
+        call: 1868u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -85097,8 +85067,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1871u32,
+        wire: 2170u32,
+        call: 1869u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85150,8 +85120,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1872u32,
+        wire: 2171u32,
+        call: 1870u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -85209,8 +85179,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1873u32,
+        wire: 2172u32,
+        call: 1871u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -85257,8 +85227,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1874u32,
+        wire: 2173u32,
+        call: 1872u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -85306,8 +85276,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1875u32,
+        wire: 2174u32,
+        call: 1873u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -85364,8 +85334,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1876u32,
+        wire: 2175u32,
+        call: 1874u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -85417,8 +85387,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1877u32,
+        wire: 2176u32,
+        call: 1875u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -85488,8 +85458,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1878u32,
+        wire: 2177u32,
+        call: 1876u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -85557,8 +85527,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1879u32,
+        wire: 2178u32,
+        call: 1877u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -85613,8 +85583,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1880u32,
+        wire: 2179u32,
+        call: 1878u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -85669,8 +85639,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1881u32,
+        wire: 2180u32,
+        call: 1879u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -85694,8 +85664,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1882u32,
+        wire: 2181u32,
+        call: 1880u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -85719,8 +85689,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1883u32,
+        wire: 2182u32,
+        call: 1881u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -85744,8 +85714,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1884u32,
+        wire: 2183u32,
+        call: 1882u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -85769,8 +85739,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1885u32,
+        wire: 2184u32,
+        call: 1883u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -85828,8 +85798,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1886u32,
+        wire: 2185u32,
+        call: 1884u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -85892,8 +85862,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1887u32,
+        wire: 2186u32,
+        call: 1885u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -85919,8 +85889,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1888u32,
+        wire: 2187u32,
+        call: 1886u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -85951,8 +85921,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1889u32,
+        wire: 2188u32,
+        call: 1887u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -85979,8 +85949,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1890u32,
+        wire: 2189u32,
+        call: 1888u32,
         name: "cusparseCreate",
         form: Some("call"),
         library: "cusparse",
@@ -86003,8 +85973,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1891u32,
+        wire: 2190u32,
+        call: 1889u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -86070,8 +86040,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1892u32,
+        wire: 2191u32,
+        call: 1890u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -86094,8 +86064,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1893u32,
+        wire: 2192u32,
+        call: 1891u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -86118,8 +86088,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1894u32,
+        wire: 2193u32,
+        call: 1892u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -86142,8 +86112,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1895u32,
+        wire: 2194u32,
+        call: 1893u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -86166,8 +86136,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1896u32,
+        wire: 2195u32,
+        call: 1894u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -86190,8 +86160,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1897u32,
+        wire: 2196u32,
+        call: 1895u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -86257,8 +86227,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1898u32,
+        wire: 2197u32,
+        call: 1896u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -86308,8 +86278,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1899u32,
+        wire: 2198u32,
+        call: 1897u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -86363,8 +86333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1900u32,
+        wire: 2199u32,
+        call: 1898u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -86408,8 +86378,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1901u32,
+        wire: 2200u32,
+        call: 1899u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -86441,8 +86411,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1902u32,
+        wire: 2201u32,
+        call: 1900u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -86492,8 +86462,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1903u32,
+        wire: 2202u32,
+        call: 1901u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -86542,8 +86512,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1904u32,
+        wire: 2203u32,
+        call: 1902u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -86597,8 +86567,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1905u32,
+        wire: 2204u32,
+        call: 1903u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -86621,8 +86591,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1906u32,
+        wire: 2205u32,
+        call: 1904u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -86645,8 +86615,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1907u32,
+        wire: 2206u32,
+        call: 1905u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -86669,8 +86639,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1908u32,
+        wire: 2207u32,
+        call: 1906u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -86693,8 +86663,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1909u32,
+        wire: 2208u32,
+        call: 1907u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -86717,8 +86687,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1910u32,
+        wire: 2209u32,
+        call: 1908u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -86741,8 +86711,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1911u32,
+        wire: 2210u32,
+        call: 1909u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -86786,8 +86756,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1912u32,
+        wire: 2211u32,
+        call: 1910u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -86819,8 +86789,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1913u32,
+        wire: 2212u32,
+        call: 1911u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -86848,8 +86818,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1914u32,
+        wire: 2213u32,
+        call: 1912u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -86872,8 +86842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1915u32,
+        wire: 2214u32,
+        call: 1913u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -86896,8 +86866,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1916u32,
+        wire: 2215u32,
+        call: 1914u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -86923,8 +86893,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1917u32,
+        wire: 2216u32,
+        call: 1915u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -86959,8 +86929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1918u32,
+        wire: 2217u32,
+        call: 1916u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -87013,8 +86983,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1919u32,
+        wire: 2218u32,
+        call: 1917u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -87069,8 +87039,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1920u32,
+        wire: 2219u32,
+        call: 1918u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87126,8 +87096,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1921u32,
+        wire: 2220u32,
+        call: 1919u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -87182,8 +87152,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1922u32,
+        wire: 2221u32,
+        call: 1920u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -87238,8 +87208,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1923u32,
+        wire: 2222u32,
+        call: 1921u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87295,8 +87265,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1924u32,
+        wire: 2223u32,
+        call: 1922u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -87378,8 +87348,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1925u32,
+        wire: 2224u32,
+        call: 1923u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -87445,8 +87415,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1926u32,
+        wire: 2225u32,
+        call: 1924u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -87513,8 +87483,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1927u32,
+        wire: 2226u32,
+        call: 1925u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -87582,8 +87552,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1928u32,
+        wire: 2227u32,
+        call: 1926u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -87665,8 +87635,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1929u32,
+        wire: 2228u32,
+        call: 1927u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -87725,8 +87695,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1930u32,
+        wire: 2229u32,
+        call: 1928u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -87786,8 +87756,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1931u32,
+        wire: 2230u32,
+        call: 1929u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -87853,8 +87823,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1932u32,
+        wire: 2231u32,
+        call: 1930u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -87926,8 +87896,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1933u32,
+        wire: 2232u32,
+        call: 1931u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -87980,8 +87950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1934u32,
+        wire: 2233u32,
+        call: 1932u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -88028,8 +87998,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1935u32,
+        wire: 2234u32,
+        call: 1933u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -88087,8 +88057,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1936u32,
+        wire: 2235u32,
+        call: 1934u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -88144,8 +88114,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1937u32,
+        wire: 2236u32,
+        call: 1935u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -88216,8 +88186,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1938u32,
+        wire: 2237u32,
+        call: 1936u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88293,8 +88263,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1939u32,
+        wire: 2238u32,
+        call: 1937u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -88384,8 +88354,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1940u32,
+        wire: 2239u32,
+        call: 1938u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88470,8 +88440,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1941u32,
+        wire: 2240u32,
+        call: 1939u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -88518,8 +88488,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1942u32,
+        wire: 2241u32,
+        call: 1940u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88567,8 +88537,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1943u32,
+        wire: 2242u32,
+        call: 1941u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -88615,8 +88585,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1944u32,
+        wire: 2243u32,
+        call: 1942u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88664,8 +88634,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1945u32,
+        wire: 2244u32,
+        call: 1943u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -88738,8 +88708,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1946u32,
+        wire: 2245u32,
+        call: 1944u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88812,8 +88782,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1947u32,
+        wire: 2246u32,
+        call: 1945u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88864,8 +88834,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1948u32,
+        wire: 2247u32,
+        call: 1946u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88917,8 +88887,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1949u32,
+        wire: 2248u32,
+        call: 1947u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -88976,8 +88946,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1950u32,
+        wire: 2249u32,
+        call: 1948u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -89024,8 +88994,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1951u32,
+        wire: 2250u32,
+        call: 1949u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89073,8 +89043,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1952u32,
+        wire: 2251u32,
+        call: 1950u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -89110,8 +89080,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1953u32,
+        wire: 2252u32,
+        call: 1951u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -89152,8 +89122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1954u32,
+        wire: 2253u32,
+        call: 1952u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -89189,8 +89159,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1955u32,
+        wire: 2254u32,
+        call: 1953u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -89213,8 +89183,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1956u32,
+        wire: 2255u32,
+        call: 1954u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -89237,8 +89207,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1957u32,
+        wire: 2256u32,
+        call: 1955u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -89261,8 +89231,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1958u32,
+        wire: 2257u32,
+        call: 1956u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -89285,8 +89255,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1959u32,
+        wire: 2258u32,
+        call: 1957u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -89309,8 +89279,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1960u32,
+        wire: 2259u32,
+        call: 1958u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -89333,8 +89303,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1961u32,
+        wire: 2260u32,
+        call: 1959u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -89357,8 +89327,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1962u32,
+        wire: 2261u32,
+        call: 1960u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -89381,8 +89351,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1963u32,
+        wire: 2262u32,
+        call: 1961u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -89405,8 +89375,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1964u32,
+        wire: 2263u32,
+        call: 1962u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -89429,8 +89399,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1965u32,
+        wire: 2264u32,
+        call: 1963u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -89453,8 +89423,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1966u32,
+        wire: 2265u32,
+        call: 1964u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -89477,8 +89447,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1967u32,
+        wire: 2266u32,
+        call: 1965u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -89501,8 +89471,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1968u32,
+        wire: 2267u32,
+        call: 1966u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -89525,8 +89495,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1969u32,
+        wire: 2268u32,
+        call: 1967u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -89549,8 +89519,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1970u32,
+        wire: 2269u32,
+        call: 1968u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -89573,8 +89543,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1971u32,
+        wire: 2270u32,
+        call: 1969u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -89597,8 +89567,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1972u32,
+        wire: 2271u32,
+        call: 1970u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -89621,8 +89591,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1973u32,
+        wire: 2272u32,
+        call: 1971u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -89679,8 +89649,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1974u32,
+        wire: 2273u32,
+        call: 1972u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -89732,8 +89702,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1975u32,
+        wire: 2274u32,
+        call: 1973u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -89803,8 +89773,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1976u32,
+        wire: 2275u32,
+        call: 1974u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -89872,8 +89842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 1977u32,
+        wire: 2276u32,
+        call: 1975u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -89897,8 +89867,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 1978u32,
+        wire: 2277u32,
+        call: 1976u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -89929,8 +89899,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 1979u32,
+        wire: 2278u32,
+        call: 1977u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -89954,8 +89924,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 1980u32,
+        wire: 2279u32,
+        call: 1978u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -89979,8 +89949,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 1981u32,
+        wire: 2280u32,
+        call: 1979u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -90004,8 +89974,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 1982u32,
+        wire: 2281u32,
+        call: 1980u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -90063,8 +90033,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 1983u32,
+        wire: 2282u32,
+        call: 1981u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90127,8 +90097,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 1984u32,
+        wire: 2283u32,
+        call: 1982u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -90189,8 +90159,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 1985u32,
+        wire: 2284u32,
+        call: 1983u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -90221,8 +90191,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 1986u32,
+        wire: 2285u32,
+        call: 1984u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -90248,8 +90218,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 1987u32,
+        wire: 2286u32,
+        call: 1985u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -90275,8 +90245,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 1988u32,
+        wire: 2287u32,
+        call: 1986u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -90302,8 +90272,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 1989u32,
+        wire: 2288u32,
+        call: 1987u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -90329,8 +90299,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 1990u32,
+        wire: 2289u32,
+        call: 1988u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -90357,8 +90327,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 1991u32,
+        wire: 2290u32,
+        call: 1989u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -90376,8 +90346,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 1992u32,
+        wire: 2291u32,
+        call: 1990u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -90400,8 +90370,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 1993u32,
+        wire: 2292u32,
+        call: 1991u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -90424,8 +90394,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 1994u32,
+        wire: 2293u32,
+        call: 1992u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -90487,8 +90457,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 1995u32,
+        wire: 2294u32,
+        call: 1993u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -90555,8 +90525,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 1996u32,
+        wire: 2295u32,
+        call: 1994u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -90618,8 +90588,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 1997u32,
+        wire: 2296u32,
+        call: 1995u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -90672,8 +90642,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 1998u32,
+        wire: 2297u32,
+        call: 1996u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -90728,8 +90698,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 1999u32,
+        wire: 2298u32,
+        call: 1997u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90785,8 +90755,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 2000u32,
+        wire: 2299u32,
+        call: 1998u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -90841,8 +90811,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2001u32,
+        wire: 2300u32,
+        call: 1999u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -90897,8 +90867,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2002u32,
+        wire: 2301u32,
+        call: 2000u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90954,8 +90924,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2003u32,
+        wire: 2302u32,
+        call: 2001u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -91037,8 +91007,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2004u32,
+        wire: 2303u32,
+        call: 2002u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -91104,8 +91074,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2005u32,
+        wire: 2304u32,
+        call: 2003u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -91172,8 +91142,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2006u32,
+        wire: 2305u32,
+        call: 2004u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -91241,8 +91211,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2007u32,
+        wire: 2306u32,
+        call: 2005u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -91324,8 +91294,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2008u32,
+        wire: 2307u32,
+        call: 2006u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -91384,8 +91354,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2009u32,
+        wire: 2308u32,
+        call: 2007u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -91445,8 +91415,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2010u32,
+        wire: 2309u32,
+        call: 2008u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -91512,8 +91482,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2011u32,
+        wire: 2310u32,
+        call: 2009u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -91585,8 +91555,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2012u32,
+        wire: 2311u32,
+        call: 2010u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -91617,8 +91587,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2013u32,
+        wire: 2312u32,
+        call: 2011u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -91671,8 +91641,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2014u32,
+        wire: 2313u32,
+        call: 2012u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -91719,8 +91689,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2015u32,
+        wire: 2314u32,
+        call: 2013u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -91778,8 +91748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2016u32,
+        wire: 2315u32,
+        call: 2014u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -91835,8 +91805,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2017u32,
+        wire: 2316u32,
+        call: 2015u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -91907,8 +91877,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2018u32,
+        wire: 2317u32,
+        call: 2016u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -91984,8 +91954,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2019u32,
+        wire: 2318u32,
+        call: 2017u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -92075,8 +92045,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2020u32,
+        wire: 2319u32,
+        call: 2018u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -92161,8 +92131,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2021u32,
+        wire: 2320u32,
+        call: 2019u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -92209,8 +92179,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2022u32,
+        wire: 2321u32,
+        call: 2020u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92258,8 +92228,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2023u32,
+        wire: 2322u32,
+        call: 2021u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92306,8 +92276,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2024u32,
+        wire: 2323u32,
+        call: 2022u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92355,8 +92325,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2025u32,
+        wire: 2324u32,
+        call: 2023u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -92429,8 +92399,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2026u32,
+        wire: 2325u32,
+        call: 2024u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -92503,8 +92473,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2027u32,
+        wire: 2326u32,
+        call: 2025u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -92555,8 +92525,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2028u32,
+        wire: 2327u32,
+        call: 2026u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -92608,8 +92578,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2029u32,
+        wire: 2328u32,
+        call: 2027u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -92667,8 +92637,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2030u32,
+        wire: 2329u32,
+        call: 2028u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -92715,8 +92685,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2031u32,
+        wire: 2330u32,
+        call: 2029u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -92764,8 +92734,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2032u32,
+        wire: 2331u32,
+        call: 2030u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -92792,8 +92762,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2033u32,
+        wire: 2332u32,
+        call: 2031u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -92820,8 +92790,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2034u32,
+        wire: 2333u32,
+        call: 2032u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -92848,8 +92818,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2035u32,
+        wire: 2334u32,
+        call: 2033u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -92876,8 +92846,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2036u32,
+        wire: 2335u32,
+        call: 2034u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -92904,8 +92874,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2037u32,
+        wire: 2336u32,
+        call: 2035u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
         library: "cusparse",
@@ -92932,8 +92902,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2038u32,
+        wire: 2337u32,
+        call: 2036u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -92960,8 +92930,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2039u32,
+        wire: 2338u32,
+        call: 2037u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -93018,8 +92988,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2040u32,
+        wire: 2339u32,
+        call: 2038u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -93071,8 +93041,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2041u32,
+        wire: 2340u32,
+        call: 2039u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -93142,8 +93112,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2042u32,
+        wire: 2341u32,
+        call: 2040u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -93211,8 +93181,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2043u32,
+        wire: 2342u32,
+        call: 2041u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -93284,8 +93254,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2044u32,
+        wire: 2343u32,
+        call: 2042u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -93350,8 +93320,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2045u32,
+        wire: 2344u32,
+        call: 2043u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -93374,8 +93344,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2046u32,
+        wire: 2345u32,
+        call: 2044u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -93398,8 +93368,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2047u32,
+        wire: 2346u32,
+        call: 2045u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -93471,8 +93441,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2048u32,
+        wire: 2347u32,
+        call: 2046u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -93537,8 +93507,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2049u32,
+        wire: 2348u32,
+        call: 2047u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -93596,8 +93566,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2050u32,
+        wire: 2349u32,
+        call: 2048u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -93659,8 +93629,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2051u32,
+        wire: 2350u32,
+        call: 2049u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -93684,8 +93654,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2052u32,
+        wire: 2351u32,
+        call: 2050u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -93708,8 +93678,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2053u32,
+        wire: 2352u32,
+        call: 2051u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -93776,8 +93746,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2054u32,
+        wire: 2353u32,
+        call: 2052u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -93839,8 +93809,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2055u32,
+        wire: 2354u32,
+        call: 2053u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -93898,8 +93868,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2056u32,
+        wire: 2355u32,
+        call: 2054u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -93962,8 +93932,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2057u32,
+        wire: 2356u32,
+        call: 2055u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -94021,8 +93991,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2058u32,
+        wire: 2357u32,
+        call: 2056u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -94054,8 +94024,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2059u32,
+        wire: 2358u32,
+        call: 2057u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -94096,8 +94066,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2060u32,
+        wire: 2359u32,
+        call: 2058u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -94121,8 +94091,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2061u32,
+        wire: 2360u32,
+        call: 2059u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -94154,8 +94124,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2062u32,
+        wire: 2361u32,
+        call: 2060u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -94182,8 +94152,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2063u32,
+        wire: 2362u32,
+        call: 2061u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -94207,8 +94177,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2064u32,
+        wire: 2363u32,
+        call: 2062u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -94269,8 +94239,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2065u32,
+        wire: 2364u32,
+        call: 2063u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -94336,8 +94306,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2066u32,
+        wire: 2365u32,
+        call: 2064u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -94360,8 +94330,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2067u32,
+        wire: 2366u32,
+        call: 2065u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -94384,8 +94354,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2068u32,
+        wire: 2367u32,
+        call: 2066u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -94445,8 +94415,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2069u32,
+        wire: 2368u32,
+        call: 2067u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -94503,8 +94473,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2070u32,
+        wire: 2369u32,
+        call: 2068u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -94566,8 +94536,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2071u32,
+        wire: 2370u32,
+        call: 2069u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -94590,8 +94560,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2072u32,
+        wire: 2371u32,
+        call: 2070u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -94614,8 +94584,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2073u32,
+        wire: 2372u32,
+        call: 2071u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -94671,8 +94641,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2074u32,
+        wire: 2373u32,
+        call: 2072u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -94696,8 +94666,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2075u32,
+        wire: 2374u32,
+        call: 2073u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -94721,8 +94691,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2076u32,
+        wire: 2375u32,
+        call: 2074u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -94758,8 +94728,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2077u32,
+        wire: 2376u32,
+        call: 2075u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -94800,8 +94770,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2078u32,
+        wire: 2377u32,
+        call: 2076u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -94859,8 +94829,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2079u32,
+        wire: 2378u32,
+        call: 2077u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94923,8 +94893,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2080u32,
+        wire: 2379u32,
+        call: 2078u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -94985,8 +94955,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2081u32,
+        wire: 2380u32,
+        call: 2079u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -95018,8 +94988,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2082u32,
+        wire: 2381u32,
+        call: 2080u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -95051,8 +95021,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2083u32,
+        wire: 2382u32,
+        call: 2081u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -95084,8 +95054,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2084u32,
+        wire: 2383u32,
+        call: 2082u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -95117,8 +95087,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2085u32,
+        wire: 2384u32,
+        call: 2083u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -95155,8 +95125,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2086u32,
+        wire: 2385u32,
+        call: 2084u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -95195,8 +95165,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2087u32,
+        wire: 2386u32,
+        call: 2085u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -95235,8 +95205,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2088u32,
+        wire: 2387u32,
+        call: 2086u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -95279,8 +95249,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2089u32,
+        wire: 2388u32,
+        call: 2087u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -95335,8 +95305,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2090u32,
+        wire: 2389u32,
+        call: 2088u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -95373,8 +95343,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2091u32,
+        wire: 2390u32,
+        call: 2089u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -95434,8 +95404,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2092u32,
+        wire: 2391u32,
+        call: 2090u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -95497,8 +95467,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2093u32,
+        wire: 2392u32,
+        call: 2091u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -95578,8 +95548,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2094u32,
+        wire: 2393u32,
+        call: 2092u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -95611,8 +95581,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2095u32,
+        wire: 2394u32,
+        call: 2093u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -95644,8 +95614,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2096u32,
+        wire: 2395u32,
+        call: 2094u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -95677,8 +95647,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2097u32,
+        wire: 2396u32,
+        call: 2095u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -95721,8 +95691,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2098u32,
+        wire: 2397u32,
+        call: 2096u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -95765,8 +95735,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2099u32,
+        wire: 2398u32,
+        call: 2097u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -95798,8 +95768,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2100u32,
+        wire: 2399u32,
+        call: 2098u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -95854,8 +95824,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2101u32,
+        wire: 2400u32,
+        call: 2099u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -95927,8 +95897,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2102u32,
+        wire: 2401u32,
+        call: 2100u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -95981,8 +95951,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2103u32,
+        wire: 2402u32,
+        call: 2101u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -96037,8 +96007,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2104u32,
+        wire: 2403u32,
+        call: 2102u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96094,8 +96064,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2105u32,
+        wire: 2404u32,
+        call: 2103u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -96150,8 +96120,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2106u32,
+        wire: 2405u32,
+        call: 2104u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -96206,8 +96176,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2107u32,
+        wire: 2406u32,
+        call: 2105u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96263,8 +96233,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2108u32,
+        wire: 2407u32,
+        call: 2106u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -96346,8 +96316,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2109u32,
+        wire: 2408u32,
+        call: 2107u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -96413,8 +96383,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2110u32,
+        wire: 2409u32,
+        call: 2108u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -96481,8 +96451,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2111u32,
+        wire: 2410u32,
+        call: 2109u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -96550,8 +96520,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2112u32,
+        wire: 2411u32,
+        call: 2110u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -96633,8 +96603,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2113u32,
+        wire: 2412u32,
+        call: 2111u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -96693,8 +96663,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2114u32,
+        wire: 2413u32,
+        call: 2112u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -96754,8 +96724,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2115u32,
+        wire: 2414u32,
+        call: 2113u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -96821,8 +96791,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2116u32,
+        wire: 2415u32,
+        call: 2114u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -96894,8 +96864,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2117u32,
+        wire: 2416u32,
+        call: 2115u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -96948,8 +96918,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2118u32,
+        wire: 2417u32,
+        call: 2116u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -96996,8 +96966,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2119u32,
+        wire: 2418u32,
+        call: 2117u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -97055,8 +97025,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2120u32,
+        wire: 2419u32,
+        call: 2118u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -97112,8 +97082,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2121u32,
+        wire: 2420u32,
+        call: 2119u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -97184,8 +97154,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2122u32,
+        wire: 2421u32,
+        call: 2120u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97261,8 +97231,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2123u32,
+        wire: 2422u32,
+        call: 2121u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -97352,8 +97322,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2124u32,
+        wire: 2423u32,
+        call: 2122u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97438,8 +97408,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2125u32,
+        wire: 2424u32,
+        call: 2123u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -97486,8 +97456,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2126u32,
+        wire: 2425u32,
+        call: 2124u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -97535,8 +97505,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2127u32,
+        wire: 2426u32,
+        call: 2125u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -97583,8 +97553,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2128u32,
+        wire: 2427u32,
+        call: 2126u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -97632,8 +97602,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2129u32,
+        wire: 2428u32,
+        call: 2127u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -97706,8 +97676,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2130u32,
+        wire: 2429u32,
+        call: 2128u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -97780,8 +97750,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2131u32,
+        wire: 2430u32,
+        call: 2129u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -97832,8 +97802,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2132u32,
+        wire: 2431u32,
+        call: 2130u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97885,8 +97855,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2133u32,
+        wire: 2432u32,
+        call: 2131u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -97944,8 +97914,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2134u32,
+        wire: 2433u32,
+        call: 2132u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -97992,8 +97962,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2135u32,
+        wire: 2434u32,
+        call: 2133u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -98041,8 +98011,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2136u32,
+        wire: 2435u32,
+        call: 2134u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -98099,8 +98069,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2137u32,
+        wire: 2436u32,
+        call: 2135u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -98152,8 +98122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2138u32,
+        wire: 2437u32,
+        call: 2136u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -98223,8 +98193,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2139u32,
+        wire: 2438u32,
+        call: 2137u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -98292,8 +98262,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2140u32,
+        wire: 2439u32,
+        call: 2138u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -98348,8 +98318,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2141u32,
+        wire: 2440u32,
+        call: 2139u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -98407,8 +98377,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2467u32,
+        wire: 2768u32,
+        call: 2465u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -98433,8 +98403,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2467u32,
+        wire: 2769u32,
+        call: 2465u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -98459,8 +98429,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2467u32,
+        wire: 2770u32,
+        call: 2465u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -98485,8 +98455,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2468u32,
+        wire: 2771u32,
+        call: 2466u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -98511,8 +98481,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2468u32,
+        wire: 2772u32,
+        call: 2466u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -98537,8 +98507,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2468u32,
+        wire: 2773u32,
+        call: 2466u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -98563,8 +98533,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2469u32,
+        wire: 2774u32,
+        call: 2467u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -98589,8 +98559,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2470u32,
+        wire: 2775u32,
+        call: 2468u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -98615,8 +98585,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2470u32,
+        wire: 2776u32,
+        call: 2468u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -98641,8 +98611,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2470u32,
+        wire: 2777u32,
+        call: 2468u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -98810,8 +98780,8 @@ pub mod driver {
     static LEN_cuTensorMapEncodeTiled_117: Len = Len::Param(2u8);
     static LEN_cuTensorMapEncodeTiled_118: Len = Len::Param(2u8);
     pub static cuArray3DCreate: CallDesc = CallDesc {
-        wire: 366u32,
-        call: 289u32,
+        wire: 365u32,
+        call: 288u32,
         name: "cuArray3DCreate",
         form: None,
         library: "driver",
@@ -98840,8 +98810,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DCreate_v2: CallDesc = CallDesc {
-        wire: 367u32,
-        call: 290u32,
+        wire: 366u32,
+        call: 289u32,
         name: "cuArray3DCreate_v2",
         form: None,
         library: "driver",
@@ -98870,8 +98840,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DGetDescriptor: CallDesc = CallDesc {
-        wire: 368u32,
-        call: 291u32,
+        wire: 367u32,
+        call: 290u32,
         name: "cuArray3DGetDescriptor",
         form: None,
         library: "driver",
@@ -98900,8 +98870,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DGetDescriptor_v2: CallDesc = CallDesc {
-        wire: 369u32,
-        call: 292u32,
+        wire: 368u32,
+        call: 291u32,
         name: "cuArray3DGetDescriptor_v2",
         form: None,
         library: "driver",
@@ -98930,8 +98900,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayCreate: CallDesc = CallDesc {
-        wire: 370u32,
-        call: 293u32,
+        wire: 369u32,
+        call: 292u32,
         name: "cuArrayCreate",
         form: None,
         library: "driver",
@@ -98960,8 +98930,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayCreate_v2: CallDesc = CallDesc {
-        wire: 371u32,
-        call: 294u32,
+        wire: 370u32,
+        call: 293u32,
         name: "cuArrayCreate_v2",
         form: None,
         library: "driver",
@@ -98990,8 +98960,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayDestroy: CallDesc = CallDesc {
-        wire: 372u32,
-        call: 295u32,
+        wire: 371u32,
+        call: 294u32,
         name: "cuArrayDestroy",
         form: None,
         library: "driver",
@@ -99014,8 +98984,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetDescriptor: CallDesc = CallDesc {
-        wire: 373u32,
-        call: 296u32,
+        wire: 372u32,
+        call: 295u32,
         name: "cuArrayGetDescriptor",
         form: None,
         library: "driver",
@@ -99044,8 +99014,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetDescriptor_v2: CallDesc = CallDesc {
-        wire: 374u32,
-        call: 297u32,
+        wire: 373u32,
+        call: 296u32,
         name: "cuArrayGetDescriptor_v2",
         form: None,
         library: "driver",
@@ -99074,8 +99044,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 375u32,
-        call: 298u32,
+        wire: 374u32,
+        call: 297u32,
         name: "cuArrayGetMemoryRequirements",
         form: None,
         library: "driver",
@@ -99108,8 +99078,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetPlane: CallDesc = CallDesc {
-        wire: 376u32,
-        call: 299u32,
+        wire: 375u32,
+        call: 298u32,
         name: "cuArrayGetPlane",
         form: None,
         library: "driver",
@@ -99140,8 +99110,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 377u32,
-        call: 300u32,
+        wire: 376u32,
+        call: 299u32,
         name: "cuArrayGetSparseProperties",
         form: None,
         library: "driver",
@@ -99170,8 +99140,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCheckpointProcessGetRestoreThreadId: CallDesc = CallDesc {
-        wire: 378u32,
-        call: 301u32,
+        wire: 377u32,
+        call: 300u32,
         name: "cuCheckpointProcessGetRestoreThreadId",
         form: None,
         library: "driver",
@@ -99200,8 +99170,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCheckpointProcessGetState: CallDesc = CallDesc {
-        wire: 379u32,
-        call: 302u32,
+        wire: 378u32,
+        call: 301u32,
         name: "cuCheckpointProcessGetState",
         form: None,
         library: "driver",
@@ -99230,8 +99200,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxAttach: CallDesc = CallDesc {
-        wire: 380u32,
-        call: 303u32,
+        wire: 379u32,
+        call: 302u32,
         name: "cuCtxAttach",
         form: None,
         library: "driver",
@@ -99258,8 +99228,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxCreate: CallDesc = CallDesc {
-        wire: 381u32,
-        call: 304u32,
+        wire: 380u32,
+        call: 303u32,
         name: "cuCtxCreate",
         form: None,
         library: "driver",
@@ -99290,8 +99260,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxCreate_v2__call: CallDesc = CallDesc {
-        wire: 382u32,
-        call: 305u32,
+        wire: 381u32,
+        call: 304u32,
         name: "cuCtxCreate_v2",
         form: Some("call"),
         library: "driver",
@@ -99322,8 +99292,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxCreate_v3__call: CallDesc = CallDesc {
-        wire: 383u32,
-        call: 306u32,
+        wire: 382u32,
+        call: 305u32,
         name: "cuCtxCreate_v3",
         form: Some("call"),
         library: "driver",
@@ -99364,8 +99334,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDestroy: CallDesc = CallDesc {
-        wire: 384u32,
-        call: 307u32,
+        wire: 383u32,
+        call: 306u32,
         name: "cuCtxDestroy",
         form: None,
         library: "driver",
@@ -99388,8 +99358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDestroy_v2__call: CallDesc = CallDesc {
-        wire: 385u32,
-        call: 308u32,
+        wire: 384u32,
+        call: 307u32,
         name: "cuCtxDestroy_v2",
         form: Some("call"),
         library: "driver",
@@ -99412,8 +99382,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDetach: CallDesc = CallDesc {
-        wire: 386u32,
-        call: 309u32,
+        wire: 385u32,
+        call: 308u32,
         name: "cuCtxDetach",
         form: None,
         library: "driver",
@@ -99436,8 +99406,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDisablePeerAccess: CallDesc = CallDesc {
-        wire: 387u32,
-        call: 310u32,
+        wire: 386u32,
+        call: 309u32,
         name: "cuCtxDisablePeerAccess",
         form: None,
         library: "driver",
@@ -99460,8 +99430,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxEnablePeerAccess: CallDesc = CallDesc {
-        wire: 388u32,
-        call: 311u32,
+        wire: 387u32,
+        call: 310u32,
         name: "cuCtxEnablePeerAccess",
         form: None,
         library: "driver",
@@ -99488,8 +99458,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxFromGreenCtx: CallDesc = CallDesc {
-        wire: 389u32,
-        call: 312u32,
+        wire: 388u32,
+        call: 311u32,
         name: "cuCtxFromGreenCtx",
         form: None,
         library: "driver",
@@ -99516,8 +99486,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetApiVersion: CallDesc = CallDesc {
-        wire: 390u32,
-        call: 313u32,
+        wire: 389u32,
+        call: 312u32,
         name: "cuCtxGetApiVersion",
         form: None,
         library: "driver",
@@ -99546,8 +99516,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetCacheConfig: CallDesc = CallDesc {
-        wire: 391u32,
-        call: 314u32,
+        wire: 390u32,
+        call: 313u32,
         name: "cuCtxGetCacheConfig",
         form: None,
         library: "driver",
@@ -99572,8 +99542,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetCurrent__call: CallDesc = CallDesc {
-        wire: 392u32,
-        call: 315u32,
+        wire: 391u32,
+        call: 314u32,
         name: "cuCtxGetCurrent",
         form: Some("call"),
         library: "driver",
@@ -99596,8 +99566,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 393u32,
-        call: 316u32,
+        wire: 392u32,
+        call: 315u32,
         name: "cuCtxGetDevResource",
         form: None,
         library: "driver",
@@ -99630,8 +99600,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 394u32,
-        call: 316u32,
+        wire: 393u32,
+        call: 315u32,
         name: "cuCtxGetDevResource",
         form: None,
         library: "driver",
@@ -99664,8 +99634,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevice: CallDesc = CallDesc {
-        wire: 395u32,
-        call: 317u32,
+        wire: 394u32,
+        call: 316u32,
         name: "cuCtxGetDevice",
         form: None,
         library: "driver",
@@ -99690,8 +99660,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevice_v2: CallDesc = CallDesc {
-        wire: 396u32,
-        call: 318u32,
+        wire: 395u32,
+        call: 317u32,
         name: "cuCtxGetDevice_v2",
         form: None,
         library: "driver",
@@ -99720,8 +99690,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetExecAffinity: CallDesc = CallDesc {
-        wire: 397u32,
-        call: 319u32,
+        wire: 396u32,
+        call: 318u32,
         name: "cuCtxGetExecAffinity",
         form: None,
         library: "driver",
@@ -99750,8 +99720,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetFlags: CallDesc = CallDesc {
-        wire: 398u32,
-        call: 320u32,
+        wire: 397u32,
+        call: 319u32,
         name: "cuCtxGetFlags",
         form: None,
         library: "driver",
@@ -99776,8 +99746,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetId: CallDesc = CallDesc {
-        wire: 399u32,
-        call: 321u32,
+        wire: 398u32,
+        call: 320u32,
         name: "cuCtxGetId",
         form: None,
         library: "driver",
@@ -99806,8 +99776,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetLimit: CallDesc = CallDesc {
-        wire: 400u32,
-        call: 322u32,
+        wire: 399u32,
+        call: 321u32,
         name: "cuCtxGetLimit",
         form: None,
         library: "driver",
@@ -99836,8 +99806,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 401u32,
-        call: 323u32,
+        wire: 400u32,
+        call: 322u32,
         name: "cuCtxGetSharedMemConfig",
         form: None,
         library: "driver",
@@ -99862,8 +99832,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 402u32,
-        call: 324u32,
+        wire: 401u32,
+        call: 323u32,
         name: "cuCtxGetStreamPriorityRange",
         form: None,
         library: "driver",
@@ -99894,8 +99864,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPopCurrent: CallDesc = CallDesc {
-        wire: 403u32,
-        call: 325u32,
+        wire: 402u32,
+        call: 324u32,
         name: "cuCtxPopCurrent",
         form: None,
         library: "driver",
@@ -99918,8 +99888,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPopCurrent_v2__call: CallDesc = CallDesc {
-        wire: 404u32,
-        call: 326u32,
+        wire: 403u32,
+        call: 325u32,
         name: "cuCtxPopCurrent_v2",
         form: Some("call"),
         library: "driver",
@@ -99942,8 +99912,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPushCurrent: CallDesc = CallDesc {
-        wire: 405u32,
-        call: 327u32,
+        wire: 404u32,
+        call: 326u32,
         name: "cuCtxPushCurrent",
         form: None,
         library: "driver",
@@ -99966,8 +99936,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPushCurrent_v2__call: CallDesc = CallDesc {
-        wire: 406u32,
-        call: 328u32,
+        wire: 405u32,
+        call: 327u32,
         name: "cuCtxPushCurrent_v2",
         form: Some("call"),
         library: "driver",
@@ -99990,8 +99960,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxRecordEvent: CallDesc = CallDesc {
-        wire: 407u32,
-        call: 329u32,
+        wire: 406u32,
+        call: 328u32,
         name: "cuCtxRecordEvent",
         form: None,
         library: "driver",
@@ -100018,8 +99988,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxResetPersistingL2Cache: CallDesc = CallDesc {
-        wire: 408u32,
-        call: 330u32,
+        wire: 407u32,
+        call: 329u32,
         name: "cuCtxResetPersistingL2Cache",
         form: None,
         library: "driver",
@@ -100037,8 +100007,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetCacheConfig: CallDesc = CallDesc {
-        wire: 409u32,
-        call: 331u32,
+        wire: 408u32,
+        call: 330u32,
         name: "cuCtxSetCacheConfig",
         form: None,
         library: "driver",
@@ -100061,8 +100031,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetCurrent__call: CallDesc = CallDesc {
-        wire: 410u32,
-        call: 332u32,
+        wire: 409u32,
+        call: 331u32,
         name: "cuCtxSetCurrent",
         form: Some("call"),
         library: "driver",
@@ -100085,8 +100055,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetFlags: CallDesc = CallDesc {
-        wire: 411u32,
-        call: 333u32,
+        wire: 410u32,
+        call: 332u32,
         name: "cuCtxSetFlags",
         form: None,
         library: "driver",
@@ -100109,8 +100079,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetLimit: CallDesc = CallDesc {
-        wire: 412u32,
-        call: 334u32,
+        wire: 411u32,
+        call: 333u32,
         name: "cuCtxSetLimit",
         form: None,
         library: "driver",
@@ -100137,8 +100107,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 413u32,
-        call: 335u32,
+        wire: 412u32,
+        call: 334u32,
         name: "cuCtxSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -100161,8 +100131,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSynchronize: CallDesc = CallDesc {
-        wire: 414u32,
-        call: 336u32,
+        wire: 413u32,
+        call: 335u32,
         name: "cuCtxSynchronize",
         form: None,
         library: "driver",
@@ -100180,8 +100150,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuCtxSynchronize_v2: CallDesc = CallDesc {
-        wire: 415u32,
-        call: 337u32,
+        wire: 414u32,
+        call: 336u32,
         name: "cuCtxSynchronize_v2",
         form: None,
         library: "driver",
@@ -100204,8 +100174,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxWaitEvent: CallDesc = CallDesc {
-        wire: 416u32,
-        call: 338u32,
+        wire: 415u32,
+        call: 337u32,
         name: "cuCtxWaitEvent",
         form: None,
         library: "driver",
@@ -100232,8 +100202,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDestroyExternalMemory: CallDesc = CallDesc {
-        wire: 417u32,
-        call: 339u32,
+        wire: 416u32,
+        call: 338u32,
         name: "cuDestroyExternalMemory",
         form: None,
         library: "driver",
@@ -100256,8 +100226,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDestroyExternalSemaphore: CallDesc = CallDesc {
-        wire: 418u32,
-        call: 340u32,
+        wire: 417u32,
+        call: 339u32,
         name: "cuDestroyExternalSemaphore",
         form: None,
         library: "driver",
@@ -100280,8 +100250,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevResourceGenerateDesc__cu126: CallDesc = CallDesc {
-        wire: 419u32,
-        call: 341u32,
+        wire: 418u32,
+        call: 340u32,
         name: "cuDevResourceGenerateDesc",
         form: None,
         library: "driver",
@@ -100314,8 +100284,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevResourceGenerateDesc__cu131: CallDesc = CallDesc {
-        wire: 420u32,
-        call: 341u32,
+        wire: 419u32,
+        call: 340u32,
         name: "cuDevResourceGenerateDesc",
         form: None,
         library: "driver",
@@ -100348,8 +100318,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceCanAccessPeer: CallDesc = CallDesc {
-        wire: 421u32,
-        call: 342u32,
+        wire: 420u32,
+        call: 341u32,
         name: "cuDeviceCanAccessPeer",
         form: None,
         library: "driver",
@@ -100382,8 +100352,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 422u32,
-        call: 343u32,
+        wire: 421u32,
+        call: 342u32,
         name: "cuDeviceGetByPCIBusId",
         form: None,
         library: "driver",
@@ -100409,8 +100379,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 423u32,
-        call: 344u32,
+        wire: 422u32,
+        call: 343u32,
         name: "cuDeviceGetDefaultMemPool",
         form: None,
         library: "driver",
@@ -100437,8 +100407,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 424u32,
-        call: 345u32,
+        wire: 423u32,
+        call: 344u32,
         name: "cuDeviceGetDevResource",
         form: None,
         library: "driver",
@@ -100471,8 +100441,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 425u32,
-        call: 345u32,
+        wire: 424u32,
+        call: 344u32,
         name: "cuDeviceGetDevResource",
         form: None,
         library: "driver",
@@ -100505,8 +100475,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetExecAffinitySupport: CallDesc = CallDesc {
-        wire: 426u32,
-        call: 346u32,
+        wire: 425u32,
+        call: 345u32,
         name: "cuDeviceGetExecAffinitySupport",
         form: None,
         library: "driver",
@@ -100539,8 +100509,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetGraphMemAttribute: CallDesc = CallDesc {
-        wire: 427u32,
-        call: 347u32,
+        wire: 426u32,
+        call: 346u32,
         name: "cuDeviceGetGraphMemAttribute",
         form: None,
         library: "driver",
@@ -100573,8 +100543,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetHostAtomicCapabilities: CallDesc = CallDesc {
-        wire: 428u32,
-        call: 348u32,
+        wire: 427u32,
+        call: 347u32,
         name: "cuDeviceGetHostAtomicCapabilities",
         form: None,
         library: "driver",
@@ -100613,8 +100583,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetLuid: CallDesc = CallDesc {
-        wire: 429u32,
-        call: 349u32,
+        wire: 428u32,
+        call: 348u32,
         name: "cuDeviceGetLuid",
         form: None,
         library: "driver",
@@ -100649,8 +100619,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 430u32,
-        call: 350u32,
+        wire: 429u32,
+        call: 349u32,
         name: "cuDeviceGetMemPool",
         form: None,
         library: "driver",
@@ -100677,8 +100647,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetP2PAtomicCapabilities: CallDesc = CallDesc {
-        wire: 431u32,
-        call: 351u32,
+        wire: 430u32,
+        call: 350u32,
         name: "cuDeviceGetP2PAtomicCapabilities",
         form: None,
         library: "driver",
@@ -100721,8 +100691,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 432u32,
-        call: 352u32,
+        wire: 431u32,
+        call: 351u32,
         name: "cuDeviceGetP2PAttribute",
         form: None,
         library: "driver",
@@ -100759,8 +100729,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetPCIBusId: CallDesc = CallDesc {
-        wire: 433u32,
-        call: 353u32,
+        wire: 432u32,
+        call: 352u32,
         name: "cuDeviceGetPCIBusId",
         form: None,
         library: "driver",
@@ -100793,8 +100763,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetProperties: CallDesc = CallDesc {
-        wire: 434u32,
-        call: 354u32,
+        wire: 433u32,
+        call: 353u32,
         name: "cuDeviceGetProperties",
         form: None,
         library: "driver",
@@ -100823,8 +100793,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetTexture1DLinearMaxWidth: CallDesc = CallDesc {
-        wire: 435u32,
-        call: 355u32,
+        wire: 434u32,
+        call: 354u32,
         name: "cuDeviceGetTexture1DLinearMaxWidth",
         form: None,
         library: "driver",
@@ -100861,8 +100831,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 436u32,
-        call: 356u32,
+        wire: 435u32,
+        call: 355u32,
         name: "cuDeviceGraphMemTrim",
         form: None,
         library: "driver",
@@ -100885,8 +100855,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxGetState__call: CallDesc = CallDesc {
-        wire: 437u32,
-        call: 357u32,
+        wire: 436u32,
+        call: 356u32,
         name: "cuDevicePrimaryCtxGetState",
         form: Some("call"),
         library: "driver",
@@ -100921,8 +100891,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRelease: CallDesc = CallDesc {
-        wire: 438u32,
-        call: 358u32,
+        wire: 437u32,
+        call: 357u32,
         name: "cuDevicePrimaryCtxRelease",
         form: None,
         library: "driver",
@@ -100945,8 +100915,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRelease_v2: CallDesc = CallDesc {
-        wire: 439u32,
-        call: 359u32,
+        wire: 438u32,
+        call: 358u32,
         name: "cuDevicePrimaryCtxRelease_v2",
         form: None,
         library: "driver",
@@ -100969,8 +100939,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxReset__call: CallDesc = CallDesc {
-        wire: 440u32,
-        call: 360u32,
+        wire: 439u32,
+        call: 359u32,
         name: "cuDevicePrimaryCtxReset",
         form: Some("call"),
         library: "driver",
@@ -100993,8 +100963,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxReset_v2__call: CallDesc = CallDesc {
-        wire: 441u32,
-        call: 361u32,
+        wire: 440u32,
+        call: 360u32,
         name: "cuDevicePrimaryCtxReset_v2",
         form: Some("call"),
         library: "driver",
@@ -101017,8 +100987,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRetain: CallDesc = CallDesc {
-        wire: 442u32,
-        call: 362u32,
+        wire: 441u32,
+        call: 361u32,
         name: "cuDevicePrimaryCtxRetain",
         form: None,
         library: "driver",
@@ -101045,8 +101015,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxSetFlags__call: CallDesc = CallDesc {
-        wire: 443u32,
-        call: 363u32,
+        wire: 442u32,
+        call: 362u32,
         name: "cuDevicePrimaryCtxSetFlags",
         form: Some("call"),
         library: "driver",
@@ -101073,8 +101043,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxSetFlags_v2__call: CallDesc = CallDesc {
-        wire: 444u32,
-        call: 364u32,
+        wire: 443u32,
+        call: 363u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
         form: Some("call"),
         library: "driver",
@@ -101101,8 +101071,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceSetGraphMemAttribute: CallDesc = CallDesc {
-        wire: 445u32,
-        call: 365u32,
+        wire: 444u32,
+        call: 364u32,
         name: "cuDeviceSetGraphMemAttribute",
         form: None,
         library: "driver",
@@ -101135,8 +101105,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 446u32,
-        call: 366u32,
+        wire: 445u32,
+        call: 365u32,
         name: "cuDeviceSetMemPool",
         form: None,
         library: "driver",
@@ -101163,8 +101133,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceTotalMem: CallDesc = CallDesc {
-        wire: 447u32,
-        call: 367u32,
+        wire: 446u32,
+        call: 366u32,
         name: "cuDeviceTotalMem",
         form: None,
         library: "driver",
@@ -101193,8 +101163,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 448u32,
-        call: 368u32,
+        wire: 447u32,
+        call: 367u32,
         name: "cuDeviceUnregisterAsyncNotification",
         form: None,
         library: "driver",
@@ -101221,8 +101191,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventCreate: CallDesc = CallDesc {
-        wire: 449u32,
-        call: 369u32,
+        wire: 448u32,
+        call: 368u32,
         name: "cuEventCreate",
         form: None,
         library: "driver",
@@ -101249,8 +101219,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventDestroy: CallDesc = CallDesc {
-        wire: 450u32,
-        call: 370u32,
+        wire: 449u32,
+        call: 369u32,
         name: "cuEventDestroy",
         form: None,
         library: "driver",
@@ -101273,8 +101243,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventDestroy_v2: CallDesc = CallDesc {
-        wire: 451u32,
-        call: 371u32,
+        wire: 450u32,
+        call: 370u32,
         name: "cuEventDestroy_v2",
         form: None,
         library: "driver",
@@ -101297,8 +101267,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventElapsedTime: CallDesc = CallDesc {
-        wire: 452u32,
-        call: 372u32,
+        wire: 451u32,
+        call: 371u32,
         name: "cuEventElapsedTime",
         form: None,
         library: "driver",
@@ -101331,8 +101301,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 453u32,
-        call: 373u32,
+        wire: 452u32,
+        call: 372u32,
         name: "cuEventElapsedTime_v2",
         form: None,
         library: "driver",
@@ -101365,8 +101335,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventQuery: CallDesc = CallDesc {
-        wire: 454u32,
-        call: 374u32,
+        wire: 453u32,
+        call: 373u32,
         name: "cuEventQuery",
         form: None,
         library: "driver",
@@ -101389,8 +101359,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecord: CallDesc = CallDesc {
-        wire: 455u32,
-        call: 375u32,
+        wire: 454u32,
+        call: 374u32,
         name: "cuEventRecord",
         form: None,
         library: "driver",
@@ -101417,8 +101387,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 456u32,
-        call: 376u32,
+        wire: 455u32,
+        call: 375u32,
         name: "cuEventRecordWithFlags",
         form: None,
         library: "driver",
@@ -101449,8 +101419,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 457u32,
-        call: 377u32,
+        wire: 456u32,
+        call: 376u32,
         name: "cuEventRecordWithFlags_ptsz",
         form: None,
         library: "driver",
@@ -101481,8 +101451,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 458u32,
-        call: 378u32,
+        wire: 457u32,
+        call: 377u32,
         name: "cuEventRecord_ptsz",
         form: None,
         library: "driver",
@@ -101509,8 +101479,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventSynchronize: CallDesc = CallDesc {
-        wire: 459u32,
-        call: 379u32,
+        wire: 458u32,
+        call: 378u32,
         name: "cuEventSynchronize",
         form: None,
         library: "driver",
@@ -101533,8 +101503,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuExternalMemoryGetMappedBuffer: CallDesc = CallDesc {
-        wire: 460u32,
-        call: 380u32,
+        wire: 459u32,
+        call: 379u32,
         name: "cuExternalMemoryGetMappedBuffer",
         form: None,
         library: "driver",
@@ -101569,8 +101539,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuExternalMemoryGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 461u32,
-        call: 381u32,
+        wire: 460u32,
+        call: 380u32,
         name: "cuExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -101603,8 +101573,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
-        wire: 462u32,
-        call: 382u32,
+        wire: 461u32,
+        call: 381u32,
         name: "cuFlushGPUDirectRDMAWrites",
         form: None,
         library: "driver",
@@ -101631,8 +101601,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetAttribute: CallDesc = CallDesc {
-        wire: 463u32,
-        call: 383u32,
+        wire: 462u32,
+        call: 382u32,
         name: "cuFuncGetAttribute",
         form: None,
         library: "driver",
@@ -101665,8 +101635,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetModule: CallDesc = CallDesc {
-        wire: 464u32,
-        call: 384u32,
+        wire: 463u32,
+        call: 383u32,
         name: "cuFuncGetModule",
         form: None,
         library: "driver",
@@ -101693,8 +101663,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetParamInfo: CallDesc = CallDesc {
-        wire: 465u32,
-        call: 385u32,
+        wire: 464u32,
+        call: 384u32,
         name: "cuFuncGetParamInfo",
         form: None,
         library: "driver",
@@ -101733,8 +101703,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncIsLoaded: CallDesc = CallDesc {
-        wire: 466u32,
-        call: 386u32,
+        wire: 465u32,
+        call: 385u32,
         name: "cuFuncIsLoaded",
         form: None,
         library: "driver",
@@ -101763,8 +101733,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncLoad: CallDesc = CallDesc {
-        wire: 467u32,
-        call: 387u32,
+        wire: 466u32,
+        call: 386u32,
         name: "cuFuncLoad",
         form: None,
         library: "driver",
@@ -101787,8 +101757,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetAttribute__call: CallDesc = CallDesc {
-        wire: 468u32,
-        call: 388u32,
+        wire: 467u32,
+        call: 387u32,
         name: "cuFuncSetAttribute",
         form: Some("call"),
         library: "driver",
@@ -101819,8 +101789,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetBlockShape: CallDesc = CallDesc {
-        wire: 469u32,
-        call: 389u32,
+        wire: 468u32,
+        call: 388u32,
         name: "cuFuncSetBlockShape",
         form: None,
         library: "driver",
@@ -101855,8 +101825,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetCacheConfig: CallDesc = CallDesc {
-        wire: 470u32,
-        call: 390u32,
+        wire: 469u32,
+        call: 389u32,
         name: "cuFuncSetCacheConfig",
         form: None,
         library: "driver",
@@ -101883,8 +101853,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 471u32,
-        call: 391u32,
+        wire: 470u32,
+        call: 390u32,
         name: "cuFuncSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -101911,8 +101881,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetSharedSize: CallDesc = CallDesc {
-        wire: 472u32,
-        call: 392u32,
+        wire: 471u32,
+        call: 391u32,
         name: "cuFuncSetSharedSize",
         form: None,
         library: "driver",
@@ -101939,8 +101909,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddChildGraphNode: CallDesc = CallDesc {
-        wire: 473u32,
-        call: 393u32,
+        wire: 472u32,
+        call: 392u32,
         name: "cuGraphAddChildGraphNode",
         form: None,
         library: "driver",
@@ -101979,8 +101949,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddDependencies: CallDesc = CallDesc {
-        wire: 474u32,
-        call: 394u32,
+        wire: 473u32,
+        call: 393u32,
         name: "cuGraphAddDependencies",
         form: None,
         library: "driver",
@@ -102015,8 +101985,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddDependencies_v2: CallDesc = CallDesc {
-        wire: 475u32,
-        call: 395u32,
+        wire: 474u32,
+        call: 394u32,
         name: "cuGraphAddDependencies_v2",
         form: None,
         library: "driver",
@@ -102057,8 +102027,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEmptyNode: CallDesc = CallDesc {
-        wire: 476u32,
-        call: 396u32,
+        wire: 475u32,
+        call: 395u32,
         name: "cuGraphAddEmptyNode",
         form: None,
         library: "driver",
@@ -102093,8 +102063,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEventRecordNode: CallDesc = CallDesc {
-        wire: 477u32,
-        call: 397u32,
+        wire: 476u32,
+        call: 396u32,
         name: "cuGraphAddEventRecordNode",
         form: None,
         library: "driver",
@@ -102133,8 +102103,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEventWaitNode: CallDesc = CallDesc {
-        wire: 478u32,
-        call: 398u32,
+        wire: 477u32,
+        call: 397u32,
         name: "cuGraphAddEventWaitNode",
         form: None,
         library: "driver",
@@ -102173,8 +102143,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddMemFreeNode: CallDesc = CallDesc {
-        wire: 479u32,
-        call: 399u32,
+        wire: 478u32,
+        call: 398u32,
         name: "cuGraphAddMemFreeNode",
         form: None,
         library: "driver",
@@ -102213,8 +102183,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddMemcpyNode: CallDesc = CallDesc {
-        wire: 480u32,
-        call: 400u32,
+        wire: 479u32,
+        call: 399u32,
         name: "cuGraphAddMemcpyNode",
         form: None,
         library: "driver",
@@ -102259,8 +102229,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddMemsetNode: CallDesc = CallDesc {
-        wire: 481u32,
-        call: 401u32,
+        wire: 480u32,
+        call: 400u32,
         name: "cuGraphAddMemsetNode",
         form: None,
         library: "driver",
@@ -102305,8 +102275,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 482u32,
-        call: 402u32,
+        wire: 481u32,
+        call: 401u32,
         name: "cuGraphChildGraphNodeGetGraph",
         form: None,
         library: "driver",
@@ -102333,8 +102303,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphClone: CallDesc = CallDesc {
-        wire: 483u32,
-        call: 403u32,
+        wire: 482u32,
+        call: 402u32,
         name: "cuGraphClone",
         form: None,
         library: "driver",
@@ -102361,8 +102331,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 484u32,
-        call: 404u32,
+        wire: 483u32,
+        call: 403u32,
         name: "cuGraphConditionalHandleCreate",
         form: None,
         library: "driver",
@@ -102403,8 +102373,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphCreate: CallDesc = CallDesc {
-        wire: 485u32,
-        call: 405u32,
+        wire: 484u32,
+        call: 404u32,
         name: "cuGraphCreate",
         form: None,
         library: "driver",
@@ -102431,8 +102401,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphDestroy: CallDesc = CallDesc {
-        wire: 486u32,
-        call: 406u32,
+        wire: 485u32,
+        call: 405u32,
         name: "cuGraphDestroy",
         form: None,
         library: "driver",
@@ -102455,8 +102425,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphDestroyNode: CallDesc = CallDesc {
-        wire: 487u32,
-        call: 407u32,
+        wire: 486u32,
+        call: 406u32,
         name: "cuGraphDestroyNode",
         form: None,
         library: "driver",
@@ -102479,8 +102449,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 488u32,
-        call: 408u32,
+        wire: 487u32,
+        call: 407u32,
         name: "cuGraphEventRecordNodeGetEvent",
         form: None,
         library: "driver",
@@ -102507,8 +102477,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 489u32,
-        call: 409u32,
+        wire: 488u32,
+        call: 408u32,
         name: "cuGraphEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -102535,8 +102505,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 490u32,
-        call: 410u32,
+        wire: 489u32,
+        call: 409u32,
         name: "cuGraphEventWaitNodeGetEvent",
         form: None,
         library: "driver",
@@ -102563,8 +102533,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 491u32,
-        call: 411u32,
+        wire: 490u32,
+        call: 410u32,
         name: "cuGraphEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -102591,8 +102561,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 492u32,
-        call: 412u32,
+        wire: 491u32,
+        call: 411u32,
         name: "cuGraphExecChildGraphNodeSetParams",
         form: None,
         library: "driver",
@@ -102623,8 +102593,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecDestroy: CallDesc = CallDesc {
-        wire: 493u32,
-        call: 413u32,
+        wire: 492u32,
+        call: 412u32,
         name: "cuGraphExecDestroy",
         form: None,
         library: "driver",
@@ -102647,8 +102617,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 494u32,
-        call: 414u32,
+        wire: 493u32,
+        call: 413u32,
         name: "cuGraphExecEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -102679,8 +102649,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 495u32,
-        call: 415u32,
+        wire: 494u32,
+        call: 414u32,
         name: "cuGraphExecEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -102711,8 +102681,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 496u32,
-        call: 416u32,
+        wire: 495u32,
+        call: 415u32,
         name: "cuGraphExecGetFlags",
         form: None,
         library: "driver",
@@ -102741,8 +102711,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecGetId: CallDesc = CallDesc {
-        wire: 497u32,
-        call: 417u32,
+        wire: 496u32,
+        call: 416u32,
         name: "cuGraphExecGetId",
         form: None,
         library: "driver",
@@ -102771,8 +102741,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecMemcpyNodeSetParams: CallDesc = CallDesc {
-        wire: 498u32,
-        call: 418u32,
+        wire: 497u32,
+        call: 417u32,
         name: "cuGraphExecMemcpyNodeSetParams",
         form: None,
         library: "driver",
@@ -102809,8 +102779,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 499u32,
-        call: 419u32,
+        wire: 498u32,
+        call: 418u32,
         name: "cuGraphExecMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -102847,8 +102817,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecUpdate: CallDesc = CallDesc {
-        wire: 500u32,
-        call: 420u32,
+        wire: 499u32,
+        call: 419u32,
         name: "cuGraphExecUpdate",
         form: None,
         library: "driver",
@@ -102885,8 +102855,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecUpdate_v2: CallDesc = CallDesc {
-        wire: 501u32,
-        call: 421u32,
+        wire: 500u32,
+        call: 420u32,
         name: "cuGraphExecUpdate_v2",
         form: None,
         library: "driver",
@@ -102919,8 +102889,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetEdges: CallDesc = CallDesc {
-        wire: 502u32,
-        call: 422u32,
+        wire: 501u32,
+        call: 421u32,
         name: "cuGraphGetEdges",
         form: None,
         library: "driver",
@@ -102957,8 +102927,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetId: CallDesc = CallDesc {
-        wire: 503u32,
-        call: 423u32,
+        wire: 502u32,
+        call: 422u32,
         name: "cuGraphGetId",
         form: None,
         library: "driver",
@@ -102987,8 +102957,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiate: CallDesc = CallDesc {
-        wire: 504u32,
-        call: 424u32,
+        wire: 503u32,
+        call: 423u32,
         name: "cuGraphInstantiate",
         form: None,
         library: "driver",
@@ -103029,8 +102999,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 505u32,
-        call: 425u32,
+        wire: 504u32,
+        call: 424u32,
         name: "cuGraphInstantiateWithFlags",
         form: None,
         library: "driver",
@@ -103061,8 +103031,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiateWithParams: CallDesc = CallDesc {
-        wire: 506u32,
-        call: 426u32,
+        wire: 505u32,
+        call: 425u32,
         name: "cuGraphInstantiateWithParams",
         form: None,
         library: "driver",
@@ -103095,8 +103065,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiateWithParams_ptsz: CallDesc = CallDesc {
-        wire: 507u32,
-        call: 427u32,
+        wire: 506u32,
+        call: 426u32,
         name: "cuGraphInstantiateWithParams_ptsz",
         form: None,
         library: "driver",
@@ -103129,8 +103099,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiate_v2: CallDesc = CallDesc {
-        wire: 508u32,
-        call: 428u32,
+        wire: 507u32,
+        call: 427u32,
         name: "cuGraphInstantiate_v2",
         form: None,
         library: "driver",
@@ -103171,8 +103141,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 509u32,
-        call: 429u32,
+        wire: 508u32,
+        call: 428u32,
         name: "cuGraphKernelNodeCopyAttributes",
         form: None,
         library: "driver",
@@ -103199,8 +103169,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 510u32,
-        call: 430u32,
+        wire: 509u32,
+        call: 429u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -103233,8 +103203,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 511u32,
-        call: 430u32,
+        wire: 510u32,
+        call: 429u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -103267,8 +103237,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 512u32,
-        call: 430u32,
+        wire: 511u32,
+        call: 429u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -103301,8 +103271,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 513u32,
-        call: 430u32,
+        wire: 512u32,
+        call: 429u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -103335,8 +103305,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 514u32,
-        call: 430u32,
+        wire: 513u32,
+        call: 429u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -103369,8 +103339,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 515u32,
-        call: 431u32,
+        wire: 514u32,
+        call: 430u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -103403,8 +103373,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 516u32,
-        call: 431u32,
+        wire: 515u32,
+        call: 430u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -103437,8 +103407,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 517u32,
-        call: 431u32,
+        wire: 516u32,
+        call: 430u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -103471,8 +103441,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 518u32,
-        call: 431u32,
+        wire: 517u32,
+        call: 430u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -103505,8 +103475,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 519u32,
-        call: 431u32,
+        wire: 518u32,
+        call: 430u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -103539,8 +103509,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphLaunch: CallDesc = CallDesc {
-        wire: 520u32,
-        call: 432u32,
+        wire: 519u32,
+        call: 431u32,
         name: "cuGraphLaunch",
         form: None,
         library: "driver",
@@ -103567,8 +103537,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 521u32,
-        call: 433u32,
+        wire: 520u32,
+        call: 432u32,
         name: "cuGraphLaunch_ptsz",
         form: None,
         library: "driver",
@@ -103595,8 +103565,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 522u32,
-        call: 434u32,
+        wire: 521u32,
+        call: 433u32,
         name: "cuGraphMemFreeNodeGetParams",
         form: None,
         library: "driver",
@@ -103625,8 +103595,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemcpyNodeGetParams: CallDesc = CallDesc {
-        wire: 523u32,
-        call: 435u32,
+        wire: 522u32,
+        call: 434u32,
         name: "cuGraphMemcpyNodeGetParams",
         form: None,
         library: "driver",
@@ -103655,8 +103625,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemcpyNodeSetParams: CallDesc = CallDesc {
-        wire: 524u32,
-        call: 436u32,
+        wire: 523u32,
+        call: 435u32,
         name: "cuGraphMemcpyNodeSetParams",
         form: None,
         library: "driver",
@@ -103685,8 +103655,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemsetNodeGetParams: CallDesc = CallDesc {
-        wire: 525u32,
-        call: 437u32,
+        wire: 524u32,
+        call: 436u32,
         name: "cuGraphMemsetNodeGetParams",
         form: None,
         library: "driver",
@@ -103715,8 +103685,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 526u32,
-        call: 438u32,
+        wire: 525u32,
+        call: 437u32,
         name: "cuGraphMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -103745,8 +103715,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 527u32,
-        call: 439u32,
+        wire: 526u32,
+        call: 438u32,
         name: "cuGraphNodeFindInClone",
         form: None,
         library: "driver",
@@ -103777,8 +103747,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 528u32,
-        call: 440u32,
+        wire: 527u32,
+        call: 439u32,
         name: "cuGraphNodeGetContainingGraph",
         form: None,
         library: "driver",
@@ -103805,8 +103775,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetDependencies: CallDesc = CallDesc {
-        wire: 529u32,
-        call: 441u32,
+        wire: 528u32,
+        call: 440u32,
         name: "cuGraphNodeGetDependencies",
         form: None,
         library: "driver",
@@ -103839,8 +103809,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetDependentNodes: CallDesc = CallDesc {
-        wire: 530u32,
-        call: 442u32,
+        wire: 529u32,
+        call: 441u32,
         name: "cuGraphNodeGetDependentNodes",
         form: None,
         library: "driver",
@@ -103873,8 +103843,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 531u32,
-        call: 443u32,
+        wire: 530u32,
+        call: 442u32,
         name: "cuGraphNodeGetEnabled",
         form: None,
         library: "driver",
@@ -103907,8 +103877,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 532u32,
-        call: 444u32,
+        wire: 531u32,
+        call: 443u32,
         name: "cuGraphNodeGetLocalId",
         form: None,
         library: "driver",
@@ -103937,8 +103907,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 533u32,
-        call: 445u32,
+        wire: 532u32,
+        call: 444u32,
         name: "cuGraphNodeGetToolsId",
         form: None,
         library: "driver",
@@ -103967,8 +103937,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetType: CallDesc = CallDesc {
-        wire: 534u32,
-        call: 446u32,
+        wire: 533u32,
+        call: 445u32,
         name: "cuGraphNodeGetType",
         form: None,
         library: "driver",
@@ -103997,8 +103967,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 535u32,
-        call: 447u32,
+        wire: 534u32,
+        call: 446u32,
         name: "cuGraphNodeSetEnabled",
         form: None,
         library: "driver",
@@ -104029,8 +103999,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 536u32,
-        call: 448u32,
+        wire: 535u32,
+        call: 447u32,
         name: "cuGraphReleaseUserObject",
         form: None,
         library: "driver",
@@ -104061,8 +104031,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRemoveDependencies: CallDesc = CallDesc {
-        wire: 537u32,
-        call: 449u32,
+        wire: 536u32,
+        call: 448u32,
         name: "cuGraphRemoveDependencies",
         form: None,
         library: "driver",
@@ -104097,8 +104067,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRemoveDependencies_v2: CallDesc = CallDesc {
-        wire: 538u32,
-        call: 450u32,
+        wire: 537u32,
+        call: 449u32,
         name: "cuGraphRemoveDependencies_v2",
         form: None,
         library: "driver",
@@ -104139,8 +104109,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 539u32,
-        call: 451u32,
+        wire: 538u32,
+        call: 450u32,
         name: "cuGraphRetainUserObject",
         form: None,
         library: "driver",
@@ -104175,8 +104145,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphUpload: CallDesc = CallDesc {
-        wire: 540u32,
-        call: 452u32,
+        wire: 539u32,
+        call: 451u32,
         name: "cuGraphUpload",
         form: None,
         library: "driver",
@@ -104203,8 +104173,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 541u32,
-        call: 453u32,
+        wire: 540u32,
+        call: 452u32,
         name: "cuGraphUpload_ptsz",
         form: None,
         library: "driver",
@@ -104231,8 +104201,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsMapResources: CallDesc = CallDesc {
-        wire: 542u32,
-        call: 454u32,
+        wire: 541u32,
+        call: 453u32,
         name: "cuGraphicsMapResources",
         form: None,
         library: "driver",
@@ -104263,8 +104233,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsMapResources_ptsz: CallDesc = CallDesc {
-        wire: 543u32,
-        call: 455u32,
+        wire: 542u32,
+        call: 454u32,
         name: "cuGraphicsMapResources_ptsz",
         form: None,
         library: "driver",
@@ -104295,8 +104265,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 544u32,
-        call: 456u32,
+        wire: 543u32,
+        call: 455u32,
         name: "cuGraphicsResourceGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -104323,8 +104293,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 545u32,
-        call: 457u32,
+        wire: 544u32,
+        call: 456u32,
         name: "cuGraphicsResourceSetMapFlags",
         form: None,
         library: "driver",
@@ -104351,8 +104321,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceSetMapFlags_v2: CallDesc = CallDesc {
-        wire: 546u32,
-        call: 458u32,
+        wire: 545u32,
+        call: 457u32,
         name: "cuGraphicsResourceSetMapFlags_v2",
         form: None,
         library: "driver",
@@ -104379,8 +104349,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 547u32,
-        call: 459u32,
+        wire: 546u32,
+        call: 458u32,
         name: "cuGraphicsSubResourceGetMappedArray",
         form: None,
         library: "driver",
@@ -104415,8 +104385,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 548u32,
-        call: 460u32,
+        wire: 547u32,
+        call: 459u32,
         name: "cuGraphicsUnmapResources",
         form: None,
         library: "driver",
@@ -104447,8 +104417,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnmapResources_ptsz: CallDesc = CallDesc {
-        wire: 549u32,
-        call: 461u32,
+        wire: 548u32,
+        call: 460u32,
         name: "cuGraphicsUnmapResources_ptsz",
         form: None,
         library: "driver",
@@ -104479,8 +104449,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 550u32,
-        call: 462u32,
+        wire: 549u32,
+        call: 461u32,
         name: "cuGraphicsUnregisterResource",
         form: None,
         library: "driver",
@@ -104503,8 +104473,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxCreate: CallDesc = CallDesc {
-        wire: 551u32,
-        call: 463u32,
+        wire: 550u32,
+        call: 462u32,
         name: "cuGreenCtxCreate",
         form: None,
         library: "driver",
@@ -104539,8 +104509,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxDestroy: CallDesc = CallDesc {
-        wire: 552u32,
-        call: 464u32,
+        wire: 551u32,
+        call: 463u32,
         name: "cuGreenCtxDestroy",
         form: None,
         library: "driver",
@@ -104563,8 +104533,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 553u32,
-        call: 465u32,
+        wire: 552u32,
+        call: 464u32,
         name: "cuGreenCtxGetDevResource",
         form: None,
         library: "driver",
@@ -104597,8 +104567,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 554u32,
-        call: 465u32,
+        wire: 553u32,
+        call: 464u32,
         name: "cuGreenCtxGetDevResource",
         form: None,
         library: "driver",
@@ -104631,8 +104601,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetId: CallDesc = CallDesc {
-        wire: 555u32,
-        call: 466u32,
+        wire: 554u32,
+        call: 465u32,
         name: "cuGreenCtxGetId",
         form: None,
         library: "driver",
@@ -104661,8 +104631,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxRecordEvent: CallDesc = CallDesc {
-        wire: 556u32,
-        call: 467u32,
+        wire: 555u32,
+        call: 466u32,
         name: "cuGreenCtxRecordEvent",
         form: None,
         library: "driver",
@@ -104689,8 +104659,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxStreamCreate: CallDesc = CallDesc {
-        wire: 557u32,
-        call: 468u32,
+        wire: 556u32,
+        call: 467u32,
         name: "cuGreenCtxStreamCreate",
         form: None,
         library: "driver",
@@ -104725,8 +104695,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxWaitEvent: CallDesc = CallDesc {
-        wire: 558u32,
-        call: 469u32,
+        wire: 557u32,
+        call: 468u32,
         name: "cuGreenCtxWaitEvent",
         form: None,
         library: "driver",
@@ -104753,8 +104723,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuInit: CallDesc = CallDesc {
-        wire: 559u32,
-        call: 470u32,
+        wire: 558u32,
+        call: 469u32,
         name: "cuInit",
         form: None,
         library: "driver",
@@ -104777,8 +104747,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcCloseMemHandle: CallDesc = CallDesc {
-        wire: 560u32,
-        call: 471u32,
+        wire: 559u32,
+        call: 470u32,
         name: "cuIpcCloseMemHandle",
         form: None,
         library: "driver",
@@ -104801,8 +104771,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 561u32,
-        call: 472u32,
+        wire: 560u32,
+        call: 471u32,
         name: "cuIpcOpenEventHandle",
         form: None,
         library: "driver",
@@ -104826,8 +104796,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenMemHandle: CallDesc = CallDesc {
-        wire: 562u32,
-        call: 473u32,
+        wire: 561u32,
+        call: 472u32,
         name: "cuIpcOpenMemHandle",
         form: None,
         library: "driver",
@@ -104857,8 +104827,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenMemHandle_v2: CallDesc = CallDesc {
-        wire: 563u32,
-        call: 474u32,
+        wire: 562u32,
+        call: 473u32,
         name: "cuIpcOpenMemHandle_v2",
         form: None,
         library: "driver",
@@ -104888,8 +104858,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetAttribute: CallDesc = CallDesc {
-        wire: 564u32,
-        call: 475u32,
+        wire: 563u32,
+        call: 474u32,
         name: "cuKernelGetAttribute",
         form: None,
         library: "driver",
@@ -104926,8 +104896,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetFunction: CallDesc = CallDesc {
-        wire: 565u32,
-        call: 476u32,
+        wire: 564u32,
+        call: 475u32,
         name: "cuKernelGetFunction",
         form: None,
         library: "driver",
@@ -104954,8 +104924,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetLibrary: CallDesc = CallDesc {
-        wire: 566u32,
-        call: 477u32,
+        wire: 565u32,
+        call: 476u32,
         name: "cuKernelGetLibrary",
         form: None,
         library: "driver",
@@ -104982,8 +104952,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetParamInfo: CallDesc = CallDesc {
-        wire: 567u32,
-        call: 478u32,
+        wire: 566u32,
+        call: 477u32,
         name: "cuKernelGetParamInfo",
         form: None,
         library: "driver",
@@ -105022,8 +104992,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelSetAttribute: CallDesc = CallDesc {
-        wire: 568u32,
-        call: 479u32,
+        wire: 567u32,
+        call: 478u32,
         name: "cuKernelSetAttribute",
         form: None,
         library: "driver",
@@ -105058,8 +105028,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelSetCacheConfig: CallDesc = CallDesc {
-        wire: 569u32,
-        call: 480u32,
+        wire: 568u32,
+        call: 479u32,
         name: "cuKernelSetCacheConfig",
         form: None,
         library: "driver",
@@ -105090,8 +105060,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunch: CallDesc = CallDesc {
-        wire: 570u32,
-        call: 481u32,
+        wire: 569u32,
+        call: 480u32,
         name: "cuLaunch",
         form: None,
         library: "driver",
@@ -105114,8 +105084,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchGrid: CallDesc = CallDesc {
-        wire: 571u32,
-        call: 482u32,
+        wire: 570u32,
+        call: 481u32,
         name: "cuLaunchGrid",
         form: None,
         library: "driver",
@@ -105146,8 +105116,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchGridAsync: CallDesc = CallDesc {
-        wire: 572u32,
-        call: 483u32,
+        wire: 571u32,
+        call: 482u32,
         name: "cuLaunchGridAsync",
         form: None,
         library: "driver",
@@ -105182,8 +105152,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchHostFunc__host: CallDesc = CallDesc {
-        wire: 573u32,
-        call: 484u32,
+        wire: 572u32,
+        call: 483u32,
         name: "cuLaunchHostFunc",
         form: Some("host"),
         library: "driver",
@@ -105214,8 +105184,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
-        wire: 574u32,
-        call: 485u32,
+        wire: 573u32,
+        call: 484u32,
         name: "cuLaunchHostFunc_ptsz",
         form: Some("host"),
         library: "driver",
@@ -105246,8 +105216,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 575u32,
-        call: 486u32,
+        wire: 574u32,
+        call: 485u32,
         name: "cuLibraryEnumerateKernels",
         form: None,
         library: "driver",
@@ -105278,8 +105248,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetGlobal: CallDesc = CallDesc {
-        wire: 576u32,
-        call: 487u32,
+        wire: 575u32,
+        call: 486u32,
         name: "cuLibraryGetGlobal",
         form: None,
         library: "driver",
@@ -105315,8 +105285,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetKernel: CallDesc = CallDesc {
-        wire: 577u32,
-        call: 488u32,
+        wire: 576u32,
+        call: 487u32,
         name: "cuLibraryGetKernel",
         form: None,
         library: "driver",
@@ -105344,8 +105314,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 578u32,
-        call: 489u32,
+        wire: 577u32,
+        call: 488u32,
         name: "cuLibraryGetKernelCount",
         form: None,
         library: "driver",
@@ -105374,8 +105344,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetManaged: CallDesc = CallDesc {
-        wire: 579u32,
-        call: 490u32,
+        wire: 578u32,
+        call: 489u32,
         name: "cuLibraryGetManaged",
         form: None,
         library: "driver",
@@ -105411,8 +105381,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetModule: CallDesc = CallDesc {
-        wire: 580u32,
-        call: 491u32,
+        wire: 579u32,
+        call: 490u32,
         name: "cuLibraryGetModule",
         form: None,
         library: "driver",
@@ -105438,33 +105408,9 @@ pub mod driver {
         },
         only_waits: false,
     };
-    pub static cuLibraryUnload: CallDesc = CallDesc {
-        wire: 581u32,
-        call: 492u32,
-        name: "cuLibraryUnload",
-        form: None,
-        library: "driver",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 16u16,
-                destroy: true,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-            invalid_value: 1i64,
-        },
-        only_waits: false,
-    };
     pub static cuLinkDestroy: CallDesc = CallDesc {
-        wire: 582u32,
-        call: 493u32,
+        wire: 580u32,
+        call: 491u32,
         name: "cuLinkDestroy",
         form: None,
         library: "driver",
@@ -105487,8 +105433,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLogsCurrent: CallDesc = CallDesc {
-        wire: 583u32,
-        call: 494u32,
+        wire: 581u32,
+        call: 492u32,
         name: "cuLogsCurrent",
         form: None,
         library: "driver",
@@ -105517,8 +105463,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 584u32,
-        call: 495u32,
+        wire: 582u32,
+        call: 493u32,
         name: "cuLogsUnregisterCallback",
         form: None,
         library: "driver",
@@ -105541,8 +105487,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAddressFree: CallDesc = CallDesc {
-        wire: 585u32,
-        call: 496u32,
+        wire: 583u32,
+        call: 494u32,
         name: "cuMemAddressFree",
         form: None,
         library: "driver",
@@ -105569,8 +105515,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAddressReserve: CallDesc = CallDesc {
-        wire: 586u32,
-        call: 497u32,
+        wire: 584u32,
+        call: 495u32,
         name: "cuMemAddressReserve",
         form: None,
         library: "driver",
@@ -105611,8 +105557,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAdvise: CallDesc = CallDesc {
-        wire: 587u32,
-        call: 498u32,
+        wire: 585u32,
+        call: 496u32,
         name: "cuMemAdvise",
         form: None,
         library: "driver",
@@ -105647,8 +105593,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAdvise_v2: CallDesc = CallDesc {
-        wire: 588u32,
-        call: 499u32,
+        wire: 586u32,
+        call: 497u32,
         name: "cuMemAdvise_v2",
         form: None,
         library: "driver",
@@ -105680,8 +105626,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAllocAsync__call: CallDesc = CallDesc {
-        wire: 589u32,
-        call: 500u32,
+        wire: 587u32,
+        call: 498u32,
         name: "cuMemAllocAsync",
         form: Some("call"),
         library: "driver",
@@ -105714,8 +105660,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAllocAsync_ptsz__call: CallDesc = CallDesc {
-        wire: 590u32,
-        call: 501u32,
+        wire: 588u32,
+        call: 499u32,
         name: "cuMemAllocAsync_ptsz",
         form: Some("call"),
         library: "driver",
@@ -105748,8 +105694,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAllocFromPoolAsync__call: CallDesc = CallDesc {
-        wire: 591u32,
-        call: 502u32,
+        wire: 589u32,
+        call: 500u32,
         name: "cuMemAllocFromPoolAsync",
         form: Some("call"),
         library: "driver",
@@ -105786,8 +105732,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAllocFromPoolAsync_ptsz__call: CallDesc = CallDesc {
-        wire: 592u32,
-        call: 503u32,
+        wire: 590u32,
+        call: 501u32,
         name: "cuMemAllocFromPoolAsync_ptsz",
         form: Some("call"),
         library: "driver",
@@ -105824,8 +105770,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAllocPitch_v2__call: CallDesc = CallDesc {
-        wire: 593u32,
-        call: 504u32,
+        wire: 591u32,
+        call: 502u32,
         name: "cuMemAllocPitch_v2",
         form: Some("call"),
         library: "driver",
@@ -105868,8 +105814,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAlloc_v2__call: CallDesc = CallDesc {
-        wire: 594u32,
-        call: 505u32,
+        wire: 592u32,
+        call: 503u32,
         name: "cuMemAlloc_v2",
         form: Some("call"),
         library: "driver",
@@ -105898,8 +105844,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemBatchDecompressAsync: CallDesc = CallDesc {
-        wire: 595u32,
-        call: 506u32,
+        wire: 593u32,
+        call: 504u32,
         name: "cuMemBatchDecompressAsync",
         form: None,
         library: "driver",
@@ -105942,8 +105888,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemBatchDecompressAsync_ptsz: CallDesc = CallDesc {
-        wire: 596u32,
-        call: 507u32,
+        wire: 594u32,
+        call: 505u32,
         name: "cuMemBatchDecompressAsync_ptsz",
         form: None,
         library: "driver",
@@ -105986,8 +105932,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemCreate: CallDesc = CallDesc {
-        wire: 597u32,
-        call: 508u32,
+        wire: 595u32,
+        call: 506u32,
         name: "cuMemCreate",
         form: None,
         library: "driver",
@@ -106026,8 +105972,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardAndPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 598u32,
-        call: 509u32,
+        wire: 596u32,
+        call: 507u32,
         name: "cuMemDiscardAndPrefetchBatchAsync",
         form: None,
         library: "driver",
@@ -106086,8 +106032,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardAndPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 599u32,
-        call: 510u32,
+        wire: 597u32,
+        call: 508u32,
         name: "cuMemDiscardAndPrefetchBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -106146,8 +106092,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardBatchAsync: CallDesc = CallDesc {
-        wire: 600u32,
-        call: 511u32,
+        wire: 598u32,
+        call: 509u32,
         name: "cuMemDiscardBatchAsync",
         form: None,
         library: "driver",
@@ -106190,8 +106136,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 601u32,
-        call: 512u32,
+        wire: 599u32,
+        call: 510u32,
         name: "cuMemDiscardBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -106234,8 +106180,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFree: CallDesc = CallDesc {
-        wire: 602u32,
-        call: 513u32,
+        wire: 600u32,
+        call: 511u32,
         name: "cuMemFree",
         form: None,
         library: "driver",
@@ -106258,8 +106204,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFreeAsync: CallDesc = CallDesc {
-        wire: 603u32,
-        call: 514u32,
+        wire: 601u32,
+        call: 512u32,
         name: "cuMemFreeAsync",
         form: None,
         library: "driver",
@@ -106286,8 +106232,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFreeAsync_ptsz: CallDesc = CallDesc {
-        wire: 604u32,
-        call: 515u32,
+        wire: 602u32,
+        call: 513u32,
         name: "cuMemFreeAsync_ptsz",
         form: None,
         library: "driver",
@@ -106314,8 +106260,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFree_v2__call: CallDesc = CallDesc {
-        wire: 605u32,
-        call: 516u32,
+        wire: 603u32,
+        call: 514u32,
         name: "cuMemFree_v2",
         form: Some("call"),
         library: "driver",
@@ -106338,8 +106284,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetAccess: CallDesc = CallDesc {
-        wire: 606u32,
-        call: 517u32,
+        wire: 604u32,
+        call: 515u32,
         name: "cuMemGetAccess",
         form: None,
         library: "driver",
@@ -106374,8 +106320,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetAddressRange_v2__call: CallDesc = CallDesc {
-        wire: 607u32,
-        call: 518u32,
+        wire: 605u32,
+        call: 516u32,
         name: "cuMemGetAddressRange_v2",
         form: Some("call"),
         library: "driver",
@@ -106410,8 +106356,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetAllocationGranularity: CallDesc = CallDesc {
-        wire: 608u32,
-        call: 519u32,
+        wire: 606u32,
+        call: 517u32,
         name: "cuMemGetAllocationGranularity",
         form: None,
         library: "driver",
@@ -106446,8 +106392,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetAllocationPropertiesFromHandle: CallDesc = CallDesc {
-        wire: 609u32,
-        call: 520u32,
+        wire: 607u32,
+        call: 518u32,
         name: "cuMemGetAllocationPropertiesFromHandle",
         form: None,
         library: "driver",
@@ -106476,8 +106422,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 610u32,
-        call: 521u32,
+        wire: 608u32,
+        call: 519u32,
         name: "cuMemGetDefaultMemPool",
         form: None,
         library: "driver",
@@ -106510,8 +106456,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetInfo: CallDesc = CallDesc {
-        wire: 611u32,
-        call: 522u32,
+        wire: 609u32,
+        call: 520u32,
         name: "cuMemGetInfo",
         form: None,
         library: "driver",
@@ -106542,8 +106488,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetInfo_v2: CallDesc = CallDesc {
-        wire: 612u32,
-        call: 523u32,
+        wire: 610u32,
+        call: 521u32,
         name: "cuMemGetInfo_v2",
         form: None,
         library: "driver",
@@ -106574,8 +106520,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetMemPool: CallDesc = CallDesc {
-        wire: 613u32,
-        call: 524u32,
+        wire: 611u32,
+        call: 522u32,
         name: "cuMemGetMemPool",
         form: None,
         library: "driver",
@@ -106608,8 +106554,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemMap__call: CallDesc = CallDesc {
-        wire: 614u32,
-        call: 525u32,
+        wire: 612u32,
+        call: 523u32,
         name: "cuMemMap",
         form: Some("call"),
         library: "driver",
@@ -106648,8 +106594,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemMapArrayAsync: CallDesc = CallDesc {
-        wire: 615u32,
-        call: 526u32,
+        wire: 613u32,
+        call: 524u32,
         name: "cuMemMapArrayAsync",
         form: None,
         library: "driver",
@@ -106682,8 +106628,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemMapArrayAsync_ptsz: CallDesc = CallDesc {
-        wire: 616u32,
-        call: 527u32,
+        wire: 614u32,
+        call: 525u32,
         name: "cuMemMapArrayAsync_ptsz",
         form: None,
         library: "driver",
@@ -106716,8 +106662,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolCreate__cu118: CallDesc = CallDesc {
-        wire: 617u32,
-        call: 528u32,
+        wire: 615u32,
+        call: 526u32,
         name: "cuMemPoolCreate",
         form: None,
         library: "driver",
@@ -106746,8 +106692,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolCreate__cu126: CallDesc = CallDesc {
-        wire: 618u32,
-        call: 528u32,
+        wire: 616u32,
+        call: 526u32,
         name: "cuMemPoolCreate",
         form: None,
         library: "driver",
@@ -106776,8 +106722,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolDestroy: CallDesc = CallDesc {
-        wire: 619u32,
-        call: 529u32,
+        wire: 617u32,
+        call: 527u32,
         name: "cuMemPoolDestroy",
         form: None,
         library: "driver",
@@ -106800,8 +106746,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolGetAccess: CallDesc = CallDesc {
-        wire: 620u32,
-        call: 530u32,
+        wire: 618u32,
+        call: 528u32,
         name: "cuMemPoolGetAccess",
         form: None,
         library: "driver",
@@ -106836,8 +106782,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolGetAttribute: CallDesc = CallDesc {
-        wire: 621u32,
-        call: 531u32,
+        wire: 619u32,
+        call: 529u32,
         name: "cuMemPoolGetAttribute",
         form: None,
         library: "driver",
@@ -106870,8 +106816,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolSetAccess: CallDesc = CallDesc {
-        wire: 622u32,
-        call: 532u32,
+        wire: 620u32,
+        call: 530u32,
         name: "cuMemPoolSetAccess",
         form: None,
         library: "driver",
@@ -106904,8 +106850,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolSetAttribute: CallDesc = CallDesc {
-        wire: 623u32,
-        call: 533u32,
+        wire: 621u32,
+        call: 531u32,
         name: "cuMemPoolSetAttribute",
         form: None,
         library: "driver",
@@ -106938,8 +106884,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 624u32,
-        call: 534u32,
+        wire: 622u32,
+        call: 532u32,
         name: "cuMemPoolTrimTo",
         form: None,
         library: "driver",
@@ -106966,8 +106912,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync: CallDesc = CallDesc {
-        wire: 625u32,
-        call: 535u32,
+        wire: 623u32,
+        call: 533u32,
         name: "cuMemPrefetchAsync",
         form: None,
         library: "driver",
@@ -107002,8 +106948,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_ptsz: CallDesc = CallDesc {
-        wire: 626u32,
-        call: 536u32,
+        wire: 624u32,
+        call: 534u32,
         name: "cuMemPrefetchAsync_ptsz",
         form: None,
         library: "driver",
@@ -107038,8 +106984,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_v2: CallDesc = CallDesc {
-        wire: 627u32,
-        call: 537u32,
+        wire: 625u32,
+        call: 535u32,
         name: "cuMemPrefetchAsync_v2",
         form: None,
         library: "driver",
@@ -107075,8 +107021,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 628u32,
-        call: 538u32,
+        wire: 626u32,
+        call: 536u32,
         name: "cuMemPrefetchAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -107112,8 +107058,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 629u32,
-        call: 539u32,
+        wire: 627u32,
+        call: 537u32,
         name: "cuMemPrefetchBatchAsync",
         form: None,
         library: "driver",
@@ -107172,8 +107118,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 630u32,
-        call: 540u32,
+        wire: 628u32,
+        call: 538u32,
         name: "cuMemPrefetchBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -107232,8 +107178,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRangeGetAttribute: CallDesc = CallDesc {
-        wire: 631u32,
-        call: 541u32,
+        wire: 629u32,
+        call: 539u32,
         name: "cuMemRangeGetAttribute",
         form: None,
         library: "driver",
@@ -107274,8 +107220,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRelease: CallDesc = CallDesc {
-        wire: 632u32,
-        call: 542u32,
+        wire: 630u32,
+        call: 540u32,
         name: "cuMemRelease",
         form: None,
         library: "driver",
@@ -107298,8 +107244,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRetainAllocationHandle: CallDesc = CallDesc {
-        wire: 633u32,
-        call: 543u32,
+        wire: 631u32,
+        call: 541u32,
         name: "cuMemRetainAllocationHandle",
         form: None,
         library: "driver",
@@ -107325,8 +107271,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemSetAccess: CallDesc = CallDesc {
-        wire: 634u32,
-        call: 544u32,
+        wire: 632u32,
+        call: 542u32,
         name: "cuMemSetAccess",
         form: None,
         library: "driver",
@@ -107363,8 +107309,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemSetMemPool: CallDesc = CallDesc {
-        wire: 635u32,
-        call: 545u32,
+        wire: 633u32,
+        call: 543u32,
         name: "cuMemSetMemPool",
         form: None,
         library: "driver",
@@ -107397,8 +107343,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemUnmap__call: CallDesc = CallDesc {
-        wire: 636u32,
-        call: 546u32,
+        wire: 634u32,
+        call: 544u32,
         name: "cuMemUnmap",
         form: Some("call"),
         library: "driver",
@@ -107425,8 +107371,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy: CallDesc = CallDesc {
-        wire: 637u32,
-        call: 547u32,
+        wire: 635u32,
+        call: 545u32,
         name: "cuMemcpy",
         form: None,
         library: "driver",
@@ -107457,8 +107403,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DAsync_v2__d2d: CallDesc = CallDesc {
-        wire: 638u32,
-        call: 548u32,
+        wire: 636u32,
+        call: 546u32,
         name: "cuMemcpy2DAsync_v2",
         form: Some("d2d"),
         library: "driver",
@@ -107487,8 +107433,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DAsync_v2_ptsz__d2d: CallDesc = CallDesc {
-        wire: 639u32,
-        call: 549u32,
+        wire: 637u32,
+        call: 547u32,
         name: "cuMemcpy2DAsync_v2_ptsz",
         form: Some("d2d"),
         library: "driver",
@@ -107517,8 +107463,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DUnaligned_v2__d2d: CallDesc = CallDesc {
-        wire: 640u32,
-        call: 550u32,
+        wire: 638u32,
+        call: 548u32,
         name: "cuMemcpy2DUnaligned_v2",
         form: Some("d2d"),
         library: "driver",
@@ -107543,8 +107489,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DUnaligned_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 641u32,
-        call: 551u32,
+        wire: 639u32,
+        call: 549u32,
         name: "cuMemcpy2DUnaligned_v2_ptds",
         form: Some("d2d"),
         library: "driver",
@@ -107569,8 +107515,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2D_v2__d2d: CallDesc = CallDesc {
-        wire: 642u32,
-        call: 552u32,
+        wire: 640u32,
+        call: 550u32,
         name: "cuMemcpy2D_v2",
         form: Some("d2d"),
         library: "driver",
@@ -107595,8 +107541,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2D_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 643u32,
-        call: 553u32,
+        wire: 641u32,
+        call: 551u32,
         name: "cuMemcpy2D_v2_ptds",
         form: Some("d2d"),
         library: "driver",
@@ -107621,8 +107567,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DAsync_v2__d2d: CallDesc = CallDesc {
-        wire: 644u32,
-        call: 554u32,
+        wire: 642u32,
+        call: 552u32,
         name: "cuMemcpy3DAsync_v2",
         form: Some("d2d"),
         library: "driver",
@@ -107651,8 +107597,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DAsync_v2_ptsz__d2d: CallDesc = CallDesc {
-        wire: 645u32,
-        call: 555u32,
+        wire: 643u32,
+        call: 553u32,
         name: "cuMemcpy3DAsync_v2_ptsz",
         form: Some("d2d"),
         library: "driver",
@@ -107681,8 +107627,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeer: CallDesc = CallDesc {
-        wire: 646u32,
-        call: 556u32,
+        wire: 644u32,
+        call: 554u32,
         name: "cuMemcpy3DPeer",
         form: None,
         library: "driver",
@@ -107707,8 +107653,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeerAsync: CallDesc = CallDesc {
-        wire: 647u32,
-        call: 557u32,
+        wire: 645u32,
+        call: 555u32,
         name: "cuMemcpy3DPeerAsync",
         form: None,
         library: "driver",
@@ -107737,8 +107683,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 648u32,
-        call: 558u32,
+        wire: 646u32,
+        call: 556u32,
         name: "cuMemcpy3DPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -107767,8 +107713,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeer_ptds: CallDesc = CallDesc {
-        wire: 649u32,
-        call: 559u32,
+        wire: 647u32,
+        call: 557u32,
         name: "cuMemcpy3DPeer_ptds",
         form: None,
         library: "driver",
@@ -107793,8 +107739,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3D_v2__d2d: CallDesc = CallDesc {
-        wire: 650u32,
-        call: 560u32,
+        wire: 648u32,
+        call: 558u32,
         name: "cuMemcpy3D_v2",
         form: Some("d2d"),
         library: "driver",
@@ -107819,8 +107765,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3D_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 651u32,
-        call: 561u32,
+        wire: 649u32,
+        call: 559u32,
         name: "cuMemcpy3D_v2_ptds",
         form: Some("d2d"),
         library: "driver",
@@ -107845,8 +107791,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAsync: CallDesc = CallDesc {
-        wire: 652u32,
-        call: 562u32,
+        wire: 650u32,
+        call: 560u32,
         name: "cuMemcpyAsync",
         form: None,
         library: "driver",
@@ -107881,8 +107827,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
-        wire: 653u32,
-        call: 563u32,
+        wire: 651u32,
+        call: 561u32,
         name: "cuMemcpyAsync_ptsz",
         form: None,
         library: "driver",
@@ -107917,8 +107863,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 654u32,
-        call: 564u32,
+        wire: 652u32,
+        call: 562u32,
         name: "cuMemcpyAtoA",
         form: None,
         library: "driver",
@@ -107957,8 +107903,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 655u32,
-        call: 565u32,
+        wire: 653u32,
+        call: 563u32,
         name: "cuMemcpyAtoA_v2",
         form: None,
         library: "driver",
@@ -107997,8 +107943,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 656u32,
-        call: 566u32,
+        wire: 654u32,
+        call: 564u32,
         name: "cuMemcpyAtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -108037,8 +107983,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 657u32,
-        call: 567u32,
+        wire: 655u32,
+        call: 565u32,
         name: "cuMemcpyAtoD",
         form: None,
         library: "driver",
@@ -108073,8 +108019,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 658u32,
-        call: 568u32,
+        wire: 656u32,
+        call: 566u32,
         name: "cuMemcpyAtoD_v2",
         form: None,
         library: "driver",
@@ -108109,8 +108055,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 659u32,
-        call: 569u32,
+        wire: 657u32,
+        call: 567u32,
         name: "cuMemcpyAtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -108145,8 +108091,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH: CallDesc = CallDesc {
-        wire: 660u32,
-        call: 570u32,
+        wire: 658u32,
+        call: 568u32,
         name: "cuMemcpyAtoH",
         form: None,
         library: "driver",
@@ -108183,8 +108129,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync: CallDesc = CallDesc {
-        wire: 661u32,
-        call: 571u32,
+        wire: 659u32,
+        call: 569u32,
         name: "cuMemcpyAtoHAsync",
         form: None,
         library: "driver",
@@ -108225,8 +108171,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync_v2: CallDesc = CallDesc {
-        wire: 662u32,
-        call: 572u32,
+        wire: 660u32,
+        call: 570u32,
         name: "cuMemcpyAtoHAsync_v2",
         form: None,
         library: "driver",
@@ -108267,8 +108213,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 663u32,
-        call: 573u32,
+        wire: 661u32,
+        call: 571u32,
         name: "cuMemcpyAtoHAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -108309,8 +108255,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH_v2: CallDesc = CallDesc {
-        wire: 664u32,
-        call: 574u32,
+        wire: 662u32,
+        call: 572u32,
         name: "cuMemcpyAtoH_v2",
         form: None,
         library: "driver",
@@ -108347,8 +108293,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH_v2_ptds: CallDesc = CallDesc {
-        wire: 665u32,
-        call: 575u32,
+        wire: 663u32,
+        call: 573u32,
         name: "cuMemcpyAtoH_v2_ptds",
         form: None,
         library: "driver",
@@ -108385,8 +108331,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 666u32,
-        call: 576u32,
+        wire: 664u32,
+        call: 574u32,
         name: "cuMemcpyDtoA",
         form: None,
         library: "driver",
@@ -108421,8 +108367,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 667u32,
-        call: 577u32,
+        wire: 665u32,
+        call: 575u32,
         name: "cuMemcpyDtoA_v2",
         form: None,
         library: "driver",
@@ -108457,8 +108403,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 668u32,
-        call: 578u32,
+        wire: 666u32,
+        call: 576u32,
         name: "cuMemcpyDtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -108493,8 +108439,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 669u32,
-        call: 579u32,
+        wire: 667u32,
+        call: 577u32,
         name: "cuMemcpyDtoD",
         form: None,
         library: "driver",
@@ -108525,8 +108471,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 670u32,
-        call: 580u32,
+        wire: 668u32,
+        call: 578u32,
         name: "cuMemcpyDtoDAsync",
         form: None,
         library: "driver",
@@ -108561,8 +108507,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 671u32,
-        call: 581u32,
+        wire: 669u32,
+        call: 579u32,
         name: "cuMemcpyDtoDAsync_v2",
         form: None,
         library: "driver",
@@ -108597,8 +108543,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 672u32,
-        call: 582u32,
+        wire: 670u32,
+        call: 580u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -108633,8 +108579,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 673u32,
-        call: 583u32,
+        wire: 671u32,
+        call: 581u32,
         name: "cuMemcpyDtoD_v2",
         form: None,
         library: "driver",
@@ -108665,8 +108611,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 674u32,
-        call: 584u32,
+        wire: 672u32,
+        call: 582u32,
         name: "cuMemcpyDtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -108697,8 +108643,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
-        wire: 675u32,
-        call: 585u32,
+        wire: 673u32,
+        call: 583u32,
         name: "cuMemcpyDtoHAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -108735,8 +108681,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 676u32,
-        call: 586u32,
+        wire: 674u32,
+        call: 584u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -108773,8 +108719,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
-        wire: 677u32,
-        call: 587u32,
+        wire: 675u32,
+        call: 585u32,
         name: "cuMemcpyDtoH_v2",
         form: Some("call"),
         library: "driver",
@@ -108807,8 +108753,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
-        wire: 678u32,
-        call: 588u32,
+        wire: 676u32,
+        call: 586u32,
         name: "cuMemcpyDtoH_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -108841,8 +108787,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA: CallDesc = CallDesc {
-        wire: 679u32,
-        call: 589u32,
+        wire: 677u32,
+        call: 587u32,
         name: "cuMemcpyHtoA",
         form: None,
         library: "driver",
@@ -108879,8 +108825,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync: CallDesc = CallDesc {
-        wire: 680u32,
-        call: 590u32,
+        wire: 678u32,
+        call: 588u32,
         name: "cuMemcpyHtoAAsync",
         form: None,
         library: "driver",
@@ -108921,8 +108867,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync_v2: CallDesc = CallDesc {
-        wire: 681u32,
-        call: 591u32,
+        wire: 679u32,
+        call: 589u32,
         name: "cuMemcpyHtoAAsync_v2",
         form: None,
         library: "driver",
@@ -108963,8 +108909,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 682u32,
-        call: 592u32,
+        wire: 680u32,
+        call: 590u32,
         name: "cuMemcpyHtoAAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -109005,8 +108951,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA_v2: CallDesc = CallDesc {
-        wire: 683u32,
-        call: 593u32,
+        wire: 681u32,
+        call: 591u32,
         name: "cuMemcpyHtoA_v2",
         form: None,
         library: "driver",
@@ -109043,8 +108989,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 684u32,
-        call: 594u32,
+        wire: 682u32,
+        call: 592u32,
         name: "cuMemcpyHtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -109081,8 +109027,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
-        wire: 685u32,
-        call: 595u32,
+        wire: 683u32,
+        call: 593u32,
         name: "cuMemcpyHtoDAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -109119,8 +109065,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 686u32,
-        call: 596u32,
+        wire: 684u32,
+        call: 594u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -109157,8 +109103,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
-        wire: 687u32,
-        call: 597u32,
+        wire: 685u32,
+        call: 595u32,
         name: "cuMemcpyHtoD_v2",
         form: Some("call"),
         library: "driver",
@@ -109191,8 +109137,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
-        wire: 688u32,
-        call: 598u32,
+        wire: 686u32,
+        call: 596u32,
         name: "cuMemcpyHtoD_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -109225,8 +109171,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 689u32,
-        call: 599u32,
+        wire: 687u32,
+        call: 597u32,
         name: "cuMemcpyPeer",
         form: None,
         library: "driver",
@@ -109265,8 +109211,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 690u32,
-        call: 600u32,
+        wire: 688u32,
+        call: 598u32,
         name: "cuMemcpyPeerAsync",
         form: None,
         library: "driver",
@@ -109309,8 +109255,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 691u32,
-        call: 601u32,
+        wire: 689u32,
+        call: 599u32,
         name: "cuMemcpyPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -109353,8 +109299,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 692u32,
-        call: 602u32,
+        wire: 690u32,
+        call: 600u32,
         name: "cuMemcpyPeer_ptds",
         form: None,
         library: "driver",
@@ -109393,8 +109339,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy_ptds: CallDesc = CallDesc {
-        wire: 693u32,
-        call: 603u32,
+        wire: 691u32,
+        call: 601u32,
         name: "cuMemcpy_ptds",
         form: None,
         library: "driver",
@@ -109425,8 +109371,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 694u32,
-        call: 604u32,
+        wire: 692u32,
+        call: 602u32,
         name: "cuMemsetD16",
         form: None,
         library: "driver",
@@ -109457,8 +109403,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 695u32,
-        call: 605u32,
+        wire: 693u32,
+        call: 603u32,
         name: "cuMemsetD16Async",
         form: None,
         library: "driver",
@@ -109493,8 +109439,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 696u32,
-        call: 606u32,
+        wire: 694u32,
+        call: 604u32,
         name: "cuMemsetD16Async_ptsz",
         form: None,
         library: "driver",
@@ -109529,8 +109475,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 697u32,
-        call: 607u32,
+        wire: 695u32,
+        call: 605u32,
         name: "cuMemsetD16_v2",
         form: None,
         library: "driver",
@@ -109561,8 +109507,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 698u32,
-        call: 608u32,
+        wire: 696u32,
+        call: 606u32,
         name: "cuMemsetD16_v2_ptds",
         form: None,
         library: "driver",
@@ -109593,8 +109539,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 699u32,
-        call: 609u32,
+        wire: 697u32,
+        call: 607u32,
         name: "cuMemsetD2D16",
         form: None,
         library: "driver",
@@ -109633,8 +109579,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 700u32,
-        call: 610u32,
+        wire: 698u32,
+        call: 608u32,
         name: "cuMemsetD2D16Async",
         form: None,
         library: "driver",
@@ -109677,8 +109623,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 701u32,
-        call: 611u32,
+        wire: 699u32,
+        call: 609u32,
         name: "cuMemsetD2D16Async_ptsz",
         form: None,
         library: "driver",
@@ -109721,8 +109667,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 702u32,
-        call: 612u32,
+        wire: 700u32,
+        call: 610u32,
         name: "cuMemsetD2D16_v2",
         form: None,
         library: "driver",
@@ -109761,8 +109707,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 703u32,
-        call: 613u32,
+        wire: 701u32,
+        call: 611u32,
         name: "cuMemsetD2D16_v2_ptds",
         form: None,
         library: "driver",
@@ -109801,8 +109747,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 704u32,
-        call: 614u32,
+        wire: 702u32,
+        call: 612u32,
         name: "cuMemsetD2D32",
         form: None,
         library: "driver",
@@ -109841,8 +109787,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 705u32,
-        call: 615u32,
+        wire: 703u32,
+        call: 613u32,
         name: "cuMemsetD2D32Async",
         form: None,
         library: "driver",
@@ -109885,8 +109831,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 706u32,
-        call: 616u32,
+        wire: 704u32,
+        call: 614u32,
         name: "cuMemsetD2D32Async_ptsz",
         form: None,
         library: "driver",
@@ -109929,8 +109875,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 707u32,
-        call: 617u32,
+        wire: 705u32,
+        call: 615u32,
         name: "cuMemsetD2D32_v2",
         form: None,
         library: "driver",
@@ -109969,8 +109915,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 708u32,
-        call: 618u32,
+        wire: 706u32,
+        call: 616u32,
         name: "cuMemsetD2D32_v2_ptds",
         form: None,
         library: "driver",
@@ -110009,8 +109955,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 709u32,
-        call: 619u32,
+        wire: 707u32,
+        call: 617u32,
         name: "cuMemsetD2D8",
         form: None,
         library: "driver",
@@ -110049,8 +109995,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 710u32,
-        call: 620u32,
+        wire: 708u32,
+        call: 618u32,
         name: "cuMemsetD2D8Async",
         form: None,
         library: "driver",
@@ -110093,8 +110039,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 711u32,
-        call: 621u32,
+        wire: 709u32,
+        call: 619u32,
         name: "cuMemsetD2D8Async_ptsz",
         form: None,
         library: "driver",
@@ -110137,8 +110083,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 712u32,
-        call: 622u32,
+        wire: 710u32,
+        call: 620u32,
         name: "cuMemsetD2D8_v2",
         form: None,
         library: "driver",
@@ -110177,8 +110123,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 713u32,
-        call: 623u32,
+        wire: 711u32,
+        call: 621u32,
         name: "cuMemsetD2D8_v2_ptds",
         form: None,
         library: "driver",
@@ -110217,8 +110163,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 714u32,
-        call: 624u32,
+        wire: 712u32,
+        call: 622u32,
         name: "cuMemsetD32",
         form: None,
         library: "driver",
@@ -110249,8 +110195,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 715u32,
-        call: 625u32,
+        wire: 713u32,
+        call: 623u32,
         name: "cuMemsetD32Async",
         form: None,
         library: "driver",
@@ -110285,8 +110231,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 716u32,
-        call: 626u32,
+        wire: 714u32,
+        call: 624u32,
         name: "cuMemsetD32Async_ptsz",
         form: None,
         library: "driver",
@@ -110321,8 +110267,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 717u32,
-        call: 627u32,
+        wire: 715u32,
+        call: 625u32,
         name: "cuMemsetD32_v2",
         form: None,
         library: "driver",
@@ -110353,8 +110299,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 718u32,
-        call: 628u32,
+        wire: 716u32,
+        call: 626u32,
         name: "cuMemsetD32_v2_ptds",
         form: None,
         library: "driver",
@@ -110385,8 +110331,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 719u32,
-        call: 629u32,
+        wire: 717u32,
+        call: 627u32,
         name: "cuMemsetD8",
         form: None,
         library: "driver",
@@ -110417,8 +110363,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 720u32,
-        call: 630u32,
+        wire: 718u32,
+        call: 628u32,
         name: "cuMemsetD8Async",
         form: None,
         library: "driver",
@@ -110453,8 +110399,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 721u32,
-        call: 631u32,
+        wire: 719u32,
+        call: 629u32,
         name: "cuMemsetD8Async_ptsz",
         form: None,
         library: "driver",
@@ -110489,8 +110435,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 722u32,
-        call: 632u32,
+        wire: 720u32,
+        call: 630u32,
         name: "cuMemsetD8_v2",
         form: None,
         library: "driver",
@@ -110521,8 +110467,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 723u32,
-        call: 633u32,
+        wire: 721u32,
+        call: 631u32,
         name: "cuMemsetD8_v2_ptds",
         form: None,
         library: "driver",
@@ -110553,8 +110499,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayCreate: CallDesc = CallDesc {
-        wire: 724u32,
-        call: 634u32,
+        wire: 722u32,
+        call: 632u32,
         name: "cuMipmappedArrayCreate",
         form: None,
         library: "driver",
@@ -110587,8 +110533,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 725u32,
-        call: 635u32,
+        wire: 723u32,
+        call: 633u32,
         name: "cuMipmappedArrayDestroy",
         form: None,
         library: "driver",
@@ -110611,8 +110557,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 726u32,
-        call: 636u32,
+        wire: 724u32,
+        call: 634u32,
         name: "cuMipmappedArrayGetLevel",
         form: None,
         library: "driver",
@@ -110643,8 +110589,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 727u32,
-        call: 637u32,
+        wire: 725u32,
+        call: 635u32,
         name: "cuMipmappedArrayGetMemoryRequirements",
         form: None,
         library: "driver",
@@ -110677,8 +110623,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 728u32,
-        call: 638u32,
+        wire: 726u32,
+        call: 636u32,
         name: "cuMipmappedArrayGetSparseProperties",
         form: None,
         library: "driver",
@@ -110707,8 +110653,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 729u32,
-        call: 639u32,
+        wire: 727u32,
+        call: 637u32,
         name: "cuModuleEnumerateFunctions",
         form: None,
         library: "driver",
@@ -110739,8 +110685,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 730u32,
-        call: 640u32,
+        wire: 728u32,
+        call: 638u32,
         name: "cuModuleGetFunction",
         form: None,
         library: "driver",
@@ -110768,8 +110714,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 731u32,
-        call: 641u32,
+        wire: 729u32,
+        call: 639u32,
         name: "cuModuleGetFunctionCount",
         form: None,
         library: "driver",
@@ -110798,8 +110744,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 732u32,
-        call: 642u32,
+        wire: 730u32,
+        call: 640u32,
         name: "cuModuleGetGlobal",
         form: None,
         library: "driver",
@@ -110835,8 +110781,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 733u32,
-        call: 643u32,
+        wire: 731u32,
+        call: 641u32,
         name: "cuModuleGetGlobal_v2",
         form: None,
         library: "driver",
@@ -110872,8 +110818,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 734u32,
-        call: 644u32,
+        wire: 732u32,
+        call: 642u32,
         name: "cuModuleGetLoadingMode",
         form: None,
         library: "driver",
@@ -110898,8 +110844,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 735u32,
-        call: 645u32,
+        wire: 733u32,
+        call: 643u32,
         name: "cuModuleGetSurfRef",
         form: None,
         library: "driver",
@@ -110927,8 +110873,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 736u32,
-        call: 646u32,
+        wire: 734u32,
+        call: 644u32,
         name: "cuModuleGetTexRef",
         form: None,
         library: "driver",
@@ -110956,8 +110902,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 737u32,
-        call: 647u32,
+        wire: 735u32,
+        call: 645u32,
         name: "cuMulticastAddDevice",
         form: None,
         library: "driver",
@@ -110984,8 +110930,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 738u32,
-        call: 648u32,
+        wire: 736u32,
+        call: 646u32,
         name: "cuMulticastBindAddr",
         form: None,
         library: "driver",
@@ -111024,8 +110970,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 739u32,
-        call: 649u32,
+        wire: 737u32,
+        call: 647u32,
         name: "cuMulticastBindAddr_v2",
         form: None,
         library: "driver",
@@ -111068,8 +111014,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 740u32,
-        call: 650u32,
+        wire: 738u32,
+        call: 648u32,
         name: "cuMulticastBindMem",
         form: None,
         library: "driver",
@@ -111112,8 +111058,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 741u32,
-        call: 651u32,
+        wire: 739u32,
+        call: 649u32,
         name: "cuMulticastBindMem_v2",
         form: None,
         library: "driver",
@@ -111160,8 +111106,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 742u32,
-        call: 652u32,
+        wire: 740u32,
+        call: 650u32,
         name: "cuMulticastCreate",
         form: None,
         library: "driver",
@@ -111192,8 +111138,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 743u32,
-        call: 653u32,
+        wire: 741u32,
+        call: 651u32,
         name: "cuMulticastGetGranularity",
         form: None,
         library: "driver",
@@ -111228,8 +111174,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 744u32,
-        call: 654u32,
+        wire: 742u32,
+        call: 652u32,
         name: "cuMulticastUnbind",
         form: None,
         library: "driver",
@@ -111264,8 +111210,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyAvailableDynamicSMemPerBlock: CallDesc = CallDesc {
-        wire: 745u32,
-        call: 655u32,
+        wire: 743u32,
+        call: 653u32,
         name: "cuOccupancyAvailableDynamicSMemPerBlock",
         form: None,
         library: "driver",
@@ -111302,8 +111248,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
-        wire: 746u32,
-        call: 656u32,
+        wire: 744u32,
+        call: 654u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         form: None,
         library: "driver",
@@ -111340,8 +111286,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
-        wire: 747u32,
-        call: 657u32,
+        wire: 745u32,
+        call: 655u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         form: None,
         library: "driver",
@@ -111382,8 +111328,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 748u32,
-        call: 658u32,
+        wire: 746u32,
+        call: 656u32,
         name: "cuParamSetSize",
         form: None,
         library: "driver",
@@ -111410,8 +111356,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 749u32,
-        call: 659u32,
+        wire: 747u32,
+        call: 657u32,
         name: "cuParamSetTexRef",
         form: None,
         library: "driver",
@@ -111442,8 +111388,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 750u32,
-        call: 660u32,
+        wire: 748u32,
+        call: 658u32,
         name: "cuParamSetf",
         form: None,
         library: "driver",
@@ -111474,8 +111420,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 751u32,
-        call: 661u32,
+        wire: 749u32,
+        call: 659u32,
         name: "cuParamSeti",
         form: None,
         library: "driver",
@@ -111506,8 +111452,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetv: CallDesc = CallDesc {
-        wire: 752u32,
-        call: 662u32,
+        wire: 750u32,
+        call: 660u32,
         name: "cuParamSetv",
         form: None,
         library: "driver",
@@ -111544,8 +111490,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuPointerSetAttribute: CallDesc = CallDesc {
-        wire: 753u32,
-        call: 663u32,
+        wire: 751u32,
+        call: 661u32,
         name: "cuPointerSetAttribute",
         form: None,
         library: "driver",
@@ -111578,8 +111524,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAddCallback__host: CallDesc = CallDesc {
-        wire: 754u32,
-        call: 664u32,
+        wire: 752u32,
+        call: 662u32,
         name: "cuStreamAddCallback",
         form: Some("host"),
         library: "driver",
@@ -111614,8 +111560,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAddCallback_ptsz__host: CallDesc = CallDesc {
-        wire: 755u32,
-        call: 665u32,
+        wire: 753u32,
+        call: 663u32,
         name: "cuStreamAddCallback_ptsz",
         form: Some("host"),
         library: "driver",
@@ -111650,8 +111596,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 756u32,
-        call: 666u32,
+        wire: 754u32,
+        call: 664u32,
         name: "cuStreamAttachMemAsync",
         form: None,
         library: "driver",
@@ -111686,8 +111632,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 757u32,
-        call: 667u32,
+        wire: 755u32,
+        call: 665u32,
         name: "cuStreamAttachMemAsync_ptsz",
         form: None,
         library: "driver",
@@ -111722,8 +111668,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu118: CallDesc = CallDesc {
-        wire: 758u32,
-        call: 668u32,
+        wire: 756u32,
+        call: 666u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -111760,8 +111706,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu131: CallDesc = CallDesc {
-        wire: 759u32,
-        call: 668u32,
+        wire: 757u32,
+        call: 666u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -111798,8 +111744,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu118: CallDesc = CallDesc {
-        wire: 760u32,
-        call: 669u32,
+        wire: 758u32,
+        call: 667u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -111836,8 +111782,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu131: CallDesc = CallDesc {
-        wire: 761u32,
-        call: 669u32,
+        wire: 759u32,
+        call: 667u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -111874,8 +111820,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu118: CallDesc = CallDesc {
-        wire: 762u32,
-        call: 670u32,
+        wire: 760u32,
+        call: 668u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -111912,8 +111858,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu131: CallDesc = CallDesc {
-        wire: 763u32,
-        call: 670u32,
+        wire: 761u32,
+        call: 668u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -111950,8 +111896,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu118: CallDesc = CallDesc {
-        wire: 764u32,
-        call: 671u32,
+        wire: 762u32,
+        call: 669u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -111988,8 +111934,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu131: CallDesc = CallDesc {
-        wire: 765u32,
-        call: 671u32,
+        wire: 763u32,
+        call: 669u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -112026,8 +111972,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 766u32,
-        call: 672u32,
+        wire: 764u32,
+        call: 670u32,
         name: "cuStreamBeginCapture",
         form: Some("call"),
         library: "driver",
@@ -112050,8 +111996,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCaptureToGraph__call: CallDesc = CallDesc {
-        wire: 767u32,
-        call: 673u32,
+        wire: 765u32,
+        call: 671u32,
         name: "cuStreamBeginCaptureToGraph",
         form: Some("call"),
         library: "driver",
@@ -112096,8 +112042,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCaptureToGraph_ptsz__call: CallDesc = CallDesc {
-        wire: 768u32,
-        call: 674u32,
+        wire: 766u32,
+        call: 672u32,
         name: "cuStreamBeginCaptureToGraph_ptsz",
         form: Some("call"),
         library: "driver",
@@ -112142,8 +112088,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 769u32,
-        call: 675u32,
+        wire: 767u32,
+        call: 673u32,
         name: "cuStreamBeginCapture_ptsz",
         form: Some("call"),
         library: "driver",
@@ -112166,8 +112112,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
-        wire: 770u32,
-        call: 676u32,
+        wire: 768u32,
+        call: 674u32,
         name: "cuStreamBeginCapture_v2",
         form: Some("call"),
         library: "driver",
@@ -112194,8 +112140,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 771u32,
-        call: 677u32,
+        wire: 769u32,
+        call: 675u32,
         name: "cuStreamBeginCapture_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -112222,8 +112168,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 678u32,
+        wire: 770u32,
+        call: 676u32,
         name: "cuStreamCopyAttributes",
         form: None,
         library: "driver",
@@ -112250,8 +112196,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 679u32,
+        wire: 771u32,
+        call: 677u32,
         name: "cuStreamCopyAttributes_ptsz",
         form: None,
         library: "driver",
@@ -112278,8 +112224,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 680u32,
+        wire: 772u32,
+        call: 678u32,
         name: "cuStreamCreate",
         form: None,
         library: "driver",
@@ -112306,8 +112252,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 681u32,
+        wire: 773u32,
+        call: 679u32,
         name: "cuStreamCreateWithPriority",
         form: None,
         library: "driver",
@@ -112338,8 +112284,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 682u32,
+        wire: 774u32,
+        call: 680u32,
         name: "cuStreamDestroy",
         form: None,
         library: "driver",
@@ -112362,8 +112308,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 683u32,
+        wire: 775u32,
+        call: 681u32,
         name: "cuStreamDestroy_v2",
         form: None,
         library: "driver",
@@ -112386,8 +112332,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 684u32,
+        wire: 776u32,
+        call: 682u32,
         name: "cuStreamEndCapture",
         form: Some("call"),
         library: "driver",
@@ -112414,8 +112360,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 685u32,
+        wire: 777u32,
+        call: 683u32,
         name: "cuStreamEndCapture_ptsz",
         form: Some("call"),
         library: "driver",
@@ -112442,8 +112388,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 686u32,
+        wire: 778u32,
+        call: 684u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -112476,8 +112422,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 686u32,
+        wire: 779u32,
+        call: 684u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -112510,8 +112456,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 686u32,
+        wire: 780u32,
+        call: 684u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -112544,8 +112490,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 686u32,
+        wire: 781u32,
+        call: 684u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -112578,8 +112524,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 686u32,
+        wire: 782u32,
+        call: 684u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -112612,8 +112558,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 687u32,
+        wire: 783u32,
+        call: 685u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -112646,8 +112592,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 687u32,
+        wire: 784u32,
+        call: 685u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -112680,8 +112626,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 687u32,
+        wire: 785u32,
+        call: 685u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -112714,8 +112660,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 687u32,
+        wire: 786u32,
+        call: 685u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -112748,8 +112694,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 687u32,
+        wire: 787u32,
+        call: 685u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -112782,8 +112728,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 688u32,
+        wire: 788u32,
+        call: 686u32,
         name: "cuStreamGetCaptureInfo",
         form: None,
         library: "driver",
@@ -112818,8 +112764,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 689u32,
+        wire: 789u32,
+        call: 687u32,
         name: "cuStreamGetCaptureInfo_ptsz",
         form: None,
         library: "driver",
@@ -112854,8 +112800,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 690u32,
+        wire: 790u32,
+        call: 688u32,
         name: "cuStreamGetCtx",
         form: None,
         library: "driver",
@@ -112882,8 +112828,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 691u32,
+        wire: 791u32,
+        call: 689u32,
         name: "cuStreamGetCtx_ptsz",
         form: None,
         library: "driver",
@@ -112910,8 +112856,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 692u32,
+        wire: 792u32,
+        call: 690u32,
         name: "cuStreamGetCtx_v2",
         form: None,
         library: "driver",
@@ -112942,8 +112888,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 693u32,
+        wire: 793u32,
+        call: 691u32,
         name: "cuStreamGetCtx_v2_ptsz",
         form: None,
         library: "driver",
@@ -112974,8 +112920,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 694u32,
+        wire: 794u32,
+        call: 692u32,
         name: "cuStreamGetDevice",
         form: None,
         library: "driver",
@@ -113004,8 +112950,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 695u32,
+        wire: 795u32,
+        call: 693u32,
         name: "cuStreamGetDevice_ptsz",
         form: None,
         library: "driver",
@@ -113034,8 +112980,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 696u32,
+        wire: 796u32,
+        call: 694u32,
         name: "cuStreamGetFlags",
         form: None,
         library: "driver",
@@ -113064,8 +113010,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 697u32,
+        wire: 797u32,
+        call: 695u32,
         name: "cuStreamGetFlags_ptsz",
         form: None,
         library: "driver",
@@ -113094,8 +113040,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 698u32,
+        wire: 798u32,
+        call: 696u32,
         name: "cuStreamGetGreenCtx",
         form: None,
         library: "driver",
@@ -113122,8 +113068,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 699u32,
+        wire: 799u32,
+        call: 697u32,
         name: "cuStreamGetId",
         form: None,
         library: "driver",
@@ -113152,8 +113098,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 700u32,
+        wire: 800u32,
+        call: 698u32,
         name: "cuStreamGetId_ptsz",
         form: None,
         library: "driver",
@@ -113182,8 +113128,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 701u32,
+        wire: 801u32,
+        call: 699u32,
         name: "cuStreamGetPriority",
         form: None,
         library: "driver",
@@ -113212,8 +113158,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 702u32,
+        wire: 802u32,
+        call: 700u32,
         name: "cuStreamGetPriority_ptsz",
         form: None,
         library: "driver",
@@ -113242,8 +113188,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 703u32,
+        wire: 803u32,
+        call: 701u32,
         name: "cuStreamIsCapturing",
         form: Some("call"),
         library: "driver",
@@ -113272,8 +113218,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 704u32,
+        wire: 804u32,
+        call: 702u32,
         name: "cuStreamIsCapturing_ptsz",
         form: Some("call"),
         library: "driver",
@@ -113302,8 +113248,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 705u32,
+        wire: 805u32,
+        call: 703u32,
         name: "cuStreamQuery",
         form: None,
         library: "driver",
@@ -113326,8 +113272,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 706u32,
+        wire: 806u32,
+        call: 704u32,
         name: "cuStreamQuery_ptsz",
         form: None,
         library: "driver",
@@ -113350,8 +113296,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 707u32,
+        wire: 807u32,
+        call: 705u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -113384,8 +113330,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 707u32,
+        wire: 808u32,
+        call: 705u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -113418,8 +113364,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 707u32,
+        wire: 809u32,
+        call: 705u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -113452,8 +113398,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 707u32,
+        wire: 810u32,
+        call: 705u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -113486,8 +113432,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 707u32,
+        wire: 811u32,
+        call: 705u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -113520,8 +113466,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 708u32,
+        wire: 812u32,
+        call: 706u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -113554,8 +113500,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 708u32,
+        wire: 813u32,
+        call: 706u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -113588,8 +113534,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 708u32,
+        wire: 814u32,
+        call: 706u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -113622,8 +113568,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 708u32,
+        wire: 815u32,
+        call: 706u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -113656,8 +113602,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 708u32,
+        wire: 816u32,
+        call: 706u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -113690,8 +113636,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 709u32,
+        wire: 817u32,
+        call: 707u32,
         name: "cuStreamSynchronize",
         form: None,
         library: "driver",
@@ -113714,8 +113660,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 710u32,
+        wire: 818u32,
+        call: 708u32,
         name: "cuStreamSynchronize_ptsz",
         form: None,
         library: "driver",
@@ -113738,8 +113684,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 711u32,
+        wire: 819u32,
+        call: 709u32,
         name: "cuStreamUpdateCaptureDependencies",
         form: None,
         library: "driver",
@@ -113774,8 +113720,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 712u32,
+        wire: 820u32,
+        call: 710u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "driver",
@@ -113810,8 +113756,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_v2: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 713u32,
+        wire: 821u32,
+        call: 711u32,
         name: "cuStreamUpdateCaptureDependencies_v2",
         form: None,
         library: "driver",
@@ -113852,8 +113798,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_v2_ptsz: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 714u32,
+        wire: 822u32,
+        call: 712u32,
         name: "cuStreamUpdateCaptureDependencies_v2_ptsz",
         form: None,
         library: "driver",
@@ -113894,8 +113840,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 715u32,
+        wire: 823u32,
+        call: 713u32,
         name: "cuStreamWaitEvent",
         form: None,
         library: "driver",
@@ -113926,8 +113872,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 716u32,
+        wire: 824u32,
+        call: 714u32,
         name: "cuStreamWaitEvent_ptsz",
         form: None,
         library: "driver",
@@ -113958,8 +113904,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 717u32,
+        wire: 825u32,
+        call: 715u32,
         name: "cuStreamWaitValue32",
         form: None,
         library: "driver",
@@ -113994,8 +113940,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 718u32,
+        wire: 826u32,
+        call: 716u32,
         name: "cuStreamWaitValue32_ptsz",
         form: None,
         library: "driver",
@@ -114030,8 +113976,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 719u32,
+        wire: 827u32,
+        call: 717u32,
         name: "cuStreamWaitValue32_v2",
         form: None,
         library: "driver",
@@ -114066,8 +114012,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 720u32,
+        wire: 828u32,
+        call: 718u32,
         name: "cuStreamWaitValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -114102,8 +114048,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 721u32,
+        wire: 829u32,
+        call: 719u32,
         name: "cuStreamWaitValue64",
         form: None,
         library: "driver",
@@ -114138,8 +114084,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 722u32,
+        wire: 830u32,
+        call: 720u32,
         name: "cuStreamWaitValue64_ptsz",
         form: None,
         library: "driver",
@@ -114174,8 +114120,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 723u32,
+        wire: 831u32,
+        call: 721u32,
         name: "cuStreamWaitValue64_v2",
         form: None,
         library: "driver",
@@ -114210,8 +114156,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 724u32,
+        wire: 832u32,
+        call: 722u32,
         name: "cuStreamWaitValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -114246,8 +114192,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 725u32,
+        wire: 833u32,
+        call: 723u32,
         name: "cuStreamWriteValue32",
         form: None,
         library: "driver",
@@ -114282,8 +114228,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 726u32,
+        wire: 834u32,
+        call: 724u32,
         name: "cuStreamWriteValue32_ptsz",
         form: None,
         library: "driver",
@@ -114318,8 +114264,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 727u32,
+        wire: 835u32,
+        call: 725u32,
         name: "cuStreamWriteValue32_v2",
         form: None,
         library: "driver",
@@ -114354,8 +114300,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 728u32,
+        wire: 836u32,
+        call: 726u32,
         name: "cuStreamWriteValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -114390,8 +114336,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 729u32,
+        wire: 837u32,
+        call: 727u32,
         name: "cuStreamWriteValue64",
         form: None,
         library: "driver",
@@ -114426,8 +114372,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 730u32,
+        wire: 838u32,
+        call: 728u32,
         name: "cuStreamWriteValue64_ptsz",
         form: None,
         library: "driver",
@@ -114462,8 +114408,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 731u32,
+        wire: 839u32,
+        call: 729u32,
         name: "cuStreamWriteValue64_v2",
         form: None,
         library: "driver",
@@ -114498,8 +114444,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 732u32,
+        wire: 840u32,
+        call: 730u32,
         name: "cuStreamWriteValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -114534,8 +114480,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectCreate: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 733u32,
+        wire: 841u32,
+        call: 731u32,
         name: "cuSurfObjectCreate",
         form: None,
         library: "driver",
@@ -114566,8 +114512,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 734u32,
+        wire: 842u32,
+        call: 732u32,
         name: "cuSurfObjectDestroy",
         form: None,
         library: "driver",
@@ -114590,8 +114536,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 735u32,
+        wire: 843u32,
+        call: 733u32,
         name: "cuSurfObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -114620,8 +114566,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 736u32,
+        wire: 844u32,
+        call: 734u32,
         name: "cuSurfRefGetArray",
         form: None,
         library: "driver",
@@ -114648,8 +114594,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 737u32,
+        wire: 845u32,
+        call: 735u32,
         name: "cuSurfRefSetArray",
         form: None,
         library: "driver",
@@ -114680,8 +114626,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeIm2col: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 738u32,
+        wire: 846u32,
+        call: 736u32,
         name: "cuTensorMapEncodeIm2col",
         form: None,
         library: "driver",
@@ -114769,8 +114715,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeIm2colWide: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 739u32,
+        wire: 847u32,
+        call: 737u32,
         name: "cuTensorMapEncodeIm2colWide",
         form: None,
         library: "driver",
@@ -114858,8 +114804,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeTiled: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 740u32,
+        wire: 848u32,
+        call: 738u32,
         name: "cuTensorMapEncodeTiled",
         form: None,
         library: "driver",
@@ -114933,8 +114879,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapReplaceAddress: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 741u32,
+        wire: 849u32,
+        call: 739u32,
         name: "cuTensorMapReplaceAddress",
         form: None,
         library: "driver",
@@ -114960,8 +114906,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectCreate: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 742u32,
+        wire: 850u32,
+        call: 740u32,
         name: "cuTexObjectCreate",
         form: None,
         library: "driver",
@@ -115004,8 +114950,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 743u32,
+        wire: 851u32,
+        call: 741u32,
         name: "cuTexObjectDestroy",
         form: None,
         library: "driver",
@@ -115028,8 +114974,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 744u32,
+        wire: 852u32,
+        call: 742u32,
         name: "cuTexObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -115058,8 +115004,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceViewDesc: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 745u32,
+        wire: 853u32,
+        call: 743u32,
         name: "cuTexObjectGetResourceViewDesc",
         form: None,
         library: "driver",
@@ -115088,8 +115034,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetTextureDesc: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 746u32,
+        wire: 854u32,
+        call: 744u32,
         name: "cuTexObjectGetTextureDesc",
         form: None,
         library: "driver",
@@ -115118,8 +115064,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 747u32,
+        wire: 855u32,
+        call: 745u32,
         name: "cuTexRefCreate",
         form: None,
         library: "driver",
@@ -115142,8 +115088,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 748u32,
+        wire: 856u32,
+        call: 746u32,
         name: "cuTexRefDestroy",
         form: None,
         library: "driver",
@@ -115166,8 +115112,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 749u32,
+        wire: 857u32,
+        call: 747u32,
         name: "cuTexRefGetAddress",
         form: None,
         library: "driver",
@@ -115196,8 +115142,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 750u32,
+        wire: 858u32,
+        call: 748u32,
         name: "cuTexRefGetAddressMode",
         form: None,
         library: "driver",
@@ -115230,8 +115176,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 751u32,
+        wire: 859u32,
+        call: 749u32,
         name: "cuTexRefGetAddress_v2",
         form: None,
         library: "driver",
@@ -115260,8 +115206,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 752u32,
+        wire: 860u32,
+        call: 750u32,
         name: "cuTexRefGetArray",
         form: None,
         library: "driver",
@@ -115288,8 +115234,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 753u32,
+        wire: 861u32,
+        call: 751u32,
         name: "cuTexRefGetBorderColor",
         form: None,
         library: "driver",
@@ -115318,8 +115264,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 754u32,
+        wire: 862u32,
+        call: 752u32,
         name: "cuTexRefGetFilterMode",
         form: None,
         library: "driver",
@@ -115348,8 +115294,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 755u32,
+        wire: 863u32,
+        call: 753u32,
         name: "cuTexRefGetFlags",
         form: None,
         library: "driver",
@@ -115378,8 +115324,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFormat: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 756u32,
+        wire: 864u32,
+        call: 754u32,
         name: "cuTexRefGetFormat",
         form: None,
         library: "driver",
@@ -115414,8 +115360,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 757u32,
+        wire: 865u32,
+        call: 755u32,
         name: "cuTexRefGetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -115444,8 +115390,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 758u32,
+        wire: 866u32,
+        call: 756u32,
         name: "cuTexRefGetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -115474,8 +115420,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 759u32,
+        wire: 867u32,
+        call: 757u32,
         name: "cuTexRefGetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -115504,8 +115450,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 760u32,
+        wire: 868u32,
+        call: 758u32,
         name: "cuTexRefGetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -115540,8 +115486,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 761u32,
+        wire: 869u32,
+        call: 759u32,
         name: "cuTexRefGetMipmappedArray",
         form: None,
         library: "driver",
@@ -115568,8 +115514,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 762u32,
+        wire: 870u32,
+        call: 760u32,
         name: "cuTexRefSetAddress",
         form: None,
         library: "driver",
@@ -115606,8 +115552,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 763u32,
+        wire: 871u32,
+        call: 761u32,
         name: "cuTexRefSetAddress2D",
         form: None,
         library: "driver",
@@ -115644,8 +115590,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 764u32,
+        wire: 872u32,
+        call: 762u32,
         name: "cuTexRefSetAddress2D_v2",
         form: None,
         library: "driver",
@@ -115682,8 +115628,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 765u32,
+        wire: 873u32,
+        call: 763u32,
         name: "cuTexRefSetAddress2D_v3",
         form: None,
         library: "driver",
@@ -115720,8 +115666,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 766u32,
+        wire: 874u32,
+        call: 764u32,
         name: "cuTexRefSetAddressMode",
         form: None,
         library: "driver",
@@ -115752,8 +115698,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 767u32,
+        wire: 875u32,
+        call: 765u32,
         name: "cuTexRefSetAddress_v2",
         form: None,
         library: "driver",
@@ -115790,8 +115736,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 768u32,
+        wire: 876u32,
+        call: 766u32,
         name: "cuTexRefSetArray",
         form: None,
         library: "driver",
@@ -115822,8 +115768,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 769u32,
+        wire: 877u32,
+        call: 767u32,
         name: "cuTexRefSetBorderColor",
         form: None,
         library: "driver",
@@ -115852,8 +115798,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 770u32,
+        wire: 878u32,
+        call: 768u32,
         name: "cuTexRefSetFilterMode",
         form: None,
         library: "driver",
@@ -115880,8 +115826,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 771u32,
+        wire: 879u32,
+        call: 769u32,
         name: "cuTexRefSetFlags",
         form: None,
         library: "driver",
@@ -115908,8 +115854,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 772u32,
+        wire: 880u32,
+        call: 770u32,
         name: "cuTexRefSetFormat",
         form: None,
         library: "driver",
@@ -115940,8 +115886,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 773u32,
+        wire: 881u32,
+        call: 771u32,
         name: "cuTexRefSetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -115968,8 +115914,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 774u32,
+        wire: 882u32,
+        call: 772u32,
         name: "cuTexRefSetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -115996,8 +115942,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 775u32,
+        wire: 883u32,
+        call: 773u32,
         name: "cuTexRefSetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -116024,8 +115970,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 776u32,
+        wire: 884u32,
+        call: 774u32,
         name: "cuTexRefSetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -116056,8 +116002,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 777u32,
+        wire: 885u32,
+        call: 775u32,
         name: "cuTexRefSetMipmappedArray",
         form: None,
         library: "driver",
@@ -116088,8 +116034,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 778u32,
+        wire: 886u32,
+        call: 776u32,
         name: "cuThreadExchangeStreamCaptureMode",
         form: None,
         library: "driver",
@@ -116114,8 +116060,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 779u32,
+        wire: 887u32,
+        call: 777u32,
         name: "cuUserObjectRelease",
         form: None,
         library: "driver",
@@ -116142,8 +116088,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 780u32,
+        wire: 888u32,
+        call: 778u32,
         name: "cuUserObjectRetain",
         form: None,
         library: "driver",
@@ -116173,8 +116119,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2748u32,
-        call: 2447u32,
+        wire: 2746u32,
+        call: 2445u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -116197,8 +116143,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2749u32,
-        call: 2448u32,
+        wire: 2747u32,
+        call: 2446u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -116221,8 +116167,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2750u32,
-        call: 2449u32,
+        wire: 2748u32,
+        call: 2447u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -116245,8 +116191,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2751u32,
-        call: 2450u32,
+        wire: 2749u32,
+        call: 2448u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -116278,8 +116224,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2752u32,
-        call: 2451u32,
+        wire: 2750u32,
+        call: 2449u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -116306,8 +116252,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2753u32,
-        call: 2452u32,
+        wire: 2751u32,
+        call: 2450u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -116334,8 +116280,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2754u32,
-        call: 2452u32,
+        wire: 2752u32,
+        call: 2450u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -116362,8 +116308,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2755u32,
-        call: 2453u32,
+        wire: 2753u32,
+        call: 2451u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -116381,8 +116327,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2756u32,
-        call: 2454u32,
+        wire: 2754u32,
+        call: 2452u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -116400,8 +116346,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2757u32,
-        call: 2455u32,
+        wire: 2755u32,
+        call: 2453u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -116428,8 +116374,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2758u32,
-        call: 2456u32,
+        wire: 2756u32,
+        call: 2454u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -116447,8 +116393,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2759u32,
-        call: 2457u32,
+        wire: 2757u32,
+        call: 2455u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -116471,8 +116417,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2760u32,
-        call: 2458u32,
+        wire: 2758u32,
+        call: 2456u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -116495,8 +116441,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2761u32,
-        call: 2459u32,
+        wire: 2759u32,
+        call: 2457u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -116519,8 +116465,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2460u32,
+        wire: 2760u32,
+        call: 2458u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -116552,8 +116498,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2461u32,
+        wire: 2761u32,
+        call: 2459u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -116580,8 +116526,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2462u32,
+        wire: 2762u32,
+        call: 2460u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -116608,8 +116554,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2462u32,
+        wire: 2763u32,
+        call: 2460u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -116636,8 +116582,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2463u32,
+        wire: 2764u32,
+        call: 2461u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -116655,8 +116601,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2464u32,
+        wire: 2765u32,
+        call: 2462u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -116674,8 +116620,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2465u32,
+        wire: 2766u32,
+        call: 2463u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -116702,8 +116648,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2466u32,
+        wire: 2767u32,
+        call: 2464u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -116724,8 +116670,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2717u32,
-        call: 2416u32,
+        wire: 2715u32,
+        call: 2414u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -116748,8 +116694,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2718u32,
-        call: 2417u32,
+        wire: 2716u32,
+        call: 2415u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -116772,8 +116718,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2719u32,
-        call: 2418u32,
+        wire: 2717u32,
+        call: 2416u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -116796,8 +116742,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2720u32,
-        call: 2419u32,
+        wire: 2718u32,
+        call: 2417u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -116820,8 +116766,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2721u32,
-        call: 2420u32,
+        wire: 2719u32,
+        call: 2418u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -116844,8 +116790,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2722u32,
-        call: 2421u32,
+        wire: 2720u32,
+        call: 2419u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -116868,8 +116814,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2723u32,
-        call: 2422u32,
+        wire: 2721u32,
+        call: 2420u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -116892,8 +116838,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2724u32,
-        call: 2423u32,
+        wire: 2722u32,
+        call: 2421u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -116916,8 +116862,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2725u32,
-        call: 2424u32,
+        wire: 2723u32,
+        call: 2422u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -116940,8 +116886,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2726u32,
-        call: 2425u32,
+        wire: 2724u32,
+        call: 2423u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -116964,8 +116910,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2727u32,
-        call: 2426u32,
+        wire: 2725u32,
+        call: 2424u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -116994,8 +116940,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2728u32,
-        call: 2427u32,
+        wire: 2726u32,
+        call: 2425u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -117024,8 +116970,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2729u32,
-        call: 2428u32,
+        wire: 2727u32,
+        call: 2426u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -117054,8 +117000,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2730u32,
-        call: 2429u32,
+        wire: 2728u32,
+        call: 2427u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -117084,8 +117030,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2731u32,
-        call: 2430u32,
+        wire: 2729u32,
+        call: 2428u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -117114,8 +117060,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2732u32,
-        call: 2431u32,
+        wire: 2730u32,
+        call: 2429u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -117144,8 +117090,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2733u32,
-        call: 2432u32,
+        wire: 2731u32,
+        call: 2430u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -117174,8 +117120,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2734u32,
-        call: 2433u32,
+        wire: 2732u32,
+        call: 2431u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -117204,8 +117150,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2735u32,
-        call: 2434u32,
+        wire: 2733u32,
+        call: 2432u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -117234,8 +117180,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2736u32,
-        call: 2435u32,
+        wire: 2734u32,
+        call: 2433u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -117264,8 +117210,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2737u32,
-        call: 2436u32,
+        wire: 2735u32,
+        call: 2434u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -117294,8 +117240,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2738u32,
-        call: 2437u32,
+        wire: 2736u32,
+        call: 2435u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -117324,8 +117270,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2739u32,
-        call: 2438u32,
+        wire: 2737u32,
+        call: 2436u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -117354,8 +117300,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2740u32,
-        call: 2439u32,
+        wire: 2738u32,
+        call: 2437u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -117384,8 +117330,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2741u32,
-        call: 2440u32,
+        wire: 2739u32,
+        call: 2438u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -117414,8 +117360,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2742u32,
-        call: 2441u32,
+        wire: 2740u32,
+        call: 2439u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -117444,8 +117390,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2743u32,
-        call: 2442u32,
+        wire: 2741u32,
+        call: 2440u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -117474,8 +117420,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2744u32,
-        call: 2443u32,
+        wire: 2742u32,
+        call: 2441u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -117504,8 +117450,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2745u32,
-        call: 2444u32,
+        wire: 2743u32,
+        call: 2442u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -117534,8 +117480,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2746u32,
-        call: 2445u32,
+        wire: 2744u32,
+        call: 2443u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -117564,8 +117510,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2747u32,
-        call: 2446u32,
+        wire: 2745u32,
+        call: 2444u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -117599,8 +117545,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1615u32,
+        wire: 1914u32,
+        call: 1613u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -117623,8 +117569,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1616u32,
+        wire: 1915u32,
+        call: 1614u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -117653,8 +117599,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1617u32,
+        wire: 1916u32,
+        call: 1615u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -117681,8 +117627,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1618u32,
+        wire: 1917u32,
+        call: 1616u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -117705,8 +117651,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1619u32,
+        wire: 1918u32,
+        call: 1617u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -117729,8 +117675,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1620u32,
+        wire: 1919u32,
+        call: 1618u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -117757,8 +117703,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1621u32,
+        wire: 1920u32,
+        call: 1619u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -117789,8 +117735,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1622u32,
+        wire: 1921u32,
+        call: 1620u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -117827,8 +117773,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1623u32,
+        wire: 1922u32,
+        call: 1621u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -117863,8 +117809,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1624u32,
+        wire: 1923u32,
+        call: 1622u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -117897,8 +117843,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1625u32,
+        wire: 1924u32,
+        call: 1623u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -117927,8 +117873,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1626u32,
+        wire: 1925u32,
+        call: 1624u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -117957,8 +117903,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1627u32,
+        wire: 1926u32,
+        call: 1625u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -117987,8 +117933,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1628u32,
+        wire: 1927u32,
+        call: 1626u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -118021,8 +117967,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1629u32,
+        wire: 1928u32,
+        call: 1627u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -118051,8 +117997,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1630u32,
+        wire: 1929u32,
+        call: 1628u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -118087,8 +118033,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1631u32,
+        wire: 1930u32,
+        call: 1629u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -118117,8 +118063,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1632u32,
+        wire: 1931u32,
+        call: 1630u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -118147,8 +118093,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1633u32,
+        wire: 1932u32,
+        call: 1631u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -118177,8 +118123,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1634u32,
+        wire: 1933u32,
+        call: 1632u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -118215,8 +118161,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1635u32,
+        wire: 1934u32,
+        call: 1633u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -118249,8 +118195,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1636u32,
+        wire: 1935u32,
+        call: 1634u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -118279,8 +118225,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1637u32,
+        wire: 1936u32,
+        call: 1635u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -118309,8 +118255,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1638u32,
+        wire: 1937u32,
+        call: 1636u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -118345,8 +118291,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1639u32,
+        wire: 1938u32,
+        call: 1637u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -118375,8 +118321,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1640u32,
+        wire: 1939u32,
+        call: 1638u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -118405,8 +118351,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1641u32,
+        wire: 1940u32,
+        call: 1639u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -118435,8 +118381,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1642u32,
+        wire: 1941u32,
+        call: 1640u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -118465,8 +118411,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1643u32,
+        wire: 1942u32,
+        call: 1641u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -118501,8 +118447,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1644u32,
+        wire: 1943u32,
+        call: 1642u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -118535,8 +118481,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1645u32,
+        wire: 1944u32,
+        call: 1643u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -118565,8 +118511,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1646u32,
+        wire: 1945u32,
+        call: 1644u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -118593,8 +118539,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1647u32,
+        wire: 1946u32,
+        call: 1645u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -118623,8 +118569,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1648u32,
+        wire: 1947u32,
+        call: 1646u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -118653,8 +118599,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1649u32,
+        wire: 1948u32,
+        call: 1647u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -118689,8 +118635,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1650u32,
+        wire: 1949u32,
+        call: 1648u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -118725,8 +118671,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1651u32,
+        wire: 1950u32,
+        call: 1649u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -118761,8 +118707,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1652u32,
+        wire: 1951u32,
+        call: 1650u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -118795,8 +118741,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1653u32,
+        wire: 1952u32,
+        call: 1651u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -118831,8 +118777,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1654u32,
+        wire: 1953u32,
+        call: 1652u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -118861,8 +118807,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1655u32,
+        wire: 1954u32,
+        call: 1653u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -118895,8 +118841,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1656u32,
+        wire: 1955u32,
+        call: 1654u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -118925,8 +118871,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1657u32,
+        wire: 1956u32,
+        call: 1655u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -118959,8 +118905,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1658u32,
+        wire: 1957u32,
+        call: 1656u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -118995,8 +118941,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1659u32,
+        wire: 1958u32,
+        call: 1657u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -119025,8 +118971,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1660u32,
+        wire: 1959u32,
+        call: 1658u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -119057,8 +119003,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1661u32,
+        wire: 1960u32,
+        call: 1659u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -119087,8 +119033,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1662u32,
+        wire: 1961u32,
+        call: 1660u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -119121,8 +119067,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1663u32,
+        wire: 1962u32,
+        call: 1661u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -119159,8 +119105,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1664u32,
+        wire: 1963u32,
+        call: 1662u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -119189,8 +119135,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1665u32,
+        wire: 1964u32,
+        call: 1663u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -119225,8 +119171,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1666u32,
+        wire: 1965u32,
+        call: 1664u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -119261,8 +119207,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1667u32,
+        wire: 1966u32,
+        call: 1665u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -119289,8 +119235,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1668u32,
+        wire: 1967u32,
+        call: 1666u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -119317,8 +119263,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1669u32,
+        wire: 1968u32,
+        call: 1667u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -119342,8 +119288,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1670u32,
+        wire: 1969u32,
+        call: 1668u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -119367,8 +119313,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1671u32,
+        wire: 1970u32,
+        call: 1669u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -119392,8 +119338,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1672u32,
+        wire: 1971u32,
+        call: 1670u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -119417,8 +119363,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1673u32,
+        wire: 1972u32,
+        call: 1671u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -119447,8 +119393,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1674u32,
+        wire: 1973u32,
+        call: 1672u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -119477,8 +119423,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1675u32,
+        wire: 1974u32,
+        call: 1673u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -119507,8 +119453,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1676u32,
+        wire: 1975u32,
+        call: 1674u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -119537,8 +119483,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1677u32,
+        wire: 1976u32,
+        call: 1675u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -119567,8 +119513,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1678u32,
+        wire: 1977u32,
+        call: 1676u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -119603,8 +119549,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1679u32,
+        wire: 1978u32,
+        call: 1677u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -119639,8 +119585,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1680u32,
+        wire: 1979u32,
+        call: 1678u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -119673,8 +119619,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1681u32,
+        wire: 1980u32,
+        call: 1679u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -119707,8 +119653,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1682u32,
+        wire: 1981u32,
+        call: 1680u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -119737,8 +119683,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1683u32,
+        wire: 1982u32,
+        call: 1681u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -119767,8 +119713,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1684u32,
+        wire: 1983u32,
+        call: 1682u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -119797,8 +119743,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1685u32,
+        wire: 1984u32,
+        call: 1683u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -119833,8 +119779,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1686u32,
+        wire: 1985u32,
+        call: 1684u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -119863,8 +119809,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1687u32,
+        wire: 1986u32,
+        call: 1685u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -119893,8 +119839,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1688u32,
+        wire: 1987u32,
+        call: 1686u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -119925,8 +119871,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1689u32,
+        wire: 1988u32,
+        call: 1687u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -119961,8 +119907,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1690u32,
+        wire: 1989u32,
+        call: 1688u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -120005,8 +119951,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1691u32,
+        wire: 1990u32,
+        call: 1689u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -120041,8 +119987,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1692u32,
+        wire: 1991u32,
+        call: 1690u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -120071,8 +120017,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1693u32,
+        wire: 1992u32,
+        call: 1691u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -120101,8 +120047,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1694u32,
+        wire: 1993u32,
+        call: 1692u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -120131,8 +120077,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1695u32,
+        wire: 1994u32,
+        call: 1693u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -120161,8 +120107,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1696u32,
+        wire: 1995u32,
+        call: 1694u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -120191,8 +120137,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1697u32,
+        wire: 1996u32,
+        call: 1695u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -120221,8 +120167,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1698u32,
+        wire: 1997u32,
+        call: 1696u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -120259,8 +120205,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1699u32,
+        wire: 1998u32,
+        call: 1697u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -120293,8 +120239,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1700u32,
+        wire: 1999u32,
+        call: 1698u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -120327,8 +120273,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1701u32,
+        wire: 2000u32,
+        call: 1699u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -120361,8 +120307,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1702u32,
+        wire: 2001u32,
+        call: 1700u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -120397,8 +120343,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1703u32,
+        wire: 2002u32,
+        call: 1701u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -120435,8 +120381,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1704u32,
+        wire: 2003u32,
+        call: 1702u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -120465,8 +120411,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1705u32,
+        wire: 2004u32,
+        call: 1703u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -120495,8 +120441,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1706u32,
+        wire: 2005u32,
+        call: 1704u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -120525,8 +120471,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1707u32,
+        wire: 2006u32,
+        call: 1705u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -120555,8 +120501,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1708u32,
+        wire: 2007u32,
+        call: 1706u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -120585,8 +120531,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1709u32,
+        wire: 2008u32,
+        call: 1707u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -120615,8 +120561,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1710u32,
+        wire: 2009u32,
+        call: 1708u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -120645,8 +120591,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1711u32,
+        wire: 2010u32,
+        call: 1709u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -120681,8 +120627,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1712u32,
+        wire: 2011u32,
+        call: 1710u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -120711,8 +120657,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1713u32,
+        wire: 2012u32,
+        call: 1711u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -120741,8 +120687,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1714u32,
+        wire: 2013u32,
+        call: 1712u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -120771,8 +120717,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1715u32,
+        wire: 2014u32,
+        call: 1713u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -120801,8 +120747,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1716u32,
+        wire: 2015u32,
+        call: 1714u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -120831,8 +120777,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1717u32,
+        wire: 2016u32,
+        call: 1715u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -120879,8 +120825,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1718u32,
+        wire: 2017u32,
+        call: 1716u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -120909,8 +120855,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1719u32,
+        wire: 2018u32,
+        call: 1717u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -120939,8 +120885,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1720u32,
+        wire: 2019u32,
+        call: 1718u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -120969,8 +120915,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1721u32,
+        wire: 2020u32,
+        call: 1719u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -120999,8 +120945,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1722u32,
+        wire: 2021u32,
+        call: 1720u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -121029,8 +120975,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1723u32,
+        wire: 2022u32,
+        call: 1721u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -121063,8 +121009,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1724u32,
+        wire: 2023u32,
+        call: 1722u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -121097,8 +121043,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1725u32,
+        wire: 2024u32,
+        call: 1723u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -121131,8 +121077,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1726u32,
+        wire: 2025u32,
+        call: 1724u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -121165,8 +121111,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1727u32,
+        wire: 2026u32,
+        call: 1725u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -121203,8 +121149,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1728u32,
+        wire: 2027u32,
+        call: 1726u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -121233,8 +121179,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1729u32,
+        wire: 2028u32,
+        call: 1727u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -121267,8 +121213,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1730u32,
+        wire: 2029u32,
+        call: 1728u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -121297,8 +121243,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1731u32,
+        wire: 2030u32,
+        call: 1729u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -121327,8 +121273,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1732u32,
+        wire: 2031u32,
+        call: 1730u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -121361,8 +121307,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1733u32,
+        wire: 2032u32,
+        call: 1731u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -121393,8 +121339,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1734u32,
+        wire: 2033u32,
+        call: 1732u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -121417,8 +121363,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1735u32,
+        wire: 2034u32,
+        call: 1733u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -121441,8 +121387,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1736u32,
+        wire: 2035u32,
+        call: 1734u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -121465,8 +121411,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1737u32,
+        wire: 2036u32,
+        call: 1735u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -121493,8 +121439,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1738u32,
+        wire: 2037u32,
+        call: 1736u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -121525,8 +121471,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1739u32,
+        wire: 2038u32,
+        call: 1737u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -121557,8 +121503,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1740u32,
+        wire: 2039u32,
+        call: 1738u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -121585,8 +121531,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1741u32,
+        wire: 2040u32,
+        call: 1739u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -121617,8 +121563,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1742u32,
+        wire: 2041u32,
+        call: 1740u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -121645,8 +121591,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1743u32,
+        wire: 2042u32,
+        call: 1741u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -121673,8 +121619,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1744u32,
+        wire: 2043u32,
+        call: 1742u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -121701,8 +121647,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1745u32,
+        wire: 2044u32,
+        call: 1743u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -121725,8 +121671,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1746u32,
+        wire: 2045u32,
+        call: 1744u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -121757,8 +121703,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1747u32,
+        wire: 2046u32,
+        call: 1745u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -121785,8 +121731,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1748u32,
+        wire: 2047u32,
+        call: 1746u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -121815,8 +121761,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1749u32,
+        wire: 2048u32,
+        call: 1747u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -121847,8 +121793,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1750u32,
+        wire: 2049u32,
+        call: 1748u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -121875,8 +121821,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1751u32,
+        wire: 2050u32,
+        call: 1749u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -121907,8 +121853,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1752u32,
+        wire: 2051u32,
+        call: 1750u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -121939,8 +121885,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1753u32,
+        wire: 2052u32,
+        call: 1751u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -121967,8 +121913,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1754u32,
+        wire: 2053u32,
+        call: 1752u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -121999,8 +121945,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1755u32,
+        wire: 2054u32,
+        call: 1753u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -122027,8 +121973,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1756u32,
+        wire: 2055u32,
+        call: 1754u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -122055,8 +122001,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1757u32,
+        wire: 2056u32,
+        call: 1755u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -122087,8 +122033,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1758u32,
+        wire: 2057u32,
+        call: 1756u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -122121,8 +122067,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1759u32,
+        wire: 2058u32,
+        call: 1757u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -122149,8 +122095,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1760u32,
+        wire: 2059u32,
+        call: 1758u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -122177,8 +122123,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1761u32,
+        wire: 2060u32,
+        call: 1759u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -122205,8 +122151,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1762u32,
+        wire: 2061u32,
+        call: 1760u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -122239,8 +122185,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1763u32,
+        wire: 2062u32,
+        call: 1761u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -122271,8 +122217,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1764u32,
+        wire: 2063u32,
+        call: 1762u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -122301,8 +122247,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1765u32,
+        wire: 2064u32,
+        call: 1763u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -122329,8 +122275,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1766u32,
+        wire: 2065u32,
+        call: 1764u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -122353,8 +122299,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1767u32,
+        wire: 2066u32,
+        call: 1765u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -122377,8 +122323,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1768u32,
+        wire: 2067u32,
+        call: 1766u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -122401,8 +122347,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1769u32,
+        wire: 2068u32,
+        call: 1767u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -122427,8 +122373,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1770u32,
+        wire: 2069u32,
+        call: 1768u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -122457,8 +122403,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1771u32,
+        wire: 2070u32,
+        call: 1769u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -122489,8 +122435,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1772u32,
+        wire: 2071u32,
+        call: 1770u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -122519,8 +122465,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1773u32,
+        wire: 2072u32,
+        call: 1771u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -122543,8 +122489,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1774u32,
+        wire: 2073u32,
+        call: 1772u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -122567,8 +122513,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1775u32,
+        wire: 2074u32,
+        call: 1773u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -122595,8 +122541,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1776u32,
+        wire: 2075u32,
+        call: 1774u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -122623,8 +122569,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1777u32,
+        wire: 2076u32,
+        call: 1775u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -122655,8 +122601,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1778u32,
+        wire: 2077u32,
+        call: 1776u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -122693,8 +122639,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1779u32,
+        wire: 2078u32,
+        call: 1777u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -122717,8 +122663,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1780u32,
+        wire: 2079u32,
+        call: 1778u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -122749,8 +122695,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1781u32,
+        wire: 2080u32,
+        call: 1779u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -122783,8 +122729,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1782u32,
+        wire: 2081u32,
+        call: 1780u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -122821,8 +122767,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1783u32,
+        wire: 2082u32,
+        call: 1781u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -122851,8 +122797,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1784u32,
+        wire: 2083u32,
+        call: 1782u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -122877,8 +122823,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1785u32,
+        wire: 2084u32,
+        call: 1783u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -122903,8 +122849,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1786u32,
+        wire: 2085u32,
+        call: 1784u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -122929,8 +122875,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1787u32,
+        wire: 2086u32,
+        call: 1785u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -122955,8 +122901,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1788u32,
+        wire: 2087u32,
+        call: 1786u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -122979,8 +122925,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1789u32,
+        wire: 2088u32,
+        call: 1787u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -123003,8 +122949,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1790u32,
+        wire: 2089u32,
+        call: 1788u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -123029,8 +122975,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1791u32,
+        wire: 2090u32,
+        call: 1789u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -123063,8 +123009,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1792u32,
+        wire: 2091u32,
+        call: 1790u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -123091,8 +123037,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1793u32,
+        wire: 2092u32,
+        call: 1791u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -123125,8 +123071,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1794u32,
+        wire: 2093u32,
+        call: 1792u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -123153,8 +123099,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1795u32,
+        wire: 2094u32,
+        call: 1793u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -123177,8 +123123,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1796u32,
+        wire: 2095u32,
+        call: 1794u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -123207,8 +123153,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1797u32,
+        wire: 2096u32,
+        call: 1795u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -123237,8 +123183,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1798u32,
+        wire: 2097u32,
+        call: 1796u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -123267,8 +123213,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1799u32,
+        wire: 2098u32,
+        call: 1797u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -123297,8 +123243,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1800u32,
+        wire: 2099u32,
+        call: 1798u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -123327,8 +123273,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1801u32,
+        wire: 2100u32,
+        call: 1799u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -123357,8 +123303,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1802u32,
+        wire: 2101u32,
+        call: 1800u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -123387,8 +123333,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1803u32,
+        wire: 2102u32,
+        call: 1801u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -123417,8 +123363,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1804u32,
+        wire: 2103u32,
+        call: 1802u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -123445,8 +123391,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1805u32,
+        wire: 2104u32,
+        call: 1803u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -123479,8 +123425,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1806u32,
+        wire: 2105u32,
+        call: 1804u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -123515,8 +123461,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1807u32,
+        wire: 2106u32,
+        call: 1805u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -123545,8 +123491,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1808u32,
+        wire: 2107u32,
+        call: 1806u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -123575,8 +123521,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1809u32,
+        wire: 2108u32,
+        call: 1807u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -123605,8 +123551,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1810u32,
+        wire: 2109u32,
+        call: 1808u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -123635,8 +123581,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1811u32,
+        wire: 2110u32,
+        call: 1809u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -123665,8 +123611,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1812u32,
+        wire: 2111u32,
+        call: 1810u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -123699,8 +123645,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1813u32,
+        wire: 2112u32,
+        call: 1811u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -123729,8 +123675,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1814u32,
+        wire: 2113u32,
+        call: 1812u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -123759,8 +123705,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1815u32,
+        wire: 2114u32,
+        call: 1813u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -123803,8 +123749,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2712u32,
-        call: 2411u32,
+        wire: 2710u32,
+        call: 2409u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -123829,8 +123775,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2713u32,
-        call: 2412u32,
+        wire: 2711u32,
+        call: 2410u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -123855,8 +123801,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2714u32,
-        call: 2413u32,
+        wire: 2712u32,
+        call: 2411u32,
         name: "nvrtcGetSupportedArchs",
         form: Some("call"),
         library: "nvrtc",
@@ -123881,8 +123827,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2715u32,
-        call: 2414u32,
+        wire: 2713u32,
+        call: 2412u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -123905,8 +123851,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2716u32,
-        call: 2415u32,
+        wire: 2714u32,
+        call: 2413u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

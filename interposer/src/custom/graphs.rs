@@ -373,7 +373,8 @@ unsafe fn driver_func(ctx: &Ctx, p: *const c_void) -> KernelFunc {
     if p.is_null() {
         return KernelFunc::Driver { func: 0, kern: 0 };
     }
-    let v2 = ctx.name.contains("_v2") || ctx.name.starts_with("cuGraphAddNode") || ctx.name.contains("NodeSetParams");
+    // CUDA_KERNEL_NODE_PARAMS_v2 (72 bytes) has the kernel at 56; v1 ends at 56.
+    let v2 = ctx.name.ends_with("_v2");
     // SAFETY: per the contract.
     unsafe { KernelFunc::Driver { func: get(p, 0), kern: if v2 { get(p, 56) } else { 0 } } }
 }

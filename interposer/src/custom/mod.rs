@@ -15,6 +15,7 @@ pub mod entry;
 pub mod graphs;
 pub mod handles;
 pub mod kernels;
+pub mod libraries;
 pub mod memory;
 pub mod nvml;
 pub mod nvrtc;
