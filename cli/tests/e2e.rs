@@ -1466,6 +1466,14 @@ int main(void) {
   CHECK(cudaGraphGetNodes(cg, NULL, &n));
   EXPECT(n == 2);
 
+  /* The graph as dot text, written by the client to its path. */
+  CHECK(cudaGraphDebugDotPrint(g, "graph.dot", 0));
+  FILE *dot = fopen("graph.dot", "r");
+  EXPECT(dot != NULL);
+  char head[16] = {0};
+  EXPECT(fread(head, 1, 7, dot) == 7 && strcmp(head, "digraph") == 0);
+  fclose(dot);
+
   CHECK(cudaGraphExecDestroy(x));
   CHECK(cudaGraphDestroy(g));
   CHECK(cudaGraphDestroy(child));
@@ -1480,8 +1488,14 @@ int main(void) {
 fn graphs_built_call_by_call_replay_on_the_emulated_gpu() {
     let server = server();
     let exe = program("runtime-graphs", &format!("{CHECKS}{RUNTIME_GRAPHS}"));
-    let (stdout, stderr) = run_traced(&server, &exe);
-    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    let mut cmd = Command::new(chidori());
+    cmd.current_dir(exe.parent().unwrap());
+    cmd.args(["run", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
+    let dot = std::fs::read_to_string(exe.parent().unwrap().join("graph.dot")).unwrap();
+    assert_eq!(dot.matches(" -> ").count(), 4, "the graph's four edges: {dot}");
 }
 
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current
@@ -1611,6 +1625,21 @@ int main(void) {
   for (int i = 0; i < 64; ++i) EXPECT(bytes[i] == 0x11);
   CHECK(cuGraphExecDestroy(x));
   CHECK(cuGraphDestroy(g));
+
+  /* The linker's state lives on the client; the emulated server has no linker to finish. */
+  CUlinkState link;
+  char info[256], error[256];
+  CUjit_option keys[4] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
+                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void *values[4] = {info, (void *)sizeof info, error, (void *)sizeof error};
+  CHECK(cuLinkCreate(4, keys, values, &link));
+  static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";
+  CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx, sizeof ptx, "empty.ptx", 0, NULL, NULL));
+  void *cubin;
+  size_t cubin_size;
+  EXPECT(cuLinkComplete(link, &cubin, &cubin_size) == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(cuLinkDestroy(link));
+  EXPECT(cuLinkDestroy(link) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(cuCtxDestroy(ctx));
   printf("OK\n");
   return 0;

@@ -2441,6 +2441,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphCreate(
         ) as u32
     }
 }
+///`cudaGraphDebugDotPrint` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphDebugDotPrint(
+    graph: *mut c_void,
+    path: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphDebugDotPrint",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::graph_dot_print(&CTX, graph, path, flags)
+    }
+}
 ///`cudaGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphDestroy(graph: *mut c_void) -> u32 {

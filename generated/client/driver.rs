@@ -1991,6 +1991,30 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphCreate(
         ) as u32
     }
 }
+///`cuGraphDebugDotPrint` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphDebugDotPrint(
+    hGraph: *mut c_void,
+    path: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphDebugDotPrint",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::graph_dot_print(&CTX, hGraph, path, flags)
+    }
+}
 ///`cuGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphDestroy(hGraph: *mut c_void) -> u32 {
@@ -4264,14 +4288,246 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryUnload(library: *mut c_void) 
         crate::custom::libraries::unload(&CTX, library)
     }
 }
-///`cuLinkDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLinkAddData` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkAddData(
+    state: *mut c_void,
+    r#type: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkAddData",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::add_data(
+            &CTX,
+            state,
+            r#type,
+            data,
+            size,
+            name,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuLinkAddData_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkAddData_v2(
+    state: *mut c_void,
+    r#type: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkAddData_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::add_data(
+            &CTX,
+            state,
+            r#type,
+            data,
+            size,
+            name,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuLinkAddFile` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile(
+    state: *mut c_void,
+    r#type: u32,
+    path: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkAddFile",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::add_file(
+            &CTX,
+            state,
+            r#type,
+            path,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuLinkAddFile_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile_v2(
+    state: *mut c_void,
+    r#type: u32,
+    path: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkAddFile_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::add_file(
+            &CTX,
+            state,
+            r#type,
+            path,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuLinkComplete` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkComplete(
+    state: *mut c_void,
+    cubinOut: *mut c_void,
+    sizeOut: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkComplete",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::complete(&CTX, state, cubinOut, sizeOut)
+    }
+}
+///`cuLinkCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkCreate(
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+    stateOut: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkCreate",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::create(&CTX, numOptions, options, optionValues, stateOut)
+    }
+}
+///`cuLinkCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkCreate_v2(
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+    stateOut: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkCreate_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::create(&CTX, numOptions, options, optionValues, stateOut)
+    }
+}
+///`cuLinkDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkDestroy(state: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuLinkDestroy,
-            &[(state) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkDestroy",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::destroy(&CTX, state)
     }
 }
 ///`cuLogsCurrent` for CUDA 13.0, 13.1 (sync).

@@ -436,6 +436,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             )
         }
         "cuGraphCreate" => Some(driver::__chidori_driver_cuGraphCreate as *const c_void),
+        "cuGraphDebugDotPrint" => {
+            Some(driver::__chidori_driver_cuGraphDebugDotPrint as *const c_void)
+        }
         "cuGraphDestroy" => {
             Some(driver::__chidori_driver_cuGraphDestroy as *const c_void)
         }
@@ -813,6 +816,21 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuLibraryUnload" => {
             Some(driver::__chidori_driver_cuLibraryUnload as *const c_void)
+        }
+        "cuLinkAddData" => Some(driver::__chidori_driver_cuLinkAddData as *const c_void),
+        "cuLinkAddData_v2" => {
+            Some(driver::__chidori_driver_cuLinkAddData_v2 as *const c_void)
+        }
+        "cuLinkAddFile" => Some(driver::__chidori_driver_cuLinkAddFile as *const c_void),
+        "cuLinkAddFile_v2" => {
+            Some(driver::__chidori_driver_cuLinkAddFile_v2 as *const c_void)
+        }
+        "cuLinkComplete" => {
+            Some(driver::__chidori_driver_cuLinkComplete as *const c_void)
+        }
+        "cuLinkCreate" => Some(driver::__chidori_driver_cuLinkCreate as *const c_void),
+        "cuLinkCreate_v2" => {
+            Some(driver::__chidori_driver_cuLinkCreate_v2 as *const c_void)
         }
         "cuLinkDestroy" => Some(driver::__chidori_driver_cuLinkDestroy as *const c_void),
         "cuLogsCurrent" => Some(driver::__chidori_driver_cuLogsCurrent as *const c_void),

@@ -194,6 +194,31 @@ pub enum Service {
     /// Make or change a graph node whose parameters only the worker can lay out (a kernel's
     /// packed parameters are in the bulk section); answered by `Node`.
     GraphNode(GraphNode),
+    /// A graph as Graphviz text (cuGraphDebugDotPrint's file, written on the server), with
+    /// cuGraphDebugDotPrint's flags; answered by `Name`.
+    GraphDot { graph: u64, flags: u32 },
+    /// Link inputs with the server's JIT linker (the client keeps cuLink state and sends
+    /// everything a link needs at once); answered by `Linked`.
+    Link(LinkRequest),
+}
+
+/// A JIT link: numeric options (CUjit_option, value) and inputs (CUjitInputType, name,
+/// bytes).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct LinkRequest {
+    pub options: Vec<(u32, u64)>,
+    pub inputs: Vec<(u32, String, Vec<u8>)>,
+}
+
+/// What a JIT link produced: `status` in the driver's codes (of the first failing call), the
+/// linked image, the info and error logs, the wall time in milliseconds.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct LinkResult {
+    pub status: i64,
+    pub image: Vec<u8>,
+    pub info_log: Vec<u8>,
+    pub error_log: Vec<u8>,
+    pub wall_ms: f32,
 }
 
 /// Which node arrays a `GraphList` asks for.
@@ -349,6 +374,7 @@ pub enum ServiceReply {
         message: String,
     },
     Name(String),
+    Linked(LinkResult),
     /// A `GraphList`'s arrays: `edge_data` is empty where every edge has default data;
     /// `capture` holds (status, id, graph) for a capture's frontier.
     Nodes {

@@ -2,7 +2,7 @@
 
 use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{
-    CompileRequest, CompileResult, Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch,
+    CompileRequest, CompileResult, Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LinkRequest, LinkResult,
 };
 
 /// A host function installed on a stream: called when the stream reaches it with the
@@ -78,6 +78,10 @@ pub trait Backend: Send + Sync + 'static {
         layout: &[(u32, u32)],
         host: Option<HostFn>,
     ) -> Result<NodeMade, (i64, String)>;
+    /// A graph (the backend's own handle) as Graphviz text.
+    fn graph_dot(&self, graph: u64, flags: u32) -> Result<String, (i64, String)>;
+    /// Link with the JIT linker. Err: (driver status, message) when there is no linker.
+    fn link(&self, request: &LinkRequest) -> Result<LinkResult, (i64, String)>;
     /// Run a graph-replay loop (`request` with its `exec` and `stream` already the backend's
     /// own handles). `progress(steps, bytes)` receives the output of completed steps, in
     /// order, as the loop goes. Returns what `ServiceReply::Looped` reports.

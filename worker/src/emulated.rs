@@ -741,6 +741,17 @@ impl Backend for Emulated {
         self.list(query)
     }
 
+    fn graph_dot(&self, graph: u64, _flags: u32) -> Result<String, (i64, String)> {
+        self.dot(graph)
+    }
+
+    fn link(
+        &self,
+        _request: &chidori_protocol::messages::LinkRequest,
+    ) -> Result<chidori_protocol::messages::LinkResult, (i64, String)> {
+        Err((NOT_SUPPORTED, "the emulated backend has no JIT linker".into()))
+    }
+
     unsafe fn graph_node(
         &self,
         request: &GraphNode,

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::VARIANTS;
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, NodeParams, NodeTarget};
+use chidori_protocol::messages::{
+    Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LinkRequest, LinkResult, NodeParams, NodeTarget,
+};
 
 use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
 use crate::loader::{self, Library};
@@ -590,6 +592,25 @@ impl Backend for Real {
         self.listed(query)
     }
 
+    fn graph_dot(&self, graph: u64, flags: u32) -> Result<String, (i64, String)> {
+        let f: unsafe extern "C" fn(u64, *const i8, u32) -> i32 = self.driver_fn("cuGraphDebugDotPrint")?;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("chidori-graph-{}-{n}.dot", std::process::id()));
+        let c_path = std::ffi::CString::new(path.to_string_lossy().into_owned())
+            .map_err(|_| (1, "a temporary path with a NUL".to_owned()))?;
+        // SAFETY: a graph of the session and a NUL-terminated path the worker owns.
+        let status = unsafe { f(graph, c_path.as_ptr(), flags) };
+        let text = std::fs::read_to_string(&path);
+        let _ = std::fs::remove_file(&path);
+        rc(status, "cuGraphDebugDotPrint")?;
+        text.map_err(|e| (999, format!("reading the graph's dot file: {e}")))
+    }
+
+    fn link(&self, request: &LinkRequest) -> Result<LinkResult, (i64, String)> {
+        link::run(self, request)
+    }
+
     unsafe fn graph_node(
         &self,
         request: &GraphNode,
@@ -1016,4 +1037,126 @@ unsafe extern "C" fn host_trampoline(ctx: *mut c_void) {
 unsafe extern "C" fn stream_callback(_stream: u64, status: u32, ctx: *mut c_void) {
     // SAFETY: as host_trampoline.
     unsafe { run_host(ctx, i64::from(status)) }
+}
+
+/// The JIT linker: the client's numeric options with the worker's own log buffers, each input
+/// added from the request, the linked image copied out before the state is destroyed.
+mod link {
+    use std::ffi::c_void;
+
+    use chidori_cuda::consts::CUjit_option_enum as jit;
+    use chidori_protocol::messages::{LinkRequest, LinkResult};
+
+    use super::Real;
+
+    /// Options whose values are numbers (never pointers the worker would follow).
+    const NUMERIC: &[u32] = &[
+        jit::CU_JIT_MAX_REGISTERS,
+        jit::CU_JIT_THREADS_PER_BLOCK,
+        jit::CU_JIT_OPTIMIZATION_LEVEL,
+        jit::CU_JIT_TARGET_FROM_CUCONTEXT,
+        jit::CU_JIT_TARGET,
+        jit::CU_JIT_FALLBACK_STRATEGY,
+        jit::CU_JIT_GENERATE_DEBUG_INFO,
+        jit::CU_JIT_LOG_VERBOSE,
+        jit::CU_JIT_GENERATE_LINE_INFO,
+        jit::CU_JIT_CACHE_MODE,
+        jit::CU_JIT_FAST_COMPILE,
+        jit::CU_JIT_LTO,
+        jit::CU_JIT_FTZ,
+        jit::CU_JIT_PREC_DIV,
+        jit::CU_JIT_PREC_SQRT,
+        jit::CU_JIT_FMA,
+        jit::CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES,
+        jit::CU_JIT_POSITION_INDEPENDENT_CODE,
+        jit::CU_JIT_MIN_CTA_PER_SM,
+        jit::CU_JIT_MAX_THREADS_PER_BLOCK,
+        jit::CU_JIT_OVERRIDE_DIRECTIVE_VALUES,
+        jit::CU_JIT_SPLIT_COMPILE,
+        jit::CU_JIT_BINARY_LOADER_THREAD_COUNT,
+    ];
+
+    /// Bytes of each log the worker collects.
+    const LOG: usize = 1 << 16;
+
+    type Create = unsafe extern "C" fn(u32, *mut u32, *mut *mut c_void, *mut u64) -> i32;
+    type AddData =
+        unsafe extern "C" fn(u64, u32, *mut c_void, usize, *const i8, u32, *mut u32, *mut *mut c_void) -> i32;
+    type Complete = unsafe extern "C" fn(u64, *mut *mut c_void, *mut usize) -> i32;
+    type Destroy = unsafe extern "C" fn(u64) -> i32;
+
+    fn text(log: &[u8]) -> Vec<u8> {
+        log[..log.iter().position(|b| *b == 0).unwrap_or(log.len())].to_vec()
+    }
+
+    pub fn run(real: &Real, request: &LinkRequest) -> Result<LinkResult, (i64, String)> {
+        let create: Create = real.driver_fn("cuLinkCreate_v2")?;
+        let add: AddData = real.driver_fn("cuLinkAddData_v2")?;
+        let complete: Complete = real.driver_fn("cuLinkComplete")?;
+        let destroy: Destroy = real.driver_fn("cuLinkDestroy")?;
+        let mut info = vec![0u8; LOG];
+        let mut error = vec![0u8; LOG];
+        let mut keys = Vec::new();
+        let mut values: Vec<*mut c_void> = Vec::new();
+        for (key, value) in request.options.iter().filter(|(k, _)| NUMERIC.contains(k)) {
+            keys.push(*key);
+            values.push(*value as usize as *mut c_void);
+        }
+        let wall_slot = keys.len();
+        for (key, value) in [
+            (jit::CU_JIT_WALL_TIME, std::ptr::null_mut()),
+            (jit::CU_JIT_INFO_LOG_BUFFER, info.as_mut_ptr().cast()),
+            (jit::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, LOG as *mut c_void),
+            (jit::CU_JIT_ERROR_LOG_BUFFER, error.as_mut_ptr().cast()),
+            (jit::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, LOG as *mut c_void),
+        ] {
+            keys.push(key);
+            values.push(value);
+        }
+        let mut result = LinkResult::default();
+        let mut state = 0u64;
+        // SAFETY: option arrays of keys.len() elements whose buffers outlive the state.
+        let status = unsafe { create(keys.len() as u32, keys.as_mut_ptr(), values.as_mut_ptr(), &mut state) };
+        if status != 0 {
+            result.status = i64::from(status);
+            return Ok(result);
+        }
+        for (kind, name, data) in &request.inputs {
+            let name = std::ffi::CString::new(name.as_str()).unwrap_or_default();
+            let mut bytes = data.clone();
+            // SAFETY: the input's bytes, copied by the linker; no per-input options.
+            let status = unsafe {
+                add(
+                    state,
+                    *kind,
+                    bytes.as_mut_ptr().cast(),
+                    bytes.len(),
+                    name.as_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if status != 0 {
+                result.status = i64::from(status);
+                break;
+            }
+        }
+        if result.status == 0 {
+            let (mut image, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+            // SAFETY: out-values; the image is the linker's until the state is destroyed.
+            let status = unsafe { complete(state, &mut image, &mut size) };
+            result.status = i64::from(status);
+            if status == 0 && !image.is_null() {
+                // SAFETY: as above: `size` bytes at `image`.
+                result.image = unsafe { std::slice::from_raw_parts(image as *const u8, size) }.to_vec();
+            }
+        }
+        result.wall_ms = f32::from_bits(values[wall_slot] as usize as u32);
+        // SAFETY: the state made above.
+        unsafe { destroy(state) };
+        result.info_log = text(&info);
+        result.error_log = text(&error);
+        Ok(result)
+    }
 }

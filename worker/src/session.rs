@@ -927,6 +927,18 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             }
         }
         Service::GraphList(query) => graph_list(session, query),
+        Service::GraphDot { graph, flags } => {
+            let real = live(&lock(&session.handles), chidori_cuda::handles::kind::CUgraph_st, graph);
+            match real.map(|g| session.backend.graph_dot(g, flags)) {
+                Some(Ok(dot)) => ServiceReply::Name(dot),
+                Some(Err((status, message))) => ServiceReply::Error { status, message },
+                None => foreign("graph", graph),
+            }
+        }
+        Service::Link(request) => match session.backend.link(&request) {
+            Ok(result) => ServiceReply::Linked(result),
+            Err((status, message)) => ServiceReply::Error { status, message },
+        },
         Service::GraphNode(request) => graph_node(session, frame, request),
         Service::FunctionParams { function } => match layout_of(session, function) {
             Some(l) => ServiceReply::Params { params: l.to_vec() },

@@ -151,7 +151,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -179,7 +179,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -243,12 +243,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -269,12 +269,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -289,7 +289,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -298,7 +298,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 48u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -317,7 +317,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -468,7 +468,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -496,7 +496,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -545,7 +545,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -575,12 +575,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -601,12 +601,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -621,7 +621,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -630,7 +630,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 48u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -649,7 +649,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -800,7 +800,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -828,7 +828,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -877,7 +877,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -907,12 +907,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -933,12 +933,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -953,7 +953,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -962,7 +962,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 48u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -981,7 +981,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -1132,7 +1132,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1160,7 +1160,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1209,7 +1209,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -1239,12 +1239,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -1265,12 +1265,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -1285,7 +1285,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1294,7 +1294,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 48u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1313,7 +1313,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -1464,7 +1464,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1492,7 +1492,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1541,7 +1541,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -1571,12 +1571,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -1597,12 +1597,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -1617,7 +1617,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1626,7 +1626,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 48u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1645,7 +1645,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -1796,7 +1796,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1824,7 +1824,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 19u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1873,7 +1873,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 21u16,
                     when: None,
                 },
             ],
@@ -1903,12 +1903,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -1929,12 +1929,12 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: None,
                 },
             ],
@@ -1949,7 +1949,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 44u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1958,7 +1958,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 48u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,

@@ -342,6 +342,30 @@ int main() {
   CU_CHECK(cuMemcpyDtoH(&replays, d_counter, sizeof replays));
   printf("replays          %llu\n", replays);
 
+  // The JIT linker: the PTX linked into a cubin, loaded, and its bump kernel launched once.
+  char info_log[4096] = {0}, error_log[4096] = {0};
+  CUjit_option keys[4] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
+                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[4] = {info_log, reinterpret_cast<void*>(sizeof info_log), error_log,
+                     reinterpret_cast<void*>(sizeof error_log)};
+  CUlinkState link;
+  CU_CHECK(cuLinkCreate(4, keys, values, &link));
+  CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, const_cast<char*>(kPtx), sizeof kPtx, "kernels.ptx", 0, nullptr,
+                         nullptr));
+  void* cubin = nullptr;
+  size_t cubin_size = 0;
+  CU_CHECK(cuLinkComplete(link, &cubin, &cubin_size));
+  EXPECT(cubin != nullptr && cubin_size > 0 && memcmp(cubin, "\x7f" "ELF", 4) == 0);
+  CUmodule linked;
+  CU_CHECK(cuModuleLoadData(&linked, cubin));
+  CU_CHECK(cuLinkDestroy(link));
+  CUfunction linked_bump;
+  CU_CHECK(cuModuleGetFunction(&linked_bump, linked, "bump_u64"));
+  CU_CHECK(cuLaunchKernel(linked_bump, 1, 1, 1, 1, 1, 1, 0, stream, bump_args, nullptr));
+  CU_CHECK(cuStreamSynchronize(stream));
+  CU_CHECK(cuMemcpyDtoH(&replays, d_counter, sizeof replays));
+  printf("after linked     %llu\n", replays);
+
   // A tiled tensor map over a 64 x 32 float tensor: 1 stride for rank 2.
   CUtensorMap map;
   cuuint64_t dims[2] = {64, 32};

@@ -16,6 +16,7 @@ pub mod graphs;
 pub mod handles;
 pub mod kernels;
 pub mod libraries;
+pub mod link;
 pub mod memory;
 pub mod nvml;
 pub mod nvrtc;

@@ -878,6 +878,25 @@ impl Emulated {
         Ok(out)
     }
 
+    /// A graph as Graphviz text: its nodes by type, its edges.
+    pub(super) fn dot(&self, graph: u64) -> Result<String, (i64, String)> {
+        let s = self.state();
+        let g = &s.graphs;
+        let missing = || (INVALID_VALUE as i64, "no such graph".to_owned());
+        let nodes = g.nodes_of(graph).ok_or_else(missing)?;
+        let (from, to) = g.edges_of(graph).ok_or_else(missing)?;
+        let mut out = format!("digraph dot {{\nsubgraph cluster_{graph:x} {{\n");
+        for n in &nodes {
+            let kind = g.node(*n).map_or(0, |node| node.kind);
+            out.push_str(&format!("\"node_{n:x}\" [label=\"type {kind}\"];\n"));
+        }
+        for (f, t) in from.iter().zip(&to) {
+            out.push_str(&format!("\"node_{f:x}\" -> \"node_{t:x}\";\n"));
+        }
+        out.push_str("}\n}\n");
+        Ok(out)
+    }
+
     pub(super) fn node(&self, request: &GraphNode, host: Option<HostFn>) -> Result<NodeMade, (i64, String)> {
         let unsupported = |what: &str| (NOT_SUPPORTED, format!("the emulated backend has no {what}"));
         let (k, op, address) = match &request.params {
