@@ -474,6 +474,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu130(
         ) as u32
     }
 }
+///`cudaCreateTextureObject_v2` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject_v2(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateTextureObject_v2,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaCtxResetPersistingL2Cache` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaCtxResetPersistingL2Cache() -> u32 {
@@ -529,6 +549,48 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDestroyTextureObject(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaDestroyTextureObject,
             &[(texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaDevResourceGenerateDesc` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDevResourceGenerateDesc(
+    phDesc: *mut c_void,
+    resources: *mut c_void,
+    nbResources: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDevResourceGenerateDesc,
+            &[
+                (phDesc) as usize as u64,
+                (resources) as usize as u64,
+                (nbResources) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaDevSmResourceSplit` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDevSmResourceSplit(
+    result: *mut c_void,
+    nbGroups: u32,
+    input: *mut c_void,
+    remainder: *mut c_void,
+    flags: u32,
+    groupParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDevSmResourceSplit,
+            &[
+                (result) as usize as u64,
+                (nbGroups) as u64,
+                (input) as usize as u64,
+                (remainder) as usize as u64,
+                (flags) as u64,
+                (groupParams) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -632,6 +694,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetDefaultMemPool(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaDeviceGetDefaultMemPool,
             &[(memPool) as usize as u64, (device) as i64 as u64],
+        ) as u32
+    }
+}
+///`cudaDeviceGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetDevResource(
+    device: i32,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetDevResource,
+            &[(device) as i64 as u64, (resource) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
@@ -1060,6 +1136,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxDestroy(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaExecutionCtxDestroy,
             &[(ctx) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaExecutionCtxGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxGetDevResource(
+    ctx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaExecutionCtxGetDevResource,
+            &[(ctx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
@@ -1834,6 +1924,19 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc__cu121
         ) as u32
     }
 }
+///`cudaGetTextureObjectTextureDesc_v2` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc_v2(
+    pTexDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectTextureDesc_v2,
+            &[(pTexDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
 ///`cudaGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddChildGraphNode(
@@ -1888,6 +1991,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies__cu130(
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaGraphAddDependencies__cu130,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddDependencies_v2` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies_v2(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddDependencies_v2,
             &[
                 (graph) as usize as u64,
                 (from) as usize as u64,
@@ -2339,6 +2464,41 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu130(
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGraphAddNode",
             version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_node_6(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            dependencyData,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cudaGraphAddNode_v2` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode_v2(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddNode_v2",
+            version: "12.8",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -2962,6 +3122,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu130(
         crate::custom::graphs::get_edges_5(&CTX, graph, from, to, edgeData, numEdges)
     }
 }
+///`cudaGraphGetEdges_v2` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges_v2(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numEdges: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetEdges_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_edges_5(&CTX, graph, from, to, edgeData, numEdges)
+    }
+}
 ///`cudaGraphGetId` for CUDA 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetId(
@@ -3067,6 +3253,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeSetParams(
             },
         };
         crate::custom::graphs::host_node_set_params(&CTX, node, pNodeParams)
+    }
+}
+///`cudaGraphInstantiate` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiate__cu118(
+    pGraphExec: *mut c_void,
+    graph: *mut c_void,
+    pErrorNode: *mut c_void,
+    pLogBuffer: *mut c_void,
+    bufferSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphInstantiate__cu118,
+            &[
+                (pGraphExec) as usize as u64,
+                (graph) as usize as u64,
+                (pErrorNode) as usize as u64,
+                (pLogBuffer) as usize as u64,
+                (bufferSize) as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudaGraphInstantiate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3673,6 +3881,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu130(
         )
     }
 }
+///`cudaGraphNodeGetDependencies_v2` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies_v2(
+    node: *mut c_void,
+    pDependencies: *mut c_void,
+    edgeData: *mut c_void,
+    pNumDependencies: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependencies_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependencies_4(
+            &CTX,
+            node,
+            pDependencies,
+            edgeData,
+            pNumDependencies,
+        )
+    }
+}
 ///`cudaGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu118(
@@ -3714,6 +3953,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu130(
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGraphNodeGetDependentNodes",
             version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependent_nodes_4(
+            &CTX,
+            node,
+            pDependentNodes,
+            edgeData,
+            pNumDependentNodes,
+        )
+    }
+}
+///`cudaGraphNodeGetDependentNodes_v2` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes_v2(
+    node: *mut c_void,
+    pDependentNodes: *mut c_void,
+    edgeData: *mut c_void,
+    pNumDependentNodes: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependentNodes_v2",
+            version: "12.8",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -3873,6 +4143,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies__cu130(
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaGraphRemoveDependencies__cu130,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphRemoveDependencies_v2` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies_v2(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphRemoveDependencies_v2,
             &[
                 (graph) as usize as u64,
                 (from) as usize as u64,
@@ -4793,6 +5085,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise__cu130(
         ) as u32
     }
 }
+///`cudaMemAdvise_v2` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise_v2(
+    devPtr: *mut c_void,
+    count: usize,
+    advice: u32,
+    location: chidori_cuda::types::cudaMemLocation,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemAdvise_v2,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (advice) as u64,
+                &(location) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaMemDiscardAndPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync(
@@ -5119,6 +5431,50 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu130(
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_ptsz__cu130,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_v2` for CUDA 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_v2(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_v2,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_v2_ptsz` for CUDA 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_v2_ptsz(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_v2_ptsz,
             &[
                 (devPtr) as usize as u64,
                 (count) as u64,
@@ -7837,6 +8193,178 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu130(
         )
     }
 }
+///`cudaStreamGetCaptureInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v2(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v2(
+            &CTX,
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetCaptureInfo_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v2_ptsz(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_v2_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v2(
+            &CTX,
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetCaptureInfo_v3` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v3(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_v3",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v3(
+            &CTX,
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetCaptureInfo_v3_ptsz` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v3_ptsz(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_v3_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v3(
+            &CTX,
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevResource(
+    hStream: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetDevResource,
+            &[(hStream) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetDevResource_ptsz` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevResource_ptsz(
+    hStream: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetDevResource_ptsz,
+            &[(hStream) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cudaStreamGetDevice` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevice(
@@ -8247,6 +8775,50 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_pt
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies_ptsz__cu130,
+            &[
+                (stream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaStreamUpdateCaptureDependencies_v2` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_v2(
+    stream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies_v2,
+            &[
+                (stream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaStreamUpdateCaptureDependencies_v2_ptsz` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_v2_ptsz(
+    stream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies_v2_ptsz,
             &[
                 (stream) as usize as u64,
                 (dependencies) as usize as u64,

@@ -657,6 +657,30 @@ pub unsafe extern "C" fn __chidori_driver_cuDevResourceGenerateDesc__cu131(
         ) as u32
     }
 }
+///`cuDevSmResourceSplit` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplit(
+    result: *mut c_void,
+    nbGroups: u32,
+    input: *mut c_void,
+    remainder: *mut c_void,
+    flags: u32,
+    groupParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevSmResourceSplit,
+            &[
+                (result) as usize as u64,
+                (nbGroups) as u64,
+                (input) as usize as u64,
+                (remainder) as usize as u64,
+                (flags) as u64,
+                (groupParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuDeviceCanAccessPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceCanAccessPeer(
@@ -9116,6 +9140,34 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx_v2_ptsz(
                 (pCtx) as usize as u64,
                 (pGreenCtx) as usize as u64,
             ],
+        ) as u32
+    }
+}
+///`cuStreamGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevResource(
+    hStream: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetDevResource,
+            &[(hStream) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetDevResource_ptsz` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevResource_ptsz(
+    hStream: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetDevResource_ptsz,
+            &[(hStream) as usize as u64, (resource) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }

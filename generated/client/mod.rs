@@ -179,6 +179,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
+        "cuDevSmResourceSplit" => {
+            Some(driver::__chidori_driver_cuDevSmResourceSplit as *const c_void)
+        }
         "cuDeviceCanAccessPeer" => {
             Some(driver::__chidori_driver_cuDeviceCanAccessPeer as *const c_void)
         }
@@ -1510,6 +1513,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuStreamGetCtx_v2_ptsz" => {
             Some(driver::__chidori_driver_cuStreamGetCtx_v2_ptsz as *const c_void)
+        }
+        "cuStreamGetDevResource" => {
+            Some(driver::__chidori_driver_cuStreamGetDevResource as *const c_void)
+        }
+        "cuStreamGetDevResource_ptsz" => {
+            Some(driver::__chidori_driver_cuStreamGetDevResource_ptsz as *const c_void)
         }
         "cuStreamGetDevice" => {
             Some(driver::__chidori_driver_cuStreamGetDevice as *const c_void)

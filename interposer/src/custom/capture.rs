@@ -219,7 +219,8 @@ fn frontier(stream: u64, out: [*mut c_void; 6], no_device: u32) -> Result<u32, u
     Ok(SUCCESS)
 }
 
-/// cuStreamGetCaptureInfo_v2 (no edge data) and its `_ptsz` form.
+/// cuStreamGetCaptureInfo_v2, cudaStreamGetCaptureInfo_v2 (no edge data) and their `_ptsz`
+/// forms.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn cu_capture_info_v2(
     ctx: &Ctx,
@@ -234,7 +235,8 @@ pub unsafe fn cu_capture_info_v2(
     unsafe { cu_capture_info_v3(ctx, stream, status, id, graph, deps, std::ptr::null_mut(), count) }
 }
 
-/// cuStreamGetCaptureInfo_v3 and its `_ptsz` form: answered locally while nothing captures.
+/// cuStreamGetCaptureInfo_v3, cudaStreamGetCaptureInfo_v3 (12.x) and their `_ptsz` forms:
+/// answered locally while nothing captures.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn cu_capture_info_v3(
     ctx: &Ctx,
@@ -246,8 +248,9 @@ pub unsafe fn cu_capture_info_v3(
     edges: *mut c_void,
     count: *mut c_void,
 ) -> u32 {
-    let no_device = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE;
-    guarded(base_name(ctx), false, || {
+    let runtime = ctx.library == "cudart";
+    let no_device = if runtime { NO_DEVICE } else { chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE };
+    guarded(base_name(ctx), runtime, || {
         if status.is_null() {
             return Err(INVALID_VALUE);
         }

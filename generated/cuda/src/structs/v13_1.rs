@@ -1002,6 +1002,43 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CU_DEV_SM_RESOURCE_GROUP_PARAMS_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "smCount",
+                offset: 0u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "coscheduledSmCount",
+                offset: 4u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "preferredCoscheduledSmCount",
+                offset: 8u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "flags",
+                offset: 12u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "reserved",
+                offset: 16u32,
+                size: 48u32,
+                ty: "[u32; 12]",
+            },
+        ],
+    },
+    StructMap {
         name: "CUarrayMapInfo_st",
         size: 96u32,
         union: false,
@@ -2610,6 +2647,68 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 24u32,
                 size: 8u32,
                 ty: "cudaExecutionContext_t",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaDevResource_st",
+        size: 144u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "type",
+                offset: 0u32,
+                size: 4u32,
+                ty: "cudaDevResourceType",
+            },
+            FieldMap {
+                name: "_internal_padding",
+                offset: 4u32,
+                size: 92u32,
+                ty: "[u8; 92]",
+            },
+            FieldMap {
+                name: "nextResource",
+                offset: 136u32,
+                size: 8u32,
+                ty: "*mut cudaDevResource_st",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaDevSmResourceGroupParams_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "smCount",
+                offset: 0u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "coscheduledSmCount",
+                offset: 4u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "preferredCoscheduledSmCount",
+                offset: 8u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "flags",
+                offset: 12u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "reserved",
+                offset: 16u32,
+                size: 48u32,
+                ty: "[u32; 12]",
             },
         ],
     },
