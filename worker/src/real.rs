@@ -781,9 +781,11 @@ impl Backend for Real {
         let ctx = Box::into_raw(Box::new(HostCtx { keep, host })) as *mut c_void;
         let base = desc.name.trim_end_matches("_ptsz");
         let status = match base {
-            "cudaStreamAddCallback" => {
-                let f = self.cudart.symbol(desc.name).ok_or("no cudaStreamAddCallback")?;
-                // SAFETY: the documented signature; the trampoline owns `ctx` from here on.
+            "cudaStreamAddCallback" | "cuStreamAddCallback" => {
+                let lib = if desc.library == "driver" { &self.driver } else { &self.cudart };
+                let f = lib.symbol(desc.name).ok_or_else(|| format!("no {}", desc.name))?;
+                // SAFETY: the documented signature, the runtime's and the driver's alike; the
+                // trampoline owns `ctx` from here on.
                 let f: unsafe extern "C" fn(u64, unsafe extern "C" fn(u64, u32, *mut c_void), *mut c_void, u32) -> u32 =
                     unsafe { std::mem::transmute(f) };
                 unsafe { f(stream, stream_callback, ctx, 0) }
