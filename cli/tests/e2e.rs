@@ -1205,8 +1205,8 @@ for _ in range(4):
     assert wait_for_gpu() == 0
 assert held() == 0
 import chidori
-sites = chidori.waits()
-assert sites[0]["where"].endswith("waits.py:6") and sites[0]["round_trips"] == 4, sites
+sites = {s["where"].rsplit("/", 1)[-1]: s for s in chidori.waits()}
+assert sites["waits.py:6"]["round_trips"] == 4 and sites["waits.py:10"]["in"] == "held", sites
 print("OK")
 "#;
 
@@ -1234,4 +1234,548 @@ fn the_trace_names_the_python_lines_that_waited() {
     // Interpreter held: placed at once.
     let held = rows.iter().find(|(_, l)| l.contains("waits.py:10 in held")).unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!(held.0, 1, "{stderr}");
+}
+
+/// Checks shared by the API programs below: a failing call names itself and exits non-zero.
+const CHECKS: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#define CHECK(x) do { int e_ = (int)(x); if (e_ != 0) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e_); return 1; } } while (0)
+#define EXPECT(c) do { if (!(c)) { printf("FAIL line %d: %s\n", __LINE__, #c); return 1; } } while (0)
+"#;
+
+/// Arrays, 3D memory, texture objects, memory pools, stream attributes, peer and batch
+/// copies on the emulated backend: records that hold handles are checked by the worker,
+/// allocations enter the interval map, host sides of 3D copies move through staging
+/// buffers, and what the client answers costs no round trip.
+const RUNTIME_MEMORY: &str = r#"
+#include <cuda_runtime_api.h>
+/* cuda_profiler_api.h is not in the runtime wheels. */
+extern cudaError_t cudaProfilerStart(void);
+extern cudaError_t cudaProfilerStop(void);
+int main(void) {
+  struct cudaChannelFormatDesc f32 = cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
+  EXPECT(f32.x == 32 && f32.y == 0 && f32.f == cudaChannelFormatKindFloat);
+  CHECK(cudaProfilerStart());
+  CHECK(cudaProfilerStop());
+
+  /* A 2D array: rows in and out, part of a row by offsets, and device memory. */
+  cudaArray_t arr;
+  CHECK(cudaMallocArray(&arr, &f32, 16, 8, 0));
+  float host[8][16], back[8][16], part[4];
+  for (int i = 0; i < 8; ++i) for (int j = 0; j < 16; ++j) host[i][j] = (float)(i * 16 + j);
+  CHECK(cudaMemcpy2DToArray(arr, 0, 0, host, sizeof host[0], 16 * 4, 8, cudaMemcpyHostToDevice));
+  memset(back, 0, sizeof back);
+  CHECK(cudaMemcpy2DFromArray(back, sizeof back[0], arr, 0, 0, 16 * 4, 8, cudaMemcpyDeviceToHost));
+  EXPECT(memcmp(host, back, sizeof host) == 0);
+  CHECK(cudaMemcpy2DFromArray(part, 16, arr, 3 * 4, 2, 16, 1, cudaMemcpyDeviceToHost));
+  EXPECT(part[0] == 2 * 16 + 3 && part[3] == 2 * 16 + 6);
+  struct cudaChannelFormatDesc got; struct cudaExtent ext; unsigned flags = 7;
+  CHECK(cudaArrayGetInfo(&got, &ext, &flags, arr));
+  EXPECT(got.x == 32 && ext.width == 16 && ext.height == 8 && flags == 0);
+  float *dev;
+  CHECK(cudaMalloc((void **)&dev, sizeof host));
+  CHECK(cudaMemcpy2DFromArray(dev, 64, arr, 0, 0, 64, 8, cudaMemcpyDeviceToDevice));
+  memset(back, 0, sizeof back);
+  CHECK(cudaMemcpy(back, dev, sizeof host, cudaMemcpyDefault));
+  EXPECT(memcmp(host, back, sizeof host) == 0);
+  CHECK(cudaMemcpyToArray(arr, 0, 1, part, sizeof part, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpyFromArray(back, arr, 0, 1, sizeof part, cudaMemcpyDeviceToHost));
+  EXPECT(back[0][0] == part[0] && back[0][3] == part[3]);
+
+  /* A texture object over the array: the worker checks the array handle inside the
+     resource descriptor, which comes back as it went. */
+  struct cudaResourceDesc res, res2;
+  memset(&res, 0, sizeof res);
+  res.resType = cudaResourceTypeArray;
+  res.res.array.array = arr;
+  struct cudaTextureDesc tex;
+  memset(&tex, 0, sizeof tex);
+  tex.filterMode = cudaFilterModePoint;
+  cudaTextureObject_t t;
+  CHECK(cudaCreateTextureObject(&t, &res, &tex, NULL));
+  CHECK(cudaGetTextureObjectResourceDesc(&res2, t));
+  EXPECT(res2.resType == cudaResourceTypeArray && res2.res.array.array == arr);
+  CHECK(cudaDestroyTextureObject(t));
+  res.res.array.array = (cudaArray_t)0x1234;
+  EXPECT(cudaCreateTextureObject(&t, &res, &tex, NULL) == cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  /* Linear memory needs no handle. */
+  memset(&res, 0, sizeof res);
+  res.resType = cudaResourceTypeLinear;
+  res.res.linear.devPtr = dev;
+  res.res.linear.desc = f32;
+  res.res.linear.sizeInBytes = sizeof host;
+  CHECK(cudaCreateTextureObject(&t, &res, &tex, NULL));
+  CHECK(cudaDestroyTextureObject(t));
+
+  /* 3D memory: a pitched allocation (in the interval map), a memset, and boxes between
+     host memory and the allocation through staging buffers. */
+  struct cudaExtent e3 = {10, 4, 3};
+  struct cudaPitchedPtr pp;
+  CHECK(cudaMalloc3D(&pp, e3));
+  EXPECT(pp.pitch >= 10 && pp.xsize == 10 && pp.ysize == 4);
+  struct cudaPointerAttributes pa;
+  CHECK(cudaPointerGetAttributes(&pa, (char *)pp.ptr + pp.pitch));
+  EXPECT(pa.type == cudaMemoryTypeDevice);
+  CHECK(cudaMemset3D(pp, 7, e3));
+  unsigned char box[3][4][10], box2[3][4][10];
+  struct cudaMemcpy3DParms p;
+  memset(&p, 0, sizeof p);
+  p.srcPtr = pp;
+  p.dstPtr.ptr = box; p.dstPtr.pitch = 10; p.dstPtr.xsize = 10; p.dstPtr.ysize = 4;
+  p.extent = e3;
+  p.kind = cudaMemcpyDeviceToHost;
+  CHECK(cudaMemcpy3D(&p));
+  for (int i = 0; i < 120; ++i) EXPECT(((unsigned char *)box)[i] == 7);
+  for (int i = 0; i < 120; ++i) ((unsigned char *)box)[i] = (unsigned char)i;
+  /* Host (1..6, 1..3, 0..2) -> device at (2, 0, 1), extent 5 x 2 x 2. */
+  memset(&p, 0, sizeof p);
+  p.srcPtr.ptr = box; p.srcPtr.pitch = 10; p.srcPtr.xsize = 10; p.srcPtr.ysize = 4;
+  p.srcPos.x = 1; p.srcPos.y = 1;
+  p.dstPtr = pp;
+  p.dstPos.x = 2; p.dstPos.z = 1;
+  p.extent.width = 5; p.extent.height = 2; p.extent.depth = 2;
+  p.kind = cudaMemcpyDefault;
+  CHECK(cudaMemcpy3D(&p));
+  memset(&p, 0, sizeof p);
+  p.srcPtr = pp;
+  p.dstPtr.ptr = box2; p.dstPtr.pitch = 10; p.dstPtr.xsize = 10; p.dstPtr.ysize = 4;
+  p.extent = e3;
+  p.kind = cudaMemcpyDefault;
+  CHECK(cudaMemcpy3D(&p));
+  for (int z = 0; z < 3; ++z) for (int y = 0; y < 4; ++y) for (int x = 0; x < 10; ++x) {
+    int inside = z >= 1 && y < 2 && x >= 2 && x < 7;
+    unsigned char want = inside ? box[z - 1][y + 1][x - 1] : 7;
+    EXPECT(box2[z][y][x] == want);
+  }
+
+  /* A 3D array: device memory in (checked array handle), host memory out (staging, with
+     the array's element size asked of the server). */
+  struct cudaChannelFormatDesc u8 = cudaCreateChannelDesc(8, 0, 0, 0, cudaChannelFormatKindUnsigned);
+  cudaArray_t a3;
+  struct cudaExtent ae = {10, 4, 3};
+  CHECK(cudaMalloc3DArray(&a3, &u8, ae, 0));
+  memset(&p, 0, sizeof p);
+  p.srcPtr = pp; p.dstArray = a3; p.extent = ae; p.kind = cudaMemcpyDeviceToDevice;
+  CHECK(cudaMemcpy3D(&p));
+  memset(box, 0, sizeof box);
+  memset(&p, 0, sizeof p);
+  p.srcArray = a3;
+  p.dstPtr.ptr = box; p.dstPtr.pitch = 10; p.dstPtr.xsize = 10; p.dstPtr.ysize = 4;
+  p.extent = ae; p.kind = cudaMemcpyDeviceToHost;
+  CHECK(cudaMemcpy3D(&p));
+  EXPECT(memcmp(box, box2, sizeof box) == 0);
+  CHECK(cudaFreeArray(a3));
+
+  /* Memory pools: allocations enter the interval map; attributes; a pool with shareable
+     handles (CUDA IPC) is refused by the worker. */
+  cudaMemPool_t pool;
+  struct cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  CHECK(cudaMemPoolCreate(&pool, &props));
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void *pm;
+  CHECK(cudaMallocFromPoolAsync(&pm, 1000, pool, s));
+  CHECK(cudaPointerGetAttributes(&pa, (char *)pm + 999));
+  EXPECT(pa.type == cudaMemoryTypeDevice);
+  unsigned long long used = 0, threshold = 1 << 20, read = 0;
+  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  EXPECT(used == 1000);
+  CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &read));
+  EXPECT(read == threshold);
+  CHECK(cudaMemcpyAsync(pm, host, 256, cudaMemcpyDefault, s));
+  memset(back, 0, sizeof back);
+  CHECK(cudaMemcpyAsync(back, pm, 256, cudaMemcpyDefault, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(memcmp(host, back, 256) == 0);
+  CHECK(cudaFreeAsync(pm, s));
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemPoolTrimTo(pool, 0));
+  CHECK(cudaMemPoolDestroy(pool));
+  props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+  EXPECT(cudaMemPoolCreate(&pool, &props) == cudaErrorInvalidValue);
+  cudaGetLastError();
+
+  /* Stream attributes: a priority goes and comes back; an attribute whose value holds an
+     event is refused by the worker. */
+  cudaLaunchAttributeValue v, w;
+  memset(&v, 0, sizeof v);
+  v.priority = -1;
+  CHECK(cudaStreamSetAttribute(s, cudaLaunchAttributePriority, &v));
+  CHECK(cudaStreamGetAttribute(s, cudaLaunchAttributePriority, &w));
+  EXPECT(w.priority == -1);
+  EXPECT(cudaStreamSetAttribute(s, cudaLaunchAttributeProgrammaticEvent, &v) == cudaErrorInvalidValue);
+  cudaGetLastError();
+
+  /* A peer copy inside the one device, and a batch of copies in stream order. */
+  float *dev2;
+  CHECK(cudaMalloc((void **)&dev2, sizeof host));
+  CHECK(cudaMemcpyPeer(dev2, 0, dev, 0, sizeof host));
+  void *dsts[2] = {dev, back};
+  const void *srcs[2] = {part, dev2};
+  size_t sizes[2] = {sizeof part, sizeof host};
+  struct cudaMemcpyAttributes attrs;
+  memset(&attrs, 0, sizeof attrs);
+  attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t idx = 0;
+  memset(back, 0, sizeof back);
+  CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &idx, 1, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(memcmp(host, back, sizeof host) == 0);
+  CHECK(cudaMemcpy(back, dev, sizeof part, cudaMemcpyDeviceToHost));
+  EXPECT(memcmp(back, part, sizeof part) == 0);
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn arrays_textures_pools_and_3d_copies_reach_the_emulated_gpu() {
+    let server = server();
+    let exe = program("runtime-memory", &format!("{CHECKS}{RUNTIME_MEMORY}"));
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    // Answered by the client: no round trip.
+    for local in ["cudaCreateChannelDesc", "cudaProfilerStart", "cudaProfilerStop", "cudaPointerGetAttributes"] {
+        assert_eq!(trace_row(&stderr, local)[1], "0", "{local}: {stderr}");
+    }
+}
+
+/// Graphs built call by call on the emulated backend: memset, 1D and 3D memcpy, empty, child
+/// graph and host nodes with dependencies; node arrays (every node the worker names becomes
+/// a handle of the session); replays, per-instance parameters, exec update; capture into an
+/// existing graph with its frontier.
+const RUNTIME_GRAPHS: &str = r#"
+#include <cuda_runtime_api.h>
+static volatile int replays = 0;
+static void count_replay(void *user) { (void)user; ++replays; }
+int main(void) {
+  int *a, *b, *c, host[64], out[64];
+  for (int i = 0; i < 64; ++i) host[i] = 1000 + i;
+  CHECK(cudaMalloc((void **)&a, sizeof host));
+  CHECK(cudaMalloc((void **)&b, sizeof host));
+  CHECK(cudaMalloc((void **)&c, sizeof host));
+  CHECK(cudaMemcpy(a, host, sizeof host, cudaMemcpyHostToDevice));
+
+  cudaGraph_t g, child;
+  cudaGraphNode_t set, copy, empty, nested, hostnode, inner;
+  CHECK(cudaGraphCreate(&g, 0));
+  struct cudaMemsetParams mp;
+  memset(&mp, 0, sizeof mp);
+  mp.dst = b; mp.value = 0x05; mp.elementSize = 1; mp.width = sizeof host; mp.height = 1;
+  CHECK(cudaGraphAddMemsetNode(&set, g, NULL, 0, &mp));
+  CHECK(cudaGraphAddMemcpyNode1D(&copy, g, &set, 1, b, a, 32 * sizeof(int), cudaMemcpyDefault));
+  CHECK(cudaGraphAddEmptyNode(&empty, g, NULL, 0));
+  CHECK(cudaGraphAddDependencies(g, &copy, &empty, NULL, 1));
+  /* The child graph copies b to c with a 3D copy node. */
+  CHECK(cudaGraphCreate(&child, 0));
+  struct cudaMemcpy3DParms p3;
+  memset(&p3, 0, sizeof p3);
+  p3.srcPtr.ptr = b; p3.srcPtr.pitch = sizeof host; p3.srcPtr.xsize = sizeof host; p3.srcPtr.ysize = 1;
+  p3.dstPtr.ptr = c; p3.dstPtr.pitch = sizeof host; p3.dstPtr.xsize = sizeof host; p3.dstPtr.ysize = 1;
+  p3.extent.width = sizeof host; p3.extent.height = 1; p3.extent.depth = 1;
+  p3.kind = cudaMemcpyDefault;
+  CHECK(cudaGraphAddMemcpyNode(&inner, child, NULL, 0, &p3));
+  CHECK(cudaGraphAddChildGraphNode(&nested, g, &empty, 1, child));
+  struct cudaHostNodeParams hp = {count_replay, NULL};
+  CHECK(cudaGraphAddHostNode(&hostnode, g, &nested, 1, &hp));
+
+  size_t n = 0;
+  CHECK(cudaGraphGetNodes(g, NULL, &n));
+  EXPECT(n == 5);
+  cudaGraphNode_t all[8];
+  n = 8;
+  CHECK(cudaGraphGetNodes(g, all, &n));
+  EXPECT(n == 5 && all[0] == set && all[4] == hostnode && all[5] == NULL);
+  cudaGraphNode_t deps[4];
+  n = 4;
+  CHECK(cudaGraphNodeGetDependencies(copy, deps, NULL, &n));
+  EXPECT(n == 1 && deps[0] == set);
+  n = 4;
+  CHECK(cudaGraphNodeGetDependentNodes(empty, deps, NULL, &n));
+  EXPECT(n == 1 && deps[0] == nested);
+  n = 0;
+  CHECK(cudaGraphGetRootNodes(g, NULL, &n));
+  EXPECT(n == 1);
+  cudaGraphNode_t from[8], to[8];
+  n = 8;
+  CHECK(cudaGraphGetEdges(g, from, to, NULL, &n));
+  EXPECT(n == 4);
+  enum cudaGraphNodeType type;
+  CHECK(cudaGraphNodeGetType(hostnode, &type));
+  EXPECT(type == cudaGraphNodeTypeHost);
+  struct cudaHostNodeParams hp2;
+  CHECK(cudaGraphHostNodeGetParams(hostnode, &hp2));
+  EXPECT(hp2.fn == count_replay);
+  /* A graph replayed on the server cannot touch this program's memory. */
+  cudaGraphNode_t bad;
+  EXPECT(cudaGraphAddMemcpyNode1D(&bad, g, NULL, 0, out, a, 16, cudaMemcpyDefault) == cudaErrorNotSupported);
+  cudaGetLastError();
+
+  cudaGraphExec_t x;
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK(cudaGraphInstantiate(&x, g, 0));
+  CHECK(cudaGraphLaunch(x, s));
+  CHECK(cudaGraphLaunch(x, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(replays == 2);
+  CHECK(cudaMemcpy(out, c, sizeof out, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 64; ++i) EXPECT(out[i] == (i < 32 ? 1000 + i : 0x05050505));
+
+  /* One instance's parameters; the graph keeps its own. */
+  mp.value = 0x07;
+  CHECK(cudaGraphExecMemsetNodeSetParams(x, set, &mp));
+  CHECK(cudaGraphLaunch(x, s));
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemcpy(out, c, sizeof out, cudaMemcpyDeviceToHost));
+  EXPECT(out[40] == 0x07070707 && replays == 3);
+  struct cudaMemsetParams mp2;
+  CHECK(cudaGraphMemsetNodeGetParams(set, &mp2));
+  EXPECT(mp2.value == 0x05);
+
+  /* Exec update: the graph's new parameters, then a graph of another shape. */
+  mp.value = 0x09;
+  CHECK(cudaGraphMemsetNodeSetParams(set, &mp));
+  cudaGraphExecUpdateResultInfo info;
+  CHECK(cudaGraphExecUpdate(x, g, &info));
+  EXPECT(info.result == cudaGraphExecUpdateSuccess);
+  CHECK(cudaGraphLaunch(x, s));
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemcpy(out, c, sizeof out, cudaMemcpyDeviceToHost));
+  EXPECT(out[40] == 0x09090909 && out[0] == 1000);
+  cudaGraph_t other;
+  cudaGraphNode_t lone;
+  CHECK(cudaGraphCreate(&other, 0));
+  CHECK(cudaGraphAddEmptyNode(&lone, other, NULL, 0));
+  EXPECT(cudaGraphExecUpdate(x, other, &info) == cudaErrorGraphExecUpdateFailure);
+  EXPECT(info.result == cudaGraphExecUpdateErrorTopologyChanged);
+  cudaGetLastError();
+
+  /* Capture into an existing graph, after one of its nodes; the capture's frontier is a
+     node the session knows. */
+  cudaGraph_t cg, got;
+  cudaGraphNode_t first;
+  CHECK(cudaGraphCreate(&cg, 0));
+  CHECK(cudaGraphAddEmptyNode(&first, cg, NULL, 0));
+  CHECK(cudaStreamBeginCaptureToGraph(s, cg, &first, NULL, 1, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemsetAsync(b, 0, 16, s));
+  enum cudaStreamCaptureStatus status;
+  unsigned long long id;
+  const cudaGraphNode_t *frontier;
+  const cudaGraphEdgeData *edges;
+  size_t nd = 0;
+  CHECK(cudaStreamGetCaptureInfo(s, &status, &id, &got, &frontier, &edges, &nd));
+  EXPECT(status == cudaStreamCaptureStatusActive && got == cg && nd == 1);
+  CHECK(cudaGraphNodeGetType(frontier[0], &type));
+  EXPECT(type == cudaGraphNodeTypeMemset);
+  CHECK(cudaStreamEndCapture(s, &got));
+  EXPECT(got == cg);
+  n = 0;
+  CHECK(cudaGraphGetNodes(cg, NULL, &n));
+  EXPECT(n == 2);
+
+  /* The graph as dot text, written by the client to its path. */
+  CHECK(cudaGraphDebugDotPrint(g, "graph.dot", 0));
+  FILE *dot = fopen("graph.dot", "r");
+  EXPECT(dot != NULL);
+  char head[16] = {0};
+  EXPECT(fread(head, 1, 7, dot) == 7 && strcmp(head, "digraph") == 0);
+  fclose(dot);
+
+  CHECK(cudaGraphExecDestroy(x));
+  CHECK(cudaGraphDestroy(g));
+  CHECK(cudaGraphDestroy(child));
+  CHECK(cudaGraphDestroy(other));
+  CHECK(cudaGraphDestroy(cg));
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn graphs_built_call_by_call_replay_on_the_emulated_gpu() {
+    let server = server();
+    let exe = program("runtime-graphs", &format!("{CHECKS}{RUNTIME_GRAPHS}"));
+    let mut cmd = Command::new(chidori());
+    cmd.current_dir(exe.parent().unwrap());
+    cmd.args(["run", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
+    let dot = std::fs::read_to_string(exe.parent().unwrap().join("graph.dot")).unwrap();
+    assert_eq!(dot.matches(" -> ").count(), 4, "the graph's four edges: {dot}");
+}
+
+/// The driver API's equivalents: CUDA 13's context creation (the client's cached current
+/// context follows), arrays with 2D copies between host memory, arrays and device memory,
+/// texture objects, pools, pointer attributes from the interval map, graphs, stream
+/// callbacks.
+const DRIVER_API: &str = r#"
+#include <cuda.h>
+extern CUresult cuProfilerStart(void);
+extern CUresult cuProfilerStop(void);
+static volatile int called = 0;
+static void CUDA_CB on_stream(CUstream s, CUresult status, void *user) { (void)s; (void)user; if (status == CUDA_SUCCESS) ++called; }
+int main(void) {
+  CHECK(cuInit(0));
+  CUdevice dev;
+  CHECK(cuDeviceGet(&dev, 0));
+  CUcontext before = NULL, ctx = NULL, cur = NULL;
+  CHECK(cuCtxGetCurrent(&before));
+  CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
+  CHECK(cuCtxGetCurrent(&cur));
+  EXPECT(cur == ctx && ctx != before);
+  CHECK(cuProfilerStart());
+  CHECK(cuProfilerStop());
+
+  /* An array of 16 x 4 floats: host rows in through a staging buffer, out to device memory
+     and back to host memory. */
+  CUDA_ARRAY_DESCRIPTOR ad = {16, 4, CU_AD_FORMAT_FLOAT, 1};
+  CUarray arr;
+  CHECK(cuArrayCreate(&arr, &ad));
+  CUDA_ARRAY_DESCRIPTOR got;
+  CHECK(cuArrayGetDescriptor(&got, arr));
+  EXPECT(got.Width == 16 && got.Height == 4 && got.Format == CU_AD_FORMAT_FLOAT);
+  float host[4][20], back[4][16];
+  for (int i = 0; i < 4; ++i) for (int j = 0; j < 20; ++j) host[i][j] = (float)(i * 100 + j);
+  CUDA_MEMCPY2D m;
+  memset(&m, 0, sizeof m);
+  m.srcMemoryType = CU_MEMORYTYPE_HOST; m.srcHost = host; m.srcPitch = sizeof host[0]; m.srcXInBytes = 4 * 4;
+  m.dstMemoryType = CU_MEMORYTYPE_ARRAY; m.dstArray = arr;
+  m.WidthInBytes = 16 * 4; m.Height = 4;
+  CHECK(cuMemcpy2D(&m));
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, sizeof back));
+  memset(&m, 0, sizeof m);
+  m.srcMemoryType = CU_MEMORYTYPE_ARRAY; m.srcArray = arr;
+  m.dstMemoryType = CU_MEMORYTYPE_DEVICE; m.dstDevice = d; m.dstPitch = 16 * 4;
+  m.WidthInBytes = 16 * 4; m.Height = 4;
+  CHECK(cuMemcpy2D(&m));
+  memset(back, 0, sizeof back);
+  memset(&m, 0, sizeof m);
+  m.srcMemoryType = CU_MEMORYTYPE_UNIFIED; m.srcDevice = d; m.srcPitch = 16 * 4;
+  m.dstMemoryType = CU_MEMORYTYPE_UNIFIED; m.dstHost = back; m.dstPitch = sizeof back[0];
+  m.WidthInBytes = 16 * 4; m.Height = 4;
+  CHECK(cuMemcpy2D(&m));
+  for (int i = 0; i < 4; ++i) for (int j = 0; j < 16; ++j) EXPECT(back[i][j] == host[i][j + 4]);
+  float row[16];
+  CHECK(cuMemcpyAtoH(row, arr, 16 * 4, sizeof row));
+  EXPECT(row[0] == 104.0f);
+
+  /* A texture object over the array, its handle checked by the worker. */
+  CUDA_RESOURCE_DESC res, res2;
+  memset(&res, 0, sizeof res);
+  res.resType = CU_RESOURCE_TYPE_ARRAY;
+  res.res.array.hArray = arr;
+  CUDA_TEXTURE_DESC tex;
+  memset(&tex, 0, sizeof tex);
+  CUtexObject t;
+  CHECK(cuTexObjectCreate(&t, &res, &tex, NULL));
+  CHECK(cuTexObjectGetResourceDesc(&res2, t));
+  EXPECT(res2.res.array.hArray == arr);
+  CHECK(cuTexObjectDestroy(t));
+  res.res.array.hArray = (CUarray)0x4321;
+  EXPECT(cuTexObjectCreate(&t, &res, &tex, NULL) == CUDA_ERROR_INVALID_HANDLE);
+
+  /* A pool allocation: pointer attributes and address ranges from the interval map. */
+  CUmemoryPool pool;
+  CUmemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  CHECK(cuMemPoolCreate(&pool, &props));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr pm;
+  CHECK(cuMemAllocFromPoolAsync(&pm, 4096, pool, s));
+  CUpointer_attribute which[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  unsigned int memtype = 0;
+  size_t range = 0;
+  void *data[2] = {&memtype, &range};
+  CHECK(cuPointerGetAttributes(2, which, data, pm + 100));
+  EXPECT(memtype == CU_MEMORYTYPE_DEVICE && range == 4096);
+  CUdeviceptr base;
+  size_t size;
+  CHECK(cuMemGetAddressRange(&base, &size, pm + 100));
+  EXPECT(base == pm && size == 4096);
+  CHECK(cuMemFreeAsync(pm, s));
+
+  /* A graph: memset then a device-to-device copy node, replayed. */
+  CUgraph g;
+  CUgraphNode set, cp, nodes[4];
+  CHECK(cuGraphCreate(&g, 0));
+  CUDA_MEMSET_NODE_PARAMS mp;
+  memset(&mp, 0, sizeof mp);
+  mp.dst = d; mp.value = 0x11; mp.elementSize = 1; mp.width = 64; mp.height = 1;
+  CHECK(cuGraphAddMemsetNode(&set, g, NULL, 0, &mp, ctx));
+  CUdeviceptr d2;
+  CHECK(cuMemAlloc(&d2, 64));
+  CUDA_MEMCPY3D c3;
+  memset(&c3, 0, sizeof c3);
+  c3.srcMemoryType = CU_MEMORYTYPE_DEVICE; c3.srcDevice = d; c3.srcPitch = 64;
+  c3.dstMemoryType = CU_MEMORYTYPE_DEVICE; c3.dstDevice = d2; c3.dstPitch = 64;
+  c3.WidthInBytes = 64; c3.Height = 1; c3.Depth = 1;
+  CHECK(cuGraphAddMemcpyNode(&cp, g, &set, 1, &c3, ctx));
+  size_t n = 4;
+  CHECK(cuGraphGetNodes(g, nodes, &n));
+  EXPECT(n == 2 && nodes[0] == set && nodes[1] == cp);
+  n = 4;
+  CHECK(cuGraphNodeGetDependencies(cp, nodes, NULL, &n));
+  EXPECT(n == 1 && nodes[0] == set);
+  CUgraphExec x;
+  CHECK(cuGraphInstantiate(&x, g, 0));
+  CHECK(cuGraphLaunch(x, s));
+  CHECK(cuStreamAddCallback(s, on_stream, NULL, 0));
+  CHECK(cuStreamSynchronize(s));
+  EXPECT(called == 1);
+  unsigned char bytes[64];
+  CHECK(cuMemcpyDtoH(bytes, d2, 64));
+  for (int i = 0; i < 64; ++i) EXPECT(bytes[i] == 0x11);
+  CHECK(cuGraphExecDestroy(x));
+  CHECK(cuGraphDestroy(g));
+
+  /* The linker's state lives on the client; the emulated server has no linker to finish. */
+  CUlinkState link;
+  char info[256], error[256];
+  CUjit_option keys[4] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
+                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void *values[4] = {info, (void *)sizeof info, error, (void *)sizeof error};
+  CHECK(cuLinkCreate(4, keys, values, &link));
+  static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";
+  CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx, sizeof ptx, "empty.ptx", 0, NULL, NULL));
+  void *cubin;
+  size_t cubin_size;
+  EXPECT(cuLinkComplete(link, &cubin, &cubin_size) == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(cuLinkDestroy(link));
+  EXPECT(cuLinkDestroy(link) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuCtxDestroy(ctx));
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn driver_api_contexts_arrays_pools_and_graphs_on_the_emulated_gpu() {
+    let server = server();
+    let exe = program_with("driver-api", &format!("{CHECKS}{DRIVER_API}"), &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert_eq!(trace_row(&stderr, "cuPointerGetAttributes")[1], "0", "{stderr}");
+}
+
+/// The CUDA suite's programs of issue 20 keep their host code in plain C++: it must compile
+/// against the 13.0 headers here, so that the GPU round (which builds with nvcc) finds no
+/// surprise in it.
+#[test]
+fn cuda_suite_host_code_compiles_against_the_headers() {
+    let include = chidori_tests::runtime_headers("13.0");
+    let script = chidori_tests::root().join("gpu/cuda-suite/check.sh");
+    let out = Command::new("bash").arg(&script).arg(&include).output().expect("running check.sh");
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }

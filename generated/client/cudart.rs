@@ -212,6 +212,44 @@ pub unsafe extern "C" fn __chidori_cudart___cudaUnregisterFatBinary(
 ) {
     unsafe { crate::custom::cudart::__cudaUnregisterFatBinary(fatCubinHandle) }
 }
+///`cudaArrayGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetInfo(
+    desc: *mut c_void,
+    extent: *mut c_void,
+    flags: *mut c_void,
+    array: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaArrayGetInfo,
+            &[
+                (desc) as usize as u64,
+                (extent) as usize as u64,
+                (flags) as usize as u64,
+                (array) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetMemoryRequirements(
+    memoryRequirements: *mut c_void,
+    array: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaArrayGetMemoryRequirements,
+            &[
+                (memoryRequirements) as usize as u64,
+                (array) as usize as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaArrayGetPlane` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetPlane(
@@ -223,6 +261,19 @@ pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetPlane(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaArrayGetPlane,
             &[(pPlaneArray) as usize as u64, (hArray) as usize as u64, (planeIdx) as u64],
+        ) as u32
+    }
+}
+///`cudaArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetSparseProperties(
+    sparseProperties: *mut c_void,
+    array: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaArrayGetSparseProperties,
+            &[(sparseProperties) as usize as u64, (array) as usize as u64],
         ) as u32
     }
 }
@@ -311,6 +362,138 @@ pub unsafe extern "C" fn __chidori_cudart_cudaChooseDevice__cu130(
         ) as u32
     }
 }
+///`cudaCreateChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateChannelDesc(
+    x: i32,
+    y: i32,
+    z: i32,
+    w: i32,
+    f: u32,
+) -> chidori_cuda::types::cudaChannelFormatDesc {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaCreateChannelDesc",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::create_channel_desc(&CTX, x, y, z, w, f)
+    }
+}
+///`cudaCreateSurfaceObject` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateSurfaceObject__cu118(
+    pSurfObject: *mut c_void,
+    pResDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateSurfaceObject__cu118,
+            &[(pSurfObject) as usize as u64, (pResDesc) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaCreateSurfaceObject` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateSurfaceObject__cu130(
+    pSurfObject: *mut c_void,
+    pResDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateSurfaceObject__cu130,
+            &[(pSurfObject) as usize as u64, (pResDesc) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaCreateTextureObject` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu118(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateTextureObject__cu118,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaCreateTextureObject` for CUDA 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu121(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateTextureObject__cu121,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaCreateTextureObject` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu130(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateTextureObject__cu130,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaCreateTextureObject_v2` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject_v2(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateTextureObject_v2,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaCtxResetPersistingL2Cache` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaCtxResetPersistingL2Cache() -> u32 {
@@ -366,6 +549,48 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDestroyTextureObject(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaDestroyTextureObject,
             &[(texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaDevResourceGenerateDesc` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDevResourceGenerateDesc(
+    phDesc: *mut c_void,
+    resources: *mut c_void,
+    nbResources: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDevResourceGenerateDesc,
+            &[
+                (phDesc) as usize as u64,
+                (resources) as usize as u64,
+                (nbResources) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaDevSmResourceSplit` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDevSmResourceSplit(
+    result: *mut c_void,
+    nbGroups: u32,
+    input: *mut c_void,
+    remainder: *mut c_void,
+    flags: u32,
+    groupParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDevSmResourceSplit,
+            &[
+                (result) as usize as u64,
+                (nbGroups) as u64,
+                (input) as usize as u64,
+                (remainder) as usize as u64,
+                (flags) as u64,
+                (groupParams) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -472,6 +697,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetDefaultMemPool(
         ) as u32
     }
 }
+///`cudaDeviceGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetDevResource(
+    device: i32,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetDevResource,
+            &[(device) as i64 as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cudaDeviceGetExecutionCtx` for CUDA 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetExecutionCtx(
@@ -482,6 +721,40 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetExecutionCtx(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaDeviceGetExecutionCtx,
             &[(ctx) as usize as u64, (device) as i64 as u64],
+        ) as u32
+    }
+}
+///`cudaDeviceGetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetGraphMemAttribute(
+    device: i32,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetGraphMemAttribute,
+            &[(device) as i64 as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaDeviceGetHostAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetHostAtomicCapabilities(
+    capabilities: *mut c_void,
+    operations: *mut c_void,
+    count: u32,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetHostAtomicCapabilities,
+            &[
+                (capabilities) as usize as u64,
+                (operations) as usize as u64,
+                (count) as u64,
+                (device) as i64 as u64,
+            ],
         ) as u32
     }
 }
@@ -508,6 +781,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetMemPool(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaDeviceGetMemPool,
             &[(memPool) as usize as u64, (device) as i64 as u64],
+        ) as u32
+    }
+}
+///`cudaDeviceGetP2PAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetP2PAtomicCapabilities(
+    capabilities: *mut c_void,
+    operations: *mut c_void,
+    count: u32,
+    srcDevice: i32,
+    dstDevice: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetP2PAtomicCapabilities,
+            &[
+                (capabilities) as usize as u64,
+                (operations) as usize as u64,
+                (count) as u64,
+                (srcDevice) as i64 as u64,
+                (dstDevice) as i64 as u64,
+            ],
         ) as u32
     }
 }
@@ -612,6 +907,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetCacheConfig(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaDeviceSetCacheConfig,
             &[(cacheConfig) as u64],
+        ) as u32
+    }
+}
+///`cudaDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetGraphMemAttribute(
+    device: i32,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceSetGraphMemAttribute,
+            &[(device) as i64 as u64, (attr) as u64, (value) as usize as u64],
         ) as u32
     }
 }
@@ -827,6 +1136,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxDestroy(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaExecutionCtxDestroy,
             &[(ctx) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaExecutionCtxGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxGetDevResource(
+    ctx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaExecutionCtxGetDevResource,
+            &[(ctx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
@@ -1074,6 +1397,60 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu121(
         crate::custom::kernels::func_get_attributes(&CTX, attr, func)
     }
 }
+///`cudaFuncGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetName(
+    name: *mut c_void,
+    func: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncGetName",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_name(&CTX, name, func)
+    }
+}
+///`cudaFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetParamInfo(
+    func: *mut c_void,
+    paramIndex: usize,
+    paramOffset: *mut c_void,
+    paramSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncGetParamInfo",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_param_info(
+            &CTX,
+            func,
+            paramIndex,
+            paramOffset,
+            paramSize,
+        )
+    }
+}
 ///`cudaFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetAttribute(
@@ -1090,6 +1467,42 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetCacheConfig(
     cacheConfig: u32,
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaFuncSetCacheConfig(func, cacheConfig) }
+}
+///`cudaFuncSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetSharedMemConfig(
+    func: *mut c_void,
+    config: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncSetSharedMemConfig",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_set_shared_mem_config(&CTX, func, config)
+    }
+}
+///`cudaGetChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetChannelDesc(
+    desc: *mut c_void,
+    array: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetChannelDesc,
+            &[(desc) as usize as u64, (array) as usize as u64],
+        ) as u32
+    }
 }
 ///`cudaGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
@@ -1324,6 +1737,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorString(error: u32) -> *mut
         crate::runtime::error_string("13.1", "cudart", error as i64) as *mut c_void
     }
 }
+///`cudaGetFuncBySymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetFuncBySymbol(
+    functionPtr: *mut c_void,
+    symbolPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetFuncBySymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::get_func_by_symbol(&CTX, functionPtr, symbolPtr)
+    }
+}
 ///`cudaGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetKernel(
@@ -1355,6 +1791,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetMipmappedArrayLevel(
         ) as u32
     }
 }
+///`cudaGetSurfaceObjectResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu118(
+    pResDesc: *mut c_void,
+    surfObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetSurfaceObjectResourceDesc__cu118,
+            &[(pResDesc) as usize as u64, (surfObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetSurfaceObjectResourceDesc` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu130(
+    pResDesc: *mut c_void,
+    surfObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetSurfaceObjectResourceDesc__cu130,
+            &[(pResDesc) as usize as u64, (surfObject) as u64],
+        ) as u32
+    }
+}
 ///`cudaGetSymbolAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetSymbolAddress(
@@ -1382,6 +1844,680 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureAlignmentOffset(
             &chidori_cuda::calls::cudart::cudaGetTextureAlignmentOffset,
             &[(offset) as usize as u64, (texref) as usize as u64],
         ) as u32
+    }
+}
+///`cudaGetTextureObjectResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceDesc__cu118(
+    pResDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectResourceDesc__cu118,
+            &[(pResDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectResourceDesc` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceDesc__cu130(
+    pResDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectResourceDesc__cu130,
+            &[(pResDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectResourceViewDesc` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu118(
+    pResViewDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectResourceViewDesc__cu118,
+            &[(pResViewDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectResourceViewDesc` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu130(
+    pResViewDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectResourceViewDesc__cu130,
+            &[(pResViewDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectTextureDesc` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc__cu118(
+    pTexDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectTextureDesc__cu118,
+            &[(pTexDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectTextureDesc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc__cu121(
+    pTexDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectTextureDesc__cu121,
+            &[(pTexDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectTextureDesc_v2` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc_v2(
+    pTexDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectTextureDesc_v2,
+            &[(pTexDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddChildGraphNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    childGraph: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddChildGraphNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (childGraph) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies__cu118(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddDependencies__cu118,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddDependencies` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies__cu130(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddDependencies__cu130,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddDependencies_v2` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies_v2(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddDependencies_v2,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddEmptyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEmptyNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddEmptyNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddEventRecordNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventRecordNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddEventRecordNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (event) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddEventWaitNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventWaitNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddEventWaitNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (event) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddHostNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddHostNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddHostNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_host_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddKernelNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddKernelNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_kernel_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphAddMemAllocNode` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemAllocNode__cu118(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemAllocNode",
+            version: "12.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_mem_alloc_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cudaGraphAddMemAllocNode` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemAllocNode__cu126(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemAllocNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_mem_alloc_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cudaGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemFreeNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    dptr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddMemFreeNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (dptr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    pCopyParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemcpyNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_memcpy_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            pCopyParams,
+        )
+    }
+}
+///`cudaGraphAddMemcpyNode1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode1D(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemcpyNode1D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode1D__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_memcpy_node_1d(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            dst,
+            src,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaGraphAddMemcpyNodeFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemcpyNodeFromSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_memcpy_node_from_symbol(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphAddMemcpyNodeToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemcpyNodeToSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_memcpy_node_to_symbol(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            symbol,
+            src,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemsetNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    pMemsetParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddMemsetNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (pMemsetParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddNode` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu126(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddNode",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_node_5(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cudaGraphAddNode` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu130(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_node_6(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            dependencyData,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cudaGraphAddNode_v2` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode_v2(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddNode_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_node_6(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            dependencyData,
+            numDependencies,
+            nodeParams,
+        )
     }
 }
 ///`cudaGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1463,6 +2599,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphCreate(
             &chidori_cuda::calls::cudart::cudaGraphCreate,
             &[(pGraph) as usize as u64, (flags) as u64],
         ) as u32
+    }
+}
+///`cudaGraphDebugDotPrint` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphDebugDotPrint(
+    graph: *mut c_void,
+    path: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphDebugDotPrint",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::graph_dot_print(&CTX, graph, path, flags)
     }
 }
 ///`cudaGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1631,6 +2791,248 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecGetId(
         ) as u32
     }
 }
+///`cudaGraphExecHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecHostNodeSetParams(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecHostNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_host_node_set_params(
+            &CTX,
+            hGraphExec,
+            node,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecKernelNodeSetParams(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecKernelNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_kernel_node_set_params(
+            &CTX,
+            hGraphExec,
+            node,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecMemcpyNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_memcpy_node_set_params(
+            &CTX,
+            hGraphExec,
+            node,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphExecMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecMemcpyNodeSetParams1D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams1D__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_memcpy_node_set_params_1d(
+            &CTX,
+            hGraphExec,
+            node,
+            dst,
+            src,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaGraphExecMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSymbol(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecMemcpyNodeSetParamsFromSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_memcpy_node_set_params_from_symbol(
+            &CTX,
+            hGraphExec,
+            node,
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphExecMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymbol(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecMemcpyNodeSetParamsToSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_memcpy_node_set_params_to_symbol(
+            &CTX,
+            hGraphExec,
+            node,
+            symbol,
+            src,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemsetNodeSetParams(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphExecMemsetNodeSetParams,
+            &[
+                (hGraphExec) as usize as u64,
+                (node) as usize as u64,
+                (pNodeParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphExecNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecNodeSetParams(
+    graphExec: *mut c_void,
+    node: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_node_set_params(&CTX, graphExec, node, nodeParams)
+    }
+}
 ///`cudaGraphExecUpdate` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu118(
@@ -1651,7 +3053,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu118(
         ) as u32
     }
 }
-///`cudaGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+///`cudaGraphExecUpdate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu121(
+    hGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    resultInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphExecUpdate__cu121,
+            &[
+                (hGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (resultInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu118(
     graph: *mut c_void,
@@ -1660,15 +3080,72 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu118(
     numEdges: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphGetEdges__cu118,
-            &[
-                (graph) as usize as u64,
-                (from) as usize as u64,
-                (to) as usize as u64,
-                (numEdges) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetEdges",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_edges_4(&CTX, graph, from, to, numEdges)
+    }
+}
+///`cudaGraphGetEdges` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu130(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numEdges: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetEdges",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_edges_5(&CTX, graph, from, to, edgeData, numEdges)
+    }
+}
+///`cudaGraphGetEdges_v2` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges_v2(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numEdges: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetEdges_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_edges_5(&CTX, graph, from, to, edgeData, numEdges)
     }
 }
 ///`cudaGraphGetId` for CUDA 13.1 (sync).
@@ -1691,9 +3168,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetNodes(
     nodes: *mut c_void,
     numNodes: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaGraphGetNodes(graph, nodes, numNodes) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetNodes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_nodes(&CTX, graph, nodes, numNodes)
+    }
 }
-///`cudaGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetRootNodes(
     graph: *mut c_void,
@@ -1701,12 +3193,86 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetRootNodes(
     pNumRootNodes: *mut c_void,
 ) -> u32 {
     unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetRootNodes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_root_nodes(&CTX, graph, pRootNodes, pNumRootNodes)
+    }
+}
+///`cudaGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeGetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphHostNodeGetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::host_node_get_params(&CTX, node, pNodeParams)
+    }
+}
+///`cudaGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeSetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphHostNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::host_node_set_params(&CTX, node, pNodeParams)
+    }
+}
+///`cudaGraphInstantiate` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiate__cu118(
+    pGraphExec: *mut c_void,
+    graph: *mut c_void,
+    pErrorNode: *mut c_void,
+    pLogBuffer: *mut c_void,
+    bufferSize: usize,
+) -> u32 {
+    unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphGetRootNodes,
+            &chidori_cuda::calls::cudart::cudaGraphInstantiate__cu118,
             &[
+                (pGraphExec) as usize as u64,
                 (graph) as usize as u64,
-                (pRootNodes) as usize as u64,
-                (pNumRootNodes) as usize as u64,
+                (pErrorNode) as usize as u64,
+                (pLogBuffer) as usize as u64,
+                (bufferSize) as u64,
             ],
         ) as u32
     }
@@ -1739,6 +3305,42 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithFlags(
         ) as u32
     }
 }
+///`cudaGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithParams(
+    pGraphExec: *mut c_void,
+    graph: *mut c_void,
+    instantiateParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphInstantiateWithParams,
+            &[
+                (pGraphExec) as usize as u64,
+                (graph) as usize as u64,
+                (instantiateParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphInstantiateWithParams_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithParams_ptsz(
+    pGraphExec: *mut c_void,
+    graph: *mut c_void,
+    instantiateParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphInstantiateWithParams_ptsz,
+            &[
+                (pGraphExec) as usize as u64,
+                (graph) as usize as u64,
+                (instantiateParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaGraphKernelNodeCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeCopyAttributes(
@@ -1750,6 +3352,192 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeCopyAttributes(
             &chidori_cuda::calls::cudart::cudaGraphKernelNodeCopyAttributes,
             &[(hDst) as usize as u64, (hSrc) as usize as u64],
         ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu118(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu118,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu121(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu121,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu126(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu126,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu128(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu128,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu130(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu130,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphKernelNodeGetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::kernel_node_get_params(&CTX, node, pNodeParams)
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu118(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu118,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu121(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu121,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu126(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu126,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu128(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu128,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu130(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu130,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphKernelNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::kernel_node_set_params(&CTX, node, pNodeParams)
     }
 }
 ///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -1775,6 +3563,230 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch_ptsz(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaGraphLaunch_ptsz,
             &[(graphExec) as usize as u64, (stream) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphMemAllocNodeGetParams` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu118(
+    node: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemAllocNodeGetParams",
+            version: "12.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::mem_alloc_node_get_params(&CTX, node, params_out)
+    }
+}
+///`cudaGraphMemAllocNodeGetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu126(
+    node: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemAllocNodeGetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::mem_alloc_node_get_params(&CTX, node, params_out)
+    }
+}
+///`cudaGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemFreeNodeGetParams(
+    node: *mut c_void,
+    dptr_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphMemFreeNodeGetParams,
+            &[(node) as usize as u64, (dptr_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphMemcpyNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeGetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphMemcpyNodeGetParams,
+            &[(node) as usize as u64, (pNodeParams) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemcpyNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::memcpy_node_set_params(&CTX, node, pNodeParams)
+    }
+}
+///`cudaGraphMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams1D(
+    node: *mut c_void,
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemcpyNodeSetParams1D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams1D__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::memcpy_node_set_params_1d(
+            &CTX,
+            node,
+            dst,
+            src,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaGraphMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol(
+    node: *mut c_void,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemcpyNodeSetParamsFromSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::memcpy_node_set_params_from_symbol(
+            &CTX,
+            node,
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol(
+    node: *mut c_void,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemcpyNodeSetParamsToSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::memcpy_node_set_params_to_symbol(
+            &CTX,
+            node,
+            symbol,
+            src,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemsetNodeGetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphMemsetNodeGetParams,
+            &[(node) as usize as u64, (pNodeParams) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemsetNodeSetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphMemsetNodeSetParams,
+            &[(node) as usize as u64, (pNodeParams) as usize as u64],
         ) as u32
     }
 }
@@ -1809,7 +3821,98 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetContainingGraph(
         ) as u32
     }
 }
-///`cudaGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+///`cudaGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu118(
+    node: *mut c_void,
+    pDependencies: *mut c_void,
+    pNumDependencies: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependencies",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependencies_3(
+            &CTX,
+            node,
+            pDependencies,
+            pNumDependencies,
+        )
+    }
+}
+///`cudaGraphNodeGetDependencies` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu130(
+    node: *mut c_void,
+    pDependencies: *mut c_void,
+    edgeData: *mut c_void,
+    pNumDependencies: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependencies",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependencies_4(
+            &CTX,
+            node,
+            pDependencies,
+            edgeData,
+            pNumDependencies,
+        )
+    }
+}
+///`cudaGraphNodeGetDependencies_v2` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies_v2(
+    node: *mut c_void,
+    pDependencies: *mut c_void,
+    edgeData: *mut c_void,
+    pNumDependencies: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependencies_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependencies_4(
+            &CTX,
+            node,
+            pDependencies,
+            edgeData,
+            pNumDependencies,
+        )
+    }
+}
+///`cudaGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu118(
     node: *mut c_void,
@@ -1817,14 +3920,87 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu118(
     pNumDependentNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphNodeGetDependentNodes__cu118,
-            &[
-                (node) as usize as u64,
-                (pDependentNodes) as usize as u64,
-                (pNumDependentNodes) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependentNodes",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependent_nodes_3(
+            &CTX,
+            node,
+            pDependentNodes,
+            pNumDependentNodes,
+        )
+    }
+}
+///`cudaGraphNodeGetDependentNodes` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu130(
+    node: *mut c_void,
+    pDependentNodes: *mut c_void,
+    edgeData: *mut c_void,
+    pNumDependentNodes: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependentNodes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependent_nodes_4(
+            &CTX,
+            node,
+            pDependentNodes,
+            edgeData,
+            pNumDependentNodes,
+        )
+    }
+}
+///`cudaGraphNodeGetDependentNodes_v2` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes_v2(
+    node: *mut c_void,
+    pDependentNodes: *mut c_void,
+    edgeData: *mut c_void,
+    pNumDependentNodes: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependentNodes_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependent_nodes_4(
+            &CTX,
+            node,
+            pDependentNodes,
+            edgeData,
+            pNumDependentNodes,
+        )
     }
 }
 ///`cudaGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1898,6 +4074,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetEnabled(
         ) as u32
     }
 }
+///`cudaGraphNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetParams(
+    node: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_set_params(&CTX, node, nodeParams)
+    }
+}
 ///`cudaGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphReleaseUserObject(
@@ -1909,6 +4108,70 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphReleaseUserObject(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaGraphReleaseUserObject,
             &[(graph) as usize as u64, (object) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cudaGraphRemoveDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies__cu118(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphRemoveDependencies__cu118,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphRemoveDependencies` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies__cu130(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphRemoveDependencies__cu130,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphRemoveDependencies_v2` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies_v2(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphRemoveDependencies_v2,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
         ) as u32
     }
 }
@@ -2395,6 +4658,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryEnumerateKernels(
         ) as u32
     }
 }
+///`cudaLibraryGetGlobal` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetGlobal(
+    dptr: *mut c_void,
+    bytes: *mut c_void,
+    library: *mut c_void,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaLibraryGetGlobal,
+            &[
+                (dptr) as usize as u64,
+                (bytes) as usize as u64,
+                (library) as usize as u64,
+                (name) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaLibraryGetKernel` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernel(
@@ -2426,16 +4709,104 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernelCount(
         ) as u32
     }
 }
-///`cudaLibraryUnload` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaLibraryLoadData` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadData(
+    library: *mut c_void,
+    code: *mut c_void,
+    jitOptions: *mut c_void,
+    jitOptionsValues: *mut c_void,
+    numJitOptions: u32,
+    libraryOptions: *mut c_void,
+    libraryOptionValues: *mut c_void,
+    numLibraryOptions: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLibraryLoadData",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::load_data(
+            &CTX,
+            library,
+            code,
+            jitOptions,
+            jitOptionsValues,
+            numJitOptions,
+            libraryOptions,
+            libraryOptionValues,
+            numLibraryOptions,
+        )
+    }
+}
+///`cudaLibraryLoadFromFile` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadFromFile(
+    library: *mut c_void,
+    fileName: *mut c_void,
+    jitOptions: *mut c_void,
+    jitOptionsValues: *mut c_void,
+    numJitOptions: u32,
+    libraryOptions: *mut c_void,
+    libraryOptionValues: *mut c_void,
+    numLibraryOptions: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLibraryLoadFromFile",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::load_from_file(
+            &CTX,
+            library,
+            fileName,
+            jitOptions,
+            jitOptionsValues,
+            numJitOptions,
+            libraryOptions,
+            libraryOptionValues,
+            numLibraryOptions,
+        )
+    }
+}
+///`cudaLibraryUnload` for CUDA 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryUnload(
     library: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaLibraryUnload,
-            &[(library) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLibraryUnload",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::unload(&CTX, library)
     }
 }
 ///`cudaLogsCurrent` for CUDA 13.0, 13.1 (sync).
@@ -2470,6 +4841,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMalloc(
     size: usize,
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMalloc(devPtr, size) }
+}
+///`cudaMalloc3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3D(
+    pitchedDevPtr: *mut c_void,
+    extent: chidori_cuda::types::cudaExtent,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMalloc3D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMalloc3D__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::malloc_3d(&CTX, pitchedDevPtr, extent)
+    }
 }
 ///`cudaMalloc3DArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2561,6 +4955,56 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync_ptsz(
         crate::custom::cudart::malloc_async(&CTX, devPtr, size, hStream)
     }
 }
+///`cudaMallocFromPoolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync(
+    ptr: *mut c_void,
+    size: usize,
+    memPool: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMallocFromPoolAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMallocFromPoolAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::malloc_from_pool(&CTX, ptr, size, memPool, stream)
+    }
+}
+///`cudaMallocFromPoolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync_ptsz(
+    ptr: *mut c_void,
+    size: usize,
+    memPool: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMallocFromPoolAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMallocFromPoolAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::malloc_from_pool(&CTX, ptr, size, memPool, stream)
+    }
+}
 ///`cudaMallocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocHost(
@@ -2568,6 +5012,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocHost(
     size: usize,
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMallocHost(ptr, size) }
+}
+///`cudaMallocMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocMipmappedArray(
+    mipmappedArray: *mut c_void,
+    desc: *mut c_void,
+    extent: chidori_cuda::types::cudaExtent,
+    numLevels: u32,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMallocMipmappedArray,
+            &[
+                (mipmappedArray) as usize as u64,
+                (desc) as usize as u64,
+                &(extent) as *const _ as usize as u64,
+                (numLevels) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
 }
 ///`cudaMallocPitch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -2578,6 +5044,180 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocPitch(
     height: usize,
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMallocPitch(devPtr, pitch, width, height) }
+}
+///`cudaMemAdvise` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise__cu118(
+    devPtr: *mut c_void,
+    count: usize,
+    advice: u32,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemAdvise__cu118,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (advice) as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemAdvise` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise__cu130(
+    devPtr: *mut c_void,
+    count: usize,
+    advice: u32,
+    location: chidori_cuda::types::cudaMemLocation,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemAdvise__cu130,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (advice) as u64,
+                &(location) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemAdvise_v2` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise_v2(
+    devPtr: *mut c_void,
+    count: usize,
+    advice: u32,
+    location: chidori_cuda::types::cudaMemLocation,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemAdvise_v2,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (advice) as u64,
+                &(location) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardAndPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardAndPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemGetDefaultMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemGetDefaultMemPool(
+    memPool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemGetDefaultMemPool,
+            &[(memPool) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
 }
 ///`cudaMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2592,6 +5232,46 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemGetInfo(
         ) as u32
     }
 }
+///`cudaMemGetMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemGetMemPool(
+    memPool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemGetMemPool,
+            &[(memPool) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolCreate` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolCreate__cu118(
+    memPool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolCreate__cu118,
+            &[(memPool) as usize as u64, (poolProps) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolCreate__cu126(
+    memPool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolCreate__cu126,
+            &[(memPool) as usize as u64, (poolProps) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaMemPoolDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
@@ -2601,6 +5281,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaMemPoolDestroy,
             &[(memPool) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAccess(
+    flags: *mut c_void,
+    memPool: *mut c_void,
+    location: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolGetAccess,
+            &[
+                (flags) as usize as u64,
+                (memPool) as usize as u64,
+                (location) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2656,6 +5354,261 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolTrimTo(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaMemPoolTrimTo,
             &[(memPool) as usize as u64, (minBytesToKeep) as u64],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync__cu118(
+    devPtr: *mut c_void,
+    count: usize,
+    dstDevice: i32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync__cu118,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (dstDevice) as i64 as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync__cu130(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync__cu130,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu118(
+    devPtr: *mut c_void,
+    count: usize,
+    dstDevice: i32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_ptsz__cu118,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (dstDevice) as i64 as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu130(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_ptsz__cu130,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_v2` for CUDA 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_v2(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_v2,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_v2_ptsz` for CUDA 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_v2_ptsz(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_v2_ptsz,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemRangeGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttribute(
+    data: *mut c_void,
+    dataSize: usize,
+    attribute: u32,
+    devPtr: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemRangeGetAttribute,
+            &[
+                (data) as usize as u64,
+                (dataSize) as u64,
+                (attribute) as u64,
+                (devPtr) as usize as u64,
+                (count) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemRangeGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttributes(
+    data: *mut c_void,
+    dataSizes: *mut c_void,
+    attributes: *mut c_void,
+    numAttributes: usize,
+    devPtr: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemRangeGetAttributes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::mem_range_get_attributes(
+            &CTX,
+            data,
+            dataSizes,
+            attributes,
+            numAttributes,
+            devPtr,
+            count,
+        )
+    }
+}
+///`cudaMemSetMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemSetMemPool(
+    location: *mut c_void,
+    r#type: u32,
+    memPool: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemSetMemPool,
+            &[(location) as usize as u64, (r#type) as u64, (memPool) as usize as u64],
         ) as u32
     }
 }
@@ -2821,6 +5774,350 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync_ptsz(
         )
     }
 }
+///`cudaMemcpy2DFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DFromArray",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_from_array(
+            &CTX,
+            dst,
+            dpitch,
+            src,
+            wOffset,
+            hOffset,
+            width,
+            height,
+            kind,
+        )
+    }
+}
+///`cudaMemcpy2DFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DFromArrayAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_from_array_async(
+            &CTX,
+            dst,
+            dpitch,
+            src,
+            wOffset,
+            hOffset,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DFromArrayAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_from_array_async(
+            &CTX,
+            dst,
+            dpitch,
+            src,
+            wOffset,
+            hOffset,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray_ptds(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DFromArray_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_from_array(
+            &CTX,
+            dst,
+            dpitch,
+            src,
+            wOffset,
+            hOffset,
+            width,
+            height,
+            kind,
+        )
+    }
+}
+///`cudaMemcpy2DToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DToArray",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_to_array(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+        )
+    }
+}
+///`cudaMemcpy2DToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DToArrayAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_to_array_async(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DToArrayAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_to_array_async(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray_ptds(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DToArray_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_to_array(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+        )
+    }
+}
 ///`cudaMemcpy2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
@@ -2842,6 +6139,254 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
             height,
             kind,
         )
+    }
+}
+///`cudaMemcpy3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3D(p: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3D__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d(&CTX, p)
+    }
+}
+///`cudaMemcpy3DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync(
+    p: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3DAsync__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_async(&CTX, p, stream)
+    }
+}
+///`cudaMemcpy3DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync_ptsz(
+    p: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3DAsync_ptsz__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_async(&CTX, p, stream)
+    }
+}
+///`cudaMemcpy3DBatchAsync` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync__cu128(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DBatchAsync",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_batch_5(
+            &CTX,
+            numOps,
+            opList,
+            failIdx,
+            flags,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy3DBatchAsync` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync__cu130(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DBatchAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_batch_4(&CTX, numOps, opList, flags, stream)
+    }
+}
+///`cudaMemcpy3DBatchAsync_ptsz` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu128(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DBatchAsync_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_batch_5(
+            &CTX,
+            numOps,
+            opList,
+            failIdx,
+            flags,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy3DBatchAsync_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu130(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DBatchAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_batch_4(&CTX, numOps, opList, flags, stream)
+    }
+}
+///`cudaMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeer(p: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpy3DPeer,
+            &[(p) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy3DPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeerAsync(
+    p: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpy3DPeerAsync,
+            &[(p) as usize as u64, (stream) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy3DPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz(
+    p: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpy3DPeerAsync_ptsz,
+            &[(p) as usize as u64, (stream) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy3DPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeer_ptds(p: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpy3DPeer_ptds,
+            &[(p) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy3D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3D_ptds(p: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3D_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3D_ptds__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d(&CTX, p)
     }
 }
 ///`cudaMemcpyArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2960,6 +6505,322 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync_ptsz(
         crate::custom::cudart::memcpy_async(&CTX, dst, src, count, kind, stream)
     }
 }
+///`cudaMemcpyBatchAsync` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync__cu128(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyBatchAsync",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_batch_9(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            failIdx,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyBatchAsync` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync__cu130(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyBatchAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_batch_8(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyBatchAsync_ptsz` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu128(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyBatchAsync_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_batch_9(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            failIdx,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyBatchAsync_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu130(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyBatchAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_batch_8(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray(
+    dst: *mut c_void,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromArray",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_from_array(
+            &CTX,
+            dst,
+            src,
+            wOffset,
+            hOffset,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaMemcpyFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync(
+    dst: *mut c_void,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromArrayAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_from_array_async(
+            &CTX,
+            dst,
+            src,
+            wOffset,
+            hOffset,
+            count,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz(
+    dst: *mut c_void,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromArrayAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_from_array_async(
+            &CTX,
+            dst,
+            src,
+            wOffset,
+            hOffset,
+            count,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray_ptds(
+    dst: *mut c_void,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromArray_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_from_array(
+            &CTX,
+            dst,
+            src,
+            wOffset,
+            hOffset,
+            count,
+            kind,
+        )
+    }
+}
 ///`cudaMemcpyFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol(
@@ -3034,6 +6895,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
         )
     }
 }
+///`cudaMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeer(
+    dst: *mut c_void,
+    dstDevice: i32,
+    src: *mut c_void,
+    srcDevice: i32,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpyPeer,
+            &[
+                (dst) as usize as u64,
+                (dstDevice) as i64 as u64,
+                (src) as usize as u64,
+                (srcDevice) as i64 as u64,
+                (count) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaMemcpyPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeerAsync(
@@ -3056,6 +6939,162 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeerAsync(
                 (stream) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cudaMemcpyToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToArray",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyToArray__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpyToArray__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_to_array(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaMemcpyToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToArrayAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_to_array_async(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            count,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync_ptsz(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToArrayAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_to_array_async(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            count,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray_ptds(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToArray_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_to_array(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            count,
+            kind,
+        )
     }
 }
 ///`cudaMemcpyToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3261,6 +7300,82 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset2D_ptds(
         ) as u32
     }
 }
+///`cudaMemset3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset3D(
+    pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
+    value: i32,
+    extent: chidori_cuda::types::cudaExtent,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset3D,
+            &[
+                &(pitchedDevPtr) as *const _ as usize as u64,
+                (value) as i64 as u64,
+                &(extent) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset3DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset3DAsync(
+    pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
+    value: i32,
+    extent: chidori_cuda::types::cudaExtent,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset3DAsync,
+            &[
+                &(pitchedDevPtr) as *const _ as usize as u64,
+                (value) as i64 as u64,
+                &(extent) as *const _ as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset3DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset3DAsync_ptsz(
+    pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
+    value: i32,
+    extent: chidori_cuda::types::cudaExtent,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset3DAsync_ptsz,
+            &[
+                &(pitchedDevPtr) as *const _ as usize as u64,
+                (value) as i64 as u64,
+                &(extent) as *const _ as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset3D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset3D_ptds(
+    pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
+    value: i32,
+    extent: chidori_cuda::types::cudaExtent,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset3D_ptds,
+            &[
+                &(pitchedDevPtr) as *const _ as usize as u64,
+                (value) as i64 as u64,
+                &(extent) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaMemsetAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemsetAsync(
@@ -3313,6 +7428,68 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset_ptds(
             &chidori_cuda::calls::cudart::cudaMemset_ptds,
             &[(devPtr) as usize as u64, (value) as i64 as u64, (count) as u64],
         ) as u32
+    }
+}
+///`cudaMipmappedArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetMemoryRequirements(
+    memoryRequirements: *mut c_void,
+    mipmap: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMipmappedArrayGetMemoryRequirements,
+            &[
+                (memoryRequirements) as usize as u64,
+                (mipmap) as usize as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMipmappedArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetSparseProperties(
+    sparseProperties: *mut c_void,
+    mipmap: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMipmappedArrayGetSparseProperties,
+            &[(sparseProperties) as usize as u64, (mipmap) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaOccupancyAvailableDynamicSMemPerBlock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBlock(
+    dynamicSmemSize: *mut c_void,
+    func: *mut c_void,
+    numBlocks: i32,
+    blockSize: i32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyAvailableDynamicSMemPerBlock",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::available_dynamic_smem(
+            &CTX,
+            dynamicSmemSize,
+            func,
+            numBlocks,
+            blockSize,
+        )
     }
 }
 ///`cudaOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3402,6 +7579,16 @@ pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu130(
         crate::custom::cudart::get_pointer_attributes(&CTX, attributes, ptr)
     }
 }
+///`cudaProfilerStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaProfilerStart() -> u32 {
+    unsafe { crate::custom::cudart::cudaProfilerStart() }
+}
+///`cudaProfilerStop` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaProfilerStop() -> u32 {
+    unsafe { crate::custom::cudart::cudaProfilerStop() }
+}
 ///`cudaRuntimeGetVersion` for CUDA 11.8 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu118(
@@ -3450,6 +7637,19 @@ pub unsafe extern "C" fn __chidori_cudart_cudaSetDoubleForHost(d: *mut c_void) -
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaSetDoubleForHost,
             &[(d) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaSetValidDevices` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaSetValidDevices(
+    device_arr: *mut c_void,
+    len: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaSetValidDevices,
+            &[(device_arr) as usize as u64, (len) as i64 as u64],
         ) as u32
     }
 }
@@ -3503,6 +7703,46 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback_ptsz(
         crate::custom::cudart::stream_callback(&CTX, stream, callback, userData, flags)
     }
 }
+///`cudaStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamAttachMemAsync(
+    stream: *mut c_void,
+    devPtr: *mut c_void,
+    length: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamAttachMemAsync,
+            &[
+                (stream) as usize as u64,
+                (devPtr) as usize as u64,
+                (length) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaStreamAttachMemAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamAttachMemAsync_ptsz(
+    stream: *mut c_void,
+    devPtr: *mut c_void,
+    length: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamAttachMemAsync_ptsz,
+            &[
+                (stream) as usize as u64,
+                (devPtr) as usize as u64,
+                (length) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
@@ -3524,6 +7764,78 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
             },
         };
         crate::custom::capture::begin_capture(&CTX, stream, mode)
+    }
+}
+///`cudaStreamBeginCaptureToGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph(
+    stream: *mut c_void,
+    graph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamBeginCaptureToGraph",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamBeginCaptureToGraph__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_to_graph(
+            &CTX,
+            stream,
+            graph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            mode,
+        )
+    }
+}
+///`cudaStreamBeginCaptureToGraph_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph_ptsz(
+    stream: *mut c_void,
+    graph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamBeginCaptureToGraph_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamBeginCaptureToGraph_ptsz__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_to_graph(
+            &CTX,
+            stream,
+            graph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            mode,
+        )
     }
 }
 ///`cudaStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3665,6 +7977,146 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture_ptsz(
         crate::custom::capture::end_capture(&CTX, stream, pGraph)
     }
 }
+///`cudaStreamGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaStreamGetCaptureInfo` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu118(
@@ -3739,6 +8191,178 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu130(
             edgeData_out,
             numDependencies_out,
         )
+    }
+}
+///`cudaStreamGetCaptureInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v2(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v2(
+            &CTX,
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetCaptureInfo_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v2_ptsz(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_v2_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v2(
+            &CTX,
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetCaptureInfo_v3` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v3(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_v3",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v3(
+            &CTX,
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetCaptureInfo_v3_ptsz` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v3_ptsz(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_v3_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v3(
+            &CTX,
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevResource(
+    hStream: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetDevResource,
+            &[(hStream) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetDevResource_ptsz` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevResource_ptsz(
+    hStream: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetDevResource_ptsz,
+            &[(hStream) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
     }
 }
 ///`cudaStreamGetDevice` for CUDA 12.8, 13.0, 13.1 (sync).
@@ -3913,6 +8537,146 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamQuery_ptsz(
         ) as u32
     }
 }
+///`cudaStreamSetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize(
@@ -3957,6 +8721,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies__c
         ) as u32
     }
 }
+///`cudaStreamUpdateCaptureDependencies` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies__cu130(
+    stream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies__cu130,
+            &[
+                (stream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaStreamUpdateCaptureDependencies_ptsz` for CUDA 12.6, 12.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_ptsz__cu126(
@@ -3971,6 +8757,72 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_pt
             &[
                 (stream) as usize as u64,
                 (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaStreamUpdateCaptureDependencies_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_ptsz__cu130(
+    stream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies_ptsz__cu130,
+            &[
+                (stream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaStreamUpdateCaptureDependencies_v2` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_v2(
+    stream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies_v2,
+            &[
+                (stream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaStreamUpdateCaptureDependencies_v2_ptsz` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_v2_ptsz(
+    stream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies_v2_ptsz,
+            &[
+                (stream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
                 (numDependencies) as u64,
                 (flags) as u64,
             ],

@@ -30,6 +30,32 @@ pub unsafe extern "C" fn __chidori_driver_cuArray3DCreate_v2(
         ) as u32
     }
 }
+///`cuArray3DGetDescriptor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArray3DGetDescriptor(
+    pArrayDescriptor: *mut c_void,
+    hArray: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArray3DGetDescriptor,
+            &[(pArrayDescriptor) as usize as u64, (hArray) as usize as u64],
+        ) as u32
+    }
+}
+///`cuArray3DGetDescriptor_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArray3DGetDescriptor_v2(
+    pArrayDescriptor: *mut c_void,
+    hArray: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArray3DGetDescriptor_v2,
+            &[(pArrayDescriptor) as usize as u64, (hArray) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuArrayCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayCreate(
@@ -66,6 +92,50 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayDestroy(hArray: *mut c_void) ->
         ) as u32
     }
 }
+///`cuArrayGetDescriptor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArrayGetDescriptor(
+    pArrayDescriptor: *mut c_void,
+    hArray: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArrayGetDescriptor,
+            &[(pArrayDescriptor) as usize as u64, (hArray) as usize as u64],
+        ) as u32
+    }
+}
+///`cuArrayGetDescriptor_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArrayGetDescriptor_v2(
+    pArrayDescriptor: *mut c_void,
+    hArray: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArrayGetDescriptor_v2,
+            &[(pArrayDescriptor) as usize as u64, (hArray) as usize as u64],
+        ) as u32
+    }
+}
+///`cuArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArrayGetMemoryRequirements(
+    memoryRequirements: *mut c_void,
+    array: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArrayGetMemoryRequirements,
+            &[
+                (memoryRequirements) as usize as u64,
+                (array) as usize as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuArrayGetPlane` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayGetPlane(
@@ -77,6 +147,19 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayGetPlane(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuArrayGetPlane,
             &[(pPlaneArray) as usize as u64, (hArray) as usize as u64, (planeIdx) as u64],
+        ) as u32
+    }
+}
+///`cuArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArrayGetSparseProperties(
+    sparseProperties: *mut c_void,
+    array: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArrayGetSparseProperties,
+            &[(sparseProperties) as usize as u64, (array) as usize as u64],
         ) as u32
     }
 }
@@ -133,19 +216,37 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxCreate(
         ) as u32
     }
 }
-///`cuCtxCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v2(
     pctx: *mut c_void,
     flags: u32,
     dev: i32,
 ) -> u32 {
+    unsafe { crate::custom::driver::cuCtxCreate_v2(pctx, flags, dev) }
+}
+///`cuCtxCreate_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v3(
+    pctx: *mut c_void,
+    paramsArray: *mut c_void,
+    numParams: i32,
+    flags: u32,
+    dev: i32,
+) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCtxCreate_v2,
-            &[(pctx) as usize as u64, (flags) as u64, (dev) as i64 as u64],
-        ) as u32
+        crate::custom::driver::cuCtxCreate_v3(pctx, paramsArray, numParams, flags, dev)
     }
+}
+///`cuCtxCreate_v4` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v4(
+    pctx: *mut c_void,
+    ctxCreateParams: *mut c_void,
+    flags: u32,
+    dev: i32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev) }
 }
 ///`cuCtxDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -240,6 +341,34 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetCacheConfig(
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuCtxGetCurrent(pctx) }
 }
+///`cuCtxGetDevResource` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevResource__cu126(
+    hCtx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuCtxGetDevResource__cu126,
+            &[(hCtx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuCtxGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevResource__cu131(
+    hCtx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuCtxGetDevResource__cu131,
+            &[(hCtx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cuCtxGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevice(device: *mut c_void) -> u32 {
@@ -260,6 +389,19 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevice_v2(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuCtxGetDevice_v2,
             &[(device) as usize as u64, (ctx) as usize as u64],
+        ) as u32
+    }
+}
+///`cuCtxGetExecAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxGetExecAffinity(
+    pExecAffinity: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuCtxGetExecAffinity,
+            &[(pExecAffinity) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
@@ -479,6 +621,66 @@ pub unsafe extern "C" fn __chidori_driver_cuDestroyExternalSemaphore(
         ) as u32
     }
 }
+///`cuDevResourceGenerateDesc` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevResourceGenerateDesc__cu126(
+    phDesc: *mut c_void,
+    resources: *mut c_void,
+    nbResources: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevResourceGenerateDesc__cu126,
+            &[
+                (phDesc) as usize as u64,
+                (resources) as usize as u64,
+                (nbResources) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDevResourceGenerateDesc` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevResourceGenerateDesc__cu131(
+    phDesc: *mut c_void,
+    resources: *mut c_void,
+    nbResources: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevResourceGenerateDesc__cu131,
+            &[
+                (phDesc) as usize as u64,
+                (resources) as usize as u64,
+                (nbResources) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDevSmResourceSplit` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplit(
+    result: *mut c_void,
+    nbGroups: u32,
+    input: *mut c_void,
+    remainder: *mut c_void,
+    flags: u32,
+    groupParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevSmResourceSplit,
+            &[
+                (result) as usize as u64,
+                (nbGroups) as u64,
+                (input) as usize as u64,
+                (remainder) as usize as u64,
+                (flags) as u64,
+                (groupParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuDeviceCanAccessPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceCanAccessPeer(
@@ -554,6 +756,34 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDefaultMemPool(
         ) as u32
     }
 }
+///`cuDeviceGetDevResource` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDevResource__cu126(
+    device: i32,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetDevResource__cu126,
+            &[(device) as i64 as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDevResource__cu131(
+    device: i32,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetDevResource__cu131,
+            &[(device) as i64 as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cuDeviceGetExecAffinitySupport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetExecAffinitySupport(
@@ -565,6 +795,58 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetExecAffinitySupport(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuDeviceGetExecAffinitySupport,
             &[(pi) as usize as u64, (r#type) as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetGraphMemAttribute(
+    device: i32,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetGraphMemAttribute,
+            &[(device) as i64 as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetHostAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetHostAtomicCapabilities(
+    capabilities: *mut c_void,
+    operations: *mut c_void,
+    count: u32,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetHostAtomicCapabilities,
+            &[
+                (capabilities) as usize as u64,
+                (operations) as usize as u64,
+                (count) as u64,
+                (dev) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDeviceGetLuid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetLuid(
+    luid: *mut c_void,
+    deviceNodeMask: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetLuid,
+            &[
+                (luid) as usize as u64,
+                (deviceNodeMask) as usize as u64,
+                (dev) as i64 as u64,
+            ],
         ) as u32
     }
 }
@@ -590,6 +872,28 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetName(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDeviceGetName(name, len, dev) }
 }
+///`cuDeviceGetP2PAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAtomicCapabilities(
+    capabilities: *mut c_void,
+    operations: *mut c_void,
+    count: u32,
+    srcDevice: i32,
+    dstDevice: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetP2PAtomicCapabilities,
+            &[
+                (capabilities) as usize as u64,
+                (operations) as usize as u64,
+                (count) as u64,
+                (srcDevice) as i64 as u64,
+                (dstDevice) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuDeviceGetP2PAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAttribute(
@@ -606,6 +910,53 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAttribute(
                 (attrib) as u64,
                 (srcDevice) as i64 as u64,
                 (dstDevice) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDeviceGetPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetPCIBusId(
+    pciBusId: *mut c_void,
+    len: i32,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetPCIBusId,
+            &[(pciBusId) as usize as u64, (len) as i64 as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetProperties(
+    prop: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetProperties,
+            &[(prop) as usize as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetTexture1DLinearMaxWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetTexture1DLinearMaxWidth(
+    maxWidthInElements: *mut c_void,
+    format: u32,
+    numChannels: u32,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetTexture1DLinearMaxWidth,
+            &[
+                (maxWidthInElements) as usize as u64,
+                (format) as u64,
+                (numChannels) as u64,
+                (dev) as i64 as u64,
             ],
         ) as u32
     }
@@ -703,6 +1054,20 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags_v2(
     flags: u32,
 ) -> u32 {
     unsafe { crate::custom::driver::cuDevicePrimaryCtxSetFlags_v2(dev, flags) }
+}
+///`cuDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceSetGraphMemAttribute(
+    device: i32,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceSetGraphMemAttribute,
+            &[(device) as i64 as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
 }
 ///`cuDeviceSetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -979,6 +1344,49 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetModule(
         ) as u32
     }
 }
+///`cuFuncGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuFuncGetName(
+    name: *mut c_void,
+    hfunc: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuFuncGetName",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::func_get_name(&CTX, name, hfunc)
+    }
+}
+///`cuFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuFuncGetParamInfo(
+    func: *mut c_void,
+    paramIndex: usize,
+    paramOffset: *mut c_void,
+    paramSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuFuncGetParamInfo,
+            &[
+                (func) as usize as u64,
+                (paramIndex) as u64,
+                (paramOffset) as usize as u64,
+                (paramSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuFuncIsLoaded` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncIsLoaded(
@@ -1115,6 +1523,437 @@ pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress_v2(
         )
     }
 }
+///`cuGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddChildGraphNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    childGraph: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddChildGraphNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (childGraph) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddDependencies(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddDependencies,
+            &[
+                (hGraph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddDependencies_v2(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddDependencies_v2,
+            &[
+                (hGraph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddEmptyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddEmptyNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddEmptyNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddEventRecordNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventRecordNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddEventRecordNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (event) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddEventWaitNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventWaitNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddEventWaitNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (event) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddHostNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddHostNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddHostNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_host_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddKernelNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_kernel_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddKernelNode_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode_v2(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddKernelNode_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_kernel_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddMemAllocNode` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemAllocNode__cu118(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddMemAllocNode",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_mem_alloc_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddMemAllocNode` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemAllocNode__cu126(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddMemAllocNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_mem_alloc_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemFreeNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    dptr: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddMemFreeNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (dptr) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemcpyNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    copyParams: *mut c_void,
+    ctx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddMemcpyNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (copyParams) as usize as u64,
+                (ctx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemsetNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    memsetParams: *mut c_void,
+    ctx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddMemsetNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (memsetParams) as usize as u64,
+                (ctx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddNode` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_node_without_edges(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddNode_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode_v2(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddNode_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
 ///`cuGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphChildGraphNodeGetGraph(
@@ -1174,6 +2013,30 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphCreate(
             &chidori_cuda::calls::driver::cuGraphCreate,
             &[(phGraph) as usize as u64, (flags) as u64],
         ) as u32
+    }
+}
+///`cuGraphDebugDotPrint` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphDebugDotPrint(
+    hGraph: *mut c_void,
+    path: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphDebugDotPrint",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::graph_dot_print(&CTX, hGraph, path, flags)
     }
 }
 ///`cuGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1340,6 +2203,113 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecGetId(
         ) as u32
     }
 }
+///`cuGraphExecHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecHostNodeSetParams(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecHostNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_host_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecKernelNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_kernel_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphExecKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams_v2(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecKernelNodeSetParams_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_kernel_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    copyParams: *mut c_void,
+    ctx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphExecMemcpyNodeSetParams,
+            &[
+                (hGraphExec) as usize as u64,
+                (hNode) as usize as u64,
+                (copyParams) as usize as u64,
+                (ctx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemsetNodeSetParams(
@@ -1358,6 +2328,35 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemsetNodeSetParams(
                 (ctx) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cuGraphExecNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecNodeSetParams(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            nodeParams,
+        )
     }
 }
 ///`cuGraphExecUpdate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1380,7 +2379,25 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecUpdate(
         ) as u32
     }
 }
-///`cuGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecUpdate_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecUpdate_v2(
+    hGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    resultInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphExecUpdate_v2,
+            &[
+                (hGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (resultInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges(
     hGraph: *mut c_void,
@@ -1389,15 +2406,46 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges(
     numEdges: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphGetEdges,
-            &[
-                (hGraph) as usize as u64,
-                (from) as usize as u64,
-                (to) as usize as u64,
-                (numEdges) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphGetEdges",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_edges_4(&CTX, hGraph, from, to, numEdges)
+    }
+}
+///`cuGraphGetEdges_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges_v2(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numEdges: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphGetEdges_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_get_edges(&CTX, hGraph, from, to, edgeData, numEdges)
     }
 }
 ///`cuGraphGetId` for CUDA 13.1 (sync).
@@ -1413,7 +2461,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetId(
         ) as u32
     }
 }
-///`cuGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
     hGraph: *mut c_void,
@@ -1421,17 +2469,23 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
     numNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphGetNodes,
-            &[
-                (hGraph) as usize as u64,
-                (nodes) as usize as u64,
-                (numNodes) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphGetNodes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_get_nodes(&CTX, hGraph, nodes, numNodes)
     }
 }
-///`cuGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
     hGraph: *mut c_void,
@@ -1439,12 +2493,86 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
     numRootNodes: *mut c_void,
 ) -> u32 {
     unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphGetRootNodes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_get_root_nodes(&CTX, hGraph, rootNodes, numRootNodes)
+    }
+}
+///`cuGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeGetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphHostNodeGetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_host_node_get_params(&CTX, hNode, nodeParams)
+    }
+}
+///`cuGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeSetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphHostNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_host_node_set_params(&CTX, hNode, nodeParams)
+    }
+}
+///`cuGraphInstantiate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate(
+    phGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    phErrorNode: *mut c_void,
+    logBuffer: *mut c_void,
+    bufferSize: usize,
+) -> u32 {
+    unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphGetRootNodes,
+            &chidori_cuda::calls::driver::cuGraphInstantiate,
             &[
+                (phGraphExec) as usize as u64,
                 (hGraph) as usize as u64,
-                (rootNodes) as usize as u64,
-                (numRootNodes) as usize as u64,
+                (phErrorNode) as usize as u64,
+                (logBuffer) as usize as u64,
+                (bufferSize) as u64,
             ],
         ) as u32
     }
@@ -1463,6 +2591,64 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
         ) as u32
     }
 }
+///`cuGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithParams(
+    phGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    instantiateParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphInstantiateWithParams,
+            &[
+                (phGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (instantiateParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphInstantiateWithParams_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithParams_ptsz(
+    phGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    instantiateParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphInstantiateWithParams_ptsz,
+            &[
+                (phGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (instantiateParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphInstantiate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate_v2(
+    phGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    phErrorNode: *mut c_void,
+    logBuffer: *mut c_void,
+    bufferSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphInstantiate_v2,
+            &[
+                (phGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (phErrorNode) as usize as u64,
+                (logBuffer) as usize as u64,
+                (bufferSize) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuGraphKernelNodeCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeCopyAttributes(
@@ -1474,6 +2660,238 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeCopyAttributes(
             &chidori_cuda::calls::driver::cuGraphKernelNodeCopyAttributes,
             &[(dst) as usize as u64, (src) as usize as u64],
         ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu118(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu118,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu121(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu121,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu126(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu126,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu128(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu128,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu130(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu130,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphKernelNodeGetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_kernel_node_get_params_v1(&CTX, hNode, nodeParams)
+    }
+}
+///`cuGraphKernelNodeGetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams_v2(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphKernelNodeGetParams_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_kernel_node_get_params(&CTX, hNode, nodeParams)
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu118(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu118,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu121(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu121,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu126(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu126,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu128(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu128,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu130(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu130,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphKernelNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_kernel_node_set_params(&CTX, hNode, nodeParams)
+    }
+}
+///`cuGraphKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams_v2(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphKernelNodeSetParams_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_kernel_node_set_params(&CTX, hNode, nodeParams)
     }
 }
 ///`cuGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1502,6 +2920,52 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch_ptsz(
         ) as u32
     }
 }
+///`cuGraphMemAllocNodeGetParams` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemAllocNodeGetParams__cu118(
+    hNode: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphMemAllocNodeGetParams",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_mem_alloc_node_get_params(&CTX, hNode, params_out)
+    }
+}
+///`cuGraphMemAllocNodeGetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemAllocNodeGetParams__cu126(
+    hNode: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphMemAllocNodeGetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_mem_alloc_node_get_params(&CTX, hNode, params_out)
+    }
+}
 ///`cuGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphMemFreeNodeGetParams(
@@ -1512,6 +2976,45 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemFreeNodeGetParams(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuGraphMemFreeNodeGetParams,
             &[(hNode) as usize as u64, (dptr_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphMemcpyNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeGetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphMemcpyNodeGetParams,
+            &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeSetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphMemcpyNodeSetParams,
+            &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemsetNodeGetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphMemsetNodeGetParams,
+            &[(hNode) as usize as u64, (nodeParams) as usize as u64],
         ) as u32
     }
 }
@@ -1559,7 +3062,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetContainingGraph(
         ) as u32
     }
 }
-///`cuGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies(
     hNode: *mut c_void,
@@ -1567,17 +3070,59 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies(
     numDependencies: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphNodeGetDependencies,
-            &[
-                (hNode) as usize as u64,
-                (dependencies) as usize as u64,
-                (numDependencies) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphNodeGetDependencies",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependencies_3(
+            &CTX,
+            hNode,
+            dependencies,
+            numDependencies,
+        )
     }
 }
-///`cuGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphNodeGetDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies_v2(
+    hNode: *mut c_void,
+    dependencies: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphNodeGetDependencies_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_node_get_dependencies(
+            &CTX,
+            hNode,
+            dependencies,
+            edgeData,
+            numDependencies,
+        )
+    }
+}
+///`cuGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes(
     hNode: *mut c_void,
@@ -1585,14 +3130,56 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes(
     numDependentNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphNodeGetDependentNodes,
-            &[
-                (hNode) as usize as u64,
-                (dependentNodes) as usize as u64,
-                (numDependentNodes) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphNodeGetDependentNodes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependent_nodes_3(
+            &CTX,
+            hNode,
+            dependentNodes,
+            numDependentNodes,
+        )
+    }
+}
+///`cuGraphNodeGetDependentNodes_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes_v2(
+    hNode: *mut c_void,
+    dependentNodes: *mut c_void,
+    edgeData: *mut c_void,
+    numDependentNodes: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphNodeGetDependentNodes_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_node_get_dependent_nodes(
+            &CTX,
+            hNode,
+            dependentNodes,
+            edgeData,
+            numDependentNodes,
+        )
     }
 }
 ///`cuGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1666,6 +3253,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetEnabled(
         ) as u32
     }
 }
+///`cuGraphNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_node_set_params(&CTX, hNode, nodeParams)
+    }
+}
 ///`cuGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphReleaseUserObject(
@@ -1677,6 +3287,48 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphReleaseUserObject(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuGraphReleaseUserObject,
             &[(graph) as usize as u64, (object) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuGraphRemoveDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphRemoveDependencies(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphRemoveDependencies,
+            &[
+                (hGraph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphRemoveDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphRemoveDependencies_v2(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphRemoveDependencies_v2,
+            &[
+                (hGraph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
         ) as u32
     }
 }
@@ -1883,6 +3535,34 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxDestroy(hCtx: *mut c_void) -
         ) as u32
     }
 }
+///`cuGreenCtxGetDevResource` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetDevResource__cu126(
+    hCtx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGreenCtxGetDevResource__cu126,
+            &[(hCtx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuGreenCtxGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetDevResource__cu131(
+    hCtx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGreenCtxGetDevResource__cu131,
+            &[(hCtx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cuGreenCtxGetId` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetId(
@@ -2052,6 +3732,49 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetLibrary(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuKernelGetLibrary,
             &[(pLib) as usize as u64, (kernel) as usize as u64],
+        ) as u32
+    }
+}
+///`cuKernelGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuKernelGetName(
+    name: *mut c_void,
+    hfunc: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuKernelGetName",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::kernel_get_name(&CTX, name, hfunc)
+    }
+}
+///`cuKernelGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuKernelGetParamInfo(
+    kernel: *mut c_void,
+    paramIndex: usize,
+    paramOffset: *mut c_void,
+    paramSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuKernelGetParamInfo,
+            &[
+                (kernel) as usize as u64,
+                (paramIndex) as u64,
+                (paramOffset) as usize as u64,
+                (paramSize) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2518,24 +4241,344 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetModule(
         ) as u32
     }
 }
-///`cuLibraryUnload` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLibraryLoadData` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadData(
+    library: *mut c_void,
+    code: *mut c_void,
+    jitOptions: *mut c_void,
+    jitOptionsValues: *mut c_void,
+    numJitOptions: u32,
+    libraryOptions: *mut c_void,
+    libraryOptionValues: *mut c_void,
+    numLibraryOptions: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLibraryLoadData",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::load_data(
+            &CTX,
+            library,
+            code,
+            jitOptions,
+            jitOptionsValues,
+            numJitOptions,
+            libraryOptions,
+            libraryOptionValues,
+            numLibraryOptions,
+        )
+    }
+}
+///`cuLibraryLoadFromFile` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadFromFile(
+    library: *mut c_void,
+    fileName: *mut c_void,
+    jitOptions: *mut c_void,
+    jitOptionsValues: *mut c_void,
+    numJitOptions: u32,
+    libraryOptions: *mut c_void,
+    libraryOptionValues: *mut c_void,
+    numLibraryOptions: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLibraryLoadFromFile",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::load_from_file(
+            &CTX,
+            library,
+            fileName,
+            jitOptions,
+            jitOptionsValues,
+            numJitOptions,
+            libraryOptions,
+            libraryOptionValues,
+            numLibraryOptions,
+        )
+    }
+}
+///`cuLibraryUnload` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryUnload(library: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuLibraryUnload,
-            &[(library) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLibraryUnload",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::libraries::unload(&CTX, library)
     }
 }
-///`cuLinkDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLinkAddData` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkAddData(
+    state: *mut c_void,
+    r#type: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkAddData",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::add_data(
+            &CTX,
+            state,
+            r#type,
+            data,
+            size,
+            name,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuLinkAddData_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkAddData_v2(
+    state: *mut c_void,
+    r#type: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkAddData_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::add_data(
+            &CTX,
+            state,
+            r#type,
+            data,
+            size,
+            name,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuLinkAddFile` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile(
+    state: *mut c_void,
+    r#type: u32,
+    path: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkAddFile",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::add_file(
+            &CTX,
+            state,
+            r#type,
+            path,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuLinkAddFile_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile_v2(
+    state: *mut c_void,
+    r#type: u32,
+    path: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkAddFile_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::add_file(
+            &CTX,
+            state,
+            r#type,
+            path,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuLinkComplete` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkComplete(
+    state: *mut c_void,
+    cubinOut: *mut c_void,
+    sizeOut: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkComplete",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::complete(&CTX, state, cubinOut, sizeOut)
+    }
+}
+///`cuLinkCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkCreate(
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+    stateOut: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkCreate",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::create(&CTX, numOptions, options, optionValues, stateOut)
+    }
+}
+///`cuLinkCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLinkCreate_v2(
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+    stateOut: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkCreate_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::create(&CTX, numOptions, options, optionValues, stateOut)
+    }
+}
+///`cuLinkDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkDestroy(state: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuLinkDestroy,
-            &[(state) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLinkDestroy",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::link::destroy(&CTX, state)
     }
 }
 ///`cuLogsCurrent` for CUDA 13.0, 13.1 (sync).
@@ -2576,6 +4619,28 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAddressFree(
         ) as u32
     }
 }
+///`cuMemAddressReserve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAddressReserve(
+    ptr: *mut c_void,
+    size: usize,
+    alignment: usize,
+    addr: u64,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemAddressReserve,
+            &[
+                (ptr) as usize as u64,
+                (size) as u64,
+                (alignment) as u64,
+                (addr) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuMemAdvise` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAdvise(
@@ -2611,6 +4676,139 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAdvise_v2(
         ) as u32
     }
 }
+///`cuMemAllocAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync(
+    dptr: *mut c_void,
+    bytesize: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_async(&CTX, dptr, bytesize, hStream)
+    }
+}
+///`cuMemAllocAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync_ptsz(
+    dptr: *mut c_void,
+    bytesize: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_async(&CTX, dptr, bytesize, hStream)
+    }
+}
+///`cuMemAllocFromPoolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync(
+    dptr: *mut c_void,
+    bytesize: usize,
+    pool: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocFromPoolAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocFromPoolAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_from_pool_async(
+            &CTX,
+            dptr,
+            bytesize,
+            pool,
+            hStream,
+        )
+    }
+}
+///`cuMemAllocFromPoolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut c_void,
+    bytesize: usize,
+    pool: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocFromPoolAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocFromPoolAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_from_pool_async(
+            &CTX,
+            dptr,
+            bytesize,
+            pool,
+            hStream,
+        )
+    }
+}
+///`cuMemAllocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost(
+    pp: *mut c_void,
+    bytesize: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocHost",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_host_v1(&CTX, pp, bytesize)
+    }
+}
 ///`cuMemAllocHost_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost_v2(
@@ -2619,6 +4817,39 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAllocHost_v2(pp, bytesize) }
 }
+///`cuMemAllocPitch_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocPitch_v2(
+    dptr: *mut c_void,
+    pPitch: *mut c_void,
+    WidthInBytes: usize,
+    Height: usize,
+    ElementSizeBytes: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocPitch_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocPitch_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_pitch(
+            &CTX,
+            dptr,
+            pPitch,
+            WidthInBytes,
+            Height,
+            ElementSizeBytes,
+        )
+    }
+}
 ///`cuMemAlloc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAlloc_v2(
@@ -2626,6 +4857,170 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAlloc_v2(
     bytesize: usize,
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAlloc_v2(dptr, bytesize) }
+}
+///`cuMemBatchDecompressAsync` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemBatchDecompressAsync(
+    paramsArray: *mut c_void,
+    count: usize,
+    flags: u32,
+    errorIndex: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemBatchDecompressAsync,
+            &[
+                (paramsArray) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (errorIndex) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemBatchDecompressAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemBatchDecompressAsync_ptsz(
+    paramsArray: *mut c_void,
+    count: usize,
+    flags: u32,
+    errorIndex: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemBatchDecompressAsync_ptsz,
+            &[
+                (paramsArray) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (errorIndex) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemCreate(
+    handle: *mut c_void,
+    size: usize,
+    prop: *mut c_void,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemCreate,
+            &[
+                (handle) as usize as u64,
+                (size) as u64,
+                (prop) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardAndPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardAndPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
 }
 ///`cuMemFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2685,6 +5080,71 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetAccess(
         ) as u32
     }
 }
+///`cuMemGetAddressRange_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAddressRange_v2(
+    pbase: *mut c_void,
+    psize: *mut c_void,
+    dptr: u64,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemGetAddressRange_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemGetAddressRange_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_get_address_range(&CTX, pbase, psize, dptr)
+    }
+}
+///`cuMemGetAllocationGranularity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationGranularity(
+    granularity: *mut c_void,
+    prop: *mut c_void,
+    option: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetAllocationGranularity,
+            &[(granularity) as usize as u64, (prop) as usize as u64, (option) as u64],
+        ) as u32
+    }
+}
+///`cuMemGetAllocationPropertiesFromHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut c_void,
+    handle: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetAllocationPropertiesFromHandle,
+            &[(prop) as usize as u64, (handle) as u64],
+        ) as u32
+    }
+}
+///`cuMemGetDefaultMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetDefaultMemPool(
+    pool_out: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetDefaultMemPool,
+            &[(pool_out) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cuMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo(
@@ -2708,6 +5168,20 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo_v2(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuMemGetInfo_v2,
             &[(free) as usize as u64, (total) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemGetMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetMemPool(
+    pool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetMemPool,
+            &[(pool) as usize as u64, (location) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
@@ -2737,6 +5211,30 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostGetFlags(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemHostGetFlags(pFlags, p) }
 }
+///`cuMemHostRegister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister(
+    p: *mut c_void,
+    bytesize: usize,
+    Flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemHostRegister",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_host_register_v1(&CTX, p, bytesize, Flags)
+    }
+}
 ///`cuMemHostRegister_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(
@@ -2751,7 +5249,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(
 pub unsafe extern "C" fn __chidori_driver_cuMemHostUnregister(p: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuMemHostUnregister(p) }
 }
-///`cuMemMap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemMap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemMap(
     ptr: u64,
@@ -2761,15 +5259,73 @@ pub unsafe extern "C" fn __chidori_driver_cuMemMap(
     flags: u64,
 ) -> u32 {
     unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemMap",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemMap__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_map(&CTX, ptr, size, offset, handle, flags)
+    }
+}
+///`cuMemMapArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemMapArrayAsync(
+    mapInfoList: *mut c_void,
+    count: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemMap,
-            &[
-                (ptr) as u64,
-                (size) as u64,
-                (offset) as u64,
-                (handle) as u64,
-                (flags) as u64,
-            ],
+            &chidori_cuda::calls::driver::cuMemMapArrayAsync,
+            &[(mapInfoList) as usize as u64, (count) as u64, (hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemMapArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemMapArrayAsync_ptsz(
+    mapInfoList: *mut c_void,
+    count: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemMapArrayAsync_ptsz,
+            &[(mapInfoList) as usize as u64, (count) as u64, (hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolCreate` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolCreate__cu118(
+    pool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolCreate__cu118,
+            &[(pool) as usize as u64, (poolProps) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolCreate__cu126(
+    pool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolCreate__cu126,
+            &[(pool) as usize as u64, (poolProps) as usize as u64],
         ) as u32
     }
 }
@@ -2780,6 +5336,66 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolDestroy(pool: *mut c_void) ->
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuMemPoolDestroy,
             &[(pool) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAccess(
+    flags: *mut c_void,
+    memPool: *mut c_void,
+    location: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolGetAccess,
+            &[
+                (flags) as usize as u64,
+                (memPool) as usize as u64,
+                (location) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemPoolGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAttribute(
+    pool: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolGetAttribute,
+            &[(pool) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAccess(
+    pool: *mut c_void,
+    map: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolSetAccess,
+            &[(pool) as usize as u64, (map) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAttribute(
+    pool: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolSetAttribute,
+            &[(pool) as usize as u64, (attr) as u64, (value) as usize as u64],
         ) as u32
     }
 }
@@ -2880,6 +5496,119 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2_ptsz(
         ) as u32
     }
 }
+///`cuMemPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemRangeGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttribute(
+    data: *mut c_void,
+    dataSize: usize,
+    attribute: u32,
+    devPtr: u64,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemRangeGetAttribute,
+            &[
+                (data) as usize as u64,
+                (dataSize) as u64,
+                (attribute) as u64,
+                (devPtr) as u64,
+                (count) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemRangeGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttributes(
+    data: *mut c_void,
+    dataSizes: *mut c_void,
+    attributes: *mut c_void,
+    numAttributes: usize,
+    devPtr: u64,
+    count: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemRangeGetAttributes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_range_get_attributes(
+            &CTX,
+            data,
+            dataSizes,
+            attributes,
+            numAttributes,
+            devPtr,
+            count,
+        )
+    }
+}
 ///`cuMemRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemRelease(handle: u64) -> u32 {
@@ -2890,14 +5619,66 @@ pub unsafe extern "C" fn __chidori_driver_cuMemRelease(handle: u64) -> u32 {
         ) as u32
     }
 }
-///`cuMemUnmap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemRetainAllocationHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemRetainAllocationHandle(
+    handle: *mut c_void,
+    addr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemRetainAllocationHandle,
+            &[(handle) as usize as u64, (addr) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemSetAccess(
+    ptr: u64,
+    size: usize,
+    desc: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemSetAccess,
+            &[(ptr) as u64, (size) as u64, (desc) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuMemSetMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemSetMemPool(
+    location: *mut c_void,
+    r#type: u32,
+    pool: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemSetMemPool,
+            &[(location) as usize as u64, (r#type) as u64, (pool) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemUnmap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemUnmap(ptr: u64, size: usize) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemUnmap,
-            &[(ptr) as u64, (size) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemUnmap",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemUnmap__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_unmap(&CTX, ptr, size)
     }
 }
 ///`cuMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2912,6 +5693,386 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
             &chidori_cuda::calls::driver::cuMemcpy,
             &[(dst) as u64, (src) as u64, (ByteCount) as u64],
         ) as u32
+    }
+}
+///`cuMemcpy2DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2DAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d_async(&CTX, pCopy, hStream)
+    }
+}
+///`cuMemcpy2DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2_ptsz(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2DAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2_ptsz__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d_async(&CTX, pCopy, hStream)
+    }
+}
+///`cuMemcpy2DUnaligned_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2(
+    pCopy: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2DUnaligned_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy2DUnaligned_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2_ptds(
+    pCopy: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2DUnaligned_v2_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2_ptds__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy2D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2D_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy2D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2_ptds(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2D_v2_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2_ptds__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy3DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_async(&CTX, pCopy, hStream)
+    }
+}
+///`cuMemcpy3DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2_ptsz(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2_ptsz__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_async(&CTX, pCopy, hStream)
+    }
+}
+///`cuMemcpy3DBatchAsync` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DBatchAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_batch_fail_index(
+            &CTX,
+            numOps,
+            opList,
+            failIdx,
+            flags,
+            hStream,
+        )
+    }
+}
+///`cuMemcpy3DBatchAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_ptsz(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DBatchAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_batch_fail_index(
+            &CTX,
+            numOps,
+            opList,
+            failIdx,
+            flags,
+            hStream,
+        )
+    }
+}
+///`cuMemcpy3DBatchAsync_v2` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DBatchAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_batch(&CTX, numOps, opList, flags, hStream)
+    }
+}
+///`cuMemcpy3DBatchAsync_v2_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DBatchAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_batch(&CTX, numOps, opList, flags, hStream)
+    }
+}
+///`cuMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpy3DPeer,
+            &[(pCopy) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemcpy3DPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeerAsync(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpy3DPeerAsync,
+            &[(pCopy) as usize as u64, (hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemcpy3DPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeerAsync_ptsz(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpy3DPeerAsync_ptsz,
+            &[(pCopy) as usize as u64, (hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemcpy3DPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer_ptds(
+    pCopy: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpy3DPeer_ptds,
+            &[(pCopy) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemcpy3D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3D_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy3D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2_ptds(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3D_v2_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2_ptds__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d(&CTX, pCopy)
     }
 }
 ///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3068,6 +6229,292 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD_v2_ptds(
                 (ByteCount) as u64,
             ],
         ) as u32
+    }
+}
+///`cuMemcpyAtoH` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: u32,
+    ByteCount: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoH,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoHAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: u32,
+    ByteCount: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoHAsync,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoHAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync_v2(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: usize,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoHAsync_v2,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoHAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync_v2_ptsz(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: usize,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoHAsync_v2_ptsz,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoH_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: usize,
+    ByteCount: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoH_v2,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2_ptds(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: usize,
+    ByteCount: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoH_v2_ptds,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyBatchAsync` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyBatchAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_batch_fail_index(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            failIdx,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyBatchAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_ptsz(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyBatchAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_batch_fail_index(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            failIdx,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyBatchAsync_v2` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyBatchAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_batch(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyBatchAsync_v2_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2_ptsz(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyBatchAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_batch(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            hStream,
+        )
     }
 }
 ///`cuMemcpyDtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3283,6 +6730,132 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2_ptds(
     ByteCount: usize,
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemcpyDtoH_v2_ptds(dstHost, srcDevice, ByteCount) }
+}
+///`cuMemcpyHtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA(
+    dstArray: *mut c_void,
+    dstOffset: u32,
+    srcHost: *mut c_void,
+    ByteCount: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoA,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoAAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync(
+    dstArray: *mut c_void,
+    dstOffset: u32,
+    srcHost: *mut c_void,
+    ByteCount: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoAAsync,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoAAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync_v2(
+    dstArray: *mut c_void,
+    dstOffset: usize,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoAAsync_v2,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoAAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync_v2_ptsz(
+    dstArray: *mut c_void,
+    dstOffset: usize,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoAAsync_v2_ptsz,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA_v2(
+    dstArray: *mut c_void,
+    dstOffset: usize,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoA_v2,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoA_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA_v2_ptds(
+    dstArray: *mut c_void,
+    dstOffset: usize,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoA_v2_ptds,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
 }
 ///`cuMemcpyHtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -4000,6 +7573,24 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8_v2_ptds(
         ) as u32
     }
 }
+///`cuMipmappedArrayCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayCreate(
+    pHandle: *mut c_void,
+    pMipmappedArrayDesc: *mut c_void,
+    numMipmapLevels: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMipmappedArrayCreate,
+            &[
+                (pHandle) as usize as u64,
+                (pMipmappedArrayDesc) as usize as u64,
+                (numMipmapLevels) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuMipmappedArrayDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayDestroy(
@@ -4027,6 +7618,37 @@ pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetLevel(
                 (hMipmappedArray) as usize as u64,
                 (level) as u64,
             ],
+        ) as u32
+    }
+}
+///`cuMipmappedArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetMemoryRequirements(
+    memoryRequirements: *mut c_void,
+    mipmap: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMipmappedArrayGetMemoryRequirements,
+            &[
+                (memoryRequirements) as usize as u64,
+                (mipmap) as usize as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMipmappedArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetSparseProperties(
+    sparseProperties: *mut c_void,
+    mipmap: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMipmappedArrayGetSparseProperties,
+            &[(sparseProperties) as usize as u64, (mipmap) as usize as u64],
         ) as u32
     }
 }
@@ -4354,6 +7976,26 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastUnbind(
         ) as u32
     }
 }
+///`cuOccupancyAvailableDynamicSMemPerBlock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyAvailableDynamicSMemPerBlock(
+    dynamicSmemSize: *mut c_void,
+    func: *mut c_void,
+    numBlocks: i32,
+    blockSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuOccupancyAvailableDynamicSMemPerBlock,
+            &[
+                (dynamicSmemSize) as usize as u64,
+                (func) as usize as u64,
+                (numBlocks) as i64 as u64,
+                (blockSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -4394,6 +8036,78 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiproc
                 (flags) as u64,
             ],
         ) as u32
+    }
+}
+///`cuOccupancyMaxPotentialBlockSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSize(
+    minGridSize: *mut c_void,
+    blockSize: *mut c_void,
+    func: *mut c_void,
+    blockSizeToDynamicSMemSize: *mut c_void,
+    dynamicSMemSize: usize,
+    blockSizeLimit: i32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialBlockSize",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_block_size(
+            &CTX,
+            minGridSize,
+            blockSize,
+            func,
+            blockSizeToDynamicSMemSize,
+            dynamicSMemSize,
+            blockSizeLimit,
+        )
+    }
+}
+///`cuOccupancyMaxPotentialBlockSizeWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFlags(
+    minGridSize: *mut c_void,
+    blockSize: *mut c_void,
+    func: *mut c_void,
+    blockSizeToDynamicSMemSize: *mut c_void,
+    dynamicSMemSize: usize,
+    blockSizeLimit: i32,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialBlockSizeWithFlags",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_block_size_with_flags(
+            &CTX,
+            minGridSize,
+            blockSize,
+            func,
+            blockSizeToDynamicSMemSize,
+            dynamicSMemSize,
+            blockSizeLimit,
+            flags,
+        )
     }
 }
 ///`cuParamSetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -4455,6 +8169,26 @@ pub unsafe extern "C" fn __chidori_driver_cuParamSeti(
         ) as u32
     }
 }
+///`cuParamSetv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuParamSetv(
+    hfunc: *mut c_void,
+    offset: i32,
+    ptr: *mut c_void,
+    numbytes: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuParamSetv,
+            &[
+                (hfunc) as usize as u64,
+                (offset) as i64 as u64,
+                (ptr) as usize as u64,
+                (numbytes) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuPointerGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttribute(
@@ -4463,6 +8197,123 @@ pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttribute(
     ptr: u64,
 ) -> u32 {
     unsafe { crate::custom::driver::cuPointerGetAttribute(data, attribute, ptr) }
+}
+///`cuPointerGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttributes(
+    numAttributes: u32,
+    attributes: *mut c_void,
+    data: *mut c_void,
+    ptr: u64,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuPointerGetAttributes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::pointer_get_attributes(
+            &CTX,
+            numAttributes,
+            attributes,
+            data,
+            ptr,
+        )
+    }
+}
+///`cuPointerSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuPointerSetAttribute(
+    value: *mut c_void,
+    attribute: u32,
+    ptr: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuPointerSetAttribute,
+            &[(value) as usize as u64, (attribute) as u64, (ptr) as u64],
+        ) as u32
+    }
+}
+///`cuProfilerStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuProfilerStart() -> u32 {
+    unsafe { crate::custom::driver::cuProfilerStart() }
+}
+///`cuProfilerStop` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuProfilerStop() -> u32 {
+    unsafe { crate::custom::driver::cuProfilerStop() }
+}
+///`cuStreamAddCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback(
+    hStream: *mut c_void,
+    callback: *mut c_void,
+    userData: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamAddCallback",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamAddCallback__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::stream_add_callback(
+            &CTX,
+            hStream,
+            callback,
+            userData,
+            flags,
+        )
+    }
+}
+///`cuStreamAddCallback_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback_ptsz(
+    hStream: *mut c_void,
+    callback: *mut c_void,
+    userData: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamAddCallback_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamAddCallback_ptsz__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::stream_add_callback(
+            &CTX,
+            hStream,
+            callback,
+            userData,
+            flags,
+        )
+    }
 }
 ///`cuStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -4494,6 +8345,166 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync_ptsz(
         ) as u32
     }
 }
+///`cuStreamBatchMemOp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp__cu118(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp__cu118,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp__cu131(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp__cu131,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_ptsz__cu118(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_ptsz__cu118,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_ptsz` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_ptsz__cu131(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_ptsz__cu131,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2__cu118(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_v2__cu118,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_v2` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2__cu131(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_v2__cu131,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu118(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_v2_ptsz__cu118,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_v2_ptsz` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu131(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_v2_ptsz__cu131,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
@@ -4514,6 +8525,78 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
             },
         };
         crate::custom::capture::begin_capture_without_mode(&CTX, hStream)
+    }
+}
+///`cuStreamBeginCaptureToGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph(
+    hStream: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamBeginCaptureToGraph",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCaptureToGraph__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_to_graph(
+            &CTX,
+            hStream,
+            hGraph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            mode,
+        )
+    }
+}
+///`cuStreamBeginCaptureToGraph_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph_ptsz(
+    hStream: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamBeginCaptureToGraph_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[
+                &chidori_cuda::calls::driver::cuStreamBeginCaptureToGraph_ptsz__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_to_graph(
+            &CTX,
+            hStream,
+            hGraph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            mode,
+        )
     }
 }
 ///`cuStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -4705,6 +8788,146 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture_ptsz(
         crate::custom::capture::end_capture(&CTX, hStream, phGraph)
     }
 }
+///`cuStreamGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuStreamGetCaptureInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo(
@@ -4739,6 +8962,150 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_ptsz(
                 (id_out) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cuStreamGetCaptureInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2(
+    hStream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamGetCaptureInfo_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v2(
+            &CTX,
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cuStreamGetCaptureInfo_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2_ptsz(
+    hStream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamGetCaptureInfo_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v2(
+            &CTX,
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cuStreamGetCaptureInfo_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3(
+    hStream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamGetCaptureInfo_v3",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v3(
+            &CTX,
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cuStreamGetCaptureInfo_v3_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3_ptsz(
+    hStream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamGetCaptureInfo_v3_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v3(
+            &CTX,
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
     }
 }
 ///`cuStreamGetCtx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -4800,6 +9167,34 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx_v2_ptsz(
                 (pCtx) as usize as u64,
                 (pGreenCtx) as usize as u64,
             ],
+        ) as u32
+    }
+}
+///`cuStreamGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevResource(
+    hStream: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetDevResource,
+            &[(hStream) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetDevResource_ptsz` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevResource_ptsz(
+    hStream: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetDevResource_ptsz,
+            &[(hStream) as usize as u64, (resource) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
@@ -4988,6 +9383,146 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamQuery_ptsz(
         ) as u32
     }
 }
+///`cuStreamSetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize(
@@ -5046,6 +9581,50 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_ptsz
             &[
                 (hStream) as usize as u64,
                 (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamUpdateCaptureDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_v2(
+    hStream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamUpdateCaptureDependencies_v2,
+            &[
+                (hStream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamUpdateCaptureDependencies_v2_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_v2_ptsz(
+    hStream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamUpdateCaptureDependencies_v2_ptsz,
+            &[
+                (hStream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
                 (numDependencies) as u64,
                 (flags) as u64,
             ],
@@ -5320,6 +9899,19 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64_v2_ptsz(
         ) as u32
     }
 }
+///`cuSurfObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuSurfObjectCreate(
+    pSurfObject: *mut c_void,
+    pResDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuSurfObjectCreate,
+            &[(pSurfObject) as usize as u64, (pResDesc) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuSurfObjectDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuSurfObjectDestroy(surfObject: u64) -> u32 {
@@ -5327,6 +9919,19 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfObjectDestroy(surfObject: u64) -
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuSurfObjectDestroy,
             &[(surfObject) as u64],
+        ) as u32
+    }
+}
+///`cuSurfObjectGetResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuSurfObjectGetResourceDesc(
+    pResDesc: *mut c_void,
+    surfObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuSurfObjectGetResourceDesc,
+            &[(pResDesc) as usize as u64, (surfObject) as u64],
         ) as u32
     }
 }
@@ -5357,6 +9962,161 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfRefSetArray(
         ) as u32
     }
 }
+///`cuTensorMapEncodeIm2col` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeIm2col(
+    tensorMap: *mut c_void,
+    tensorDataType: u32,
+    tensorRank: u32,
+    globalAddress: *mut c_void,
+    globalDim: *mut c_void,
+    globalStrides: *mut c_void,
+    pixelBoxLowerCorner: *mut c_void,
+    pixelBoxUpperCorner: *mut c_void,
+    channelsPerPixel: u32,
+    pixelsPerColumn: u32,
+    elementStrides: *mut c_void,
+    interleave: u32,
+    swizzle: u32,
+    l2Promotion: u32,
+    oobFill: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapEncodeIm2col,
+            &[
+                (tensorMap) as usize as u64,
+                (tensorDataType) as u64,
+                (tensorRank) as u64,
+                (globalAddress) as usize as u64,
+                (globalDim) as usize as u64,
+                (globalStrides) as usize as u64,
+                (pixelBoxLowerCorner) as usize as u64,
+                (pixelBoxUpperCorner) as usize as u64,
+                (channelsPerPixel) as u64,
+                (pixelsPerColumn) as u64,
+                (elementStrides) as usize as u64,
+                (interleave) as u64,
+                (swizzle) as u64,
+                (l2Promotion) as u64,
+                (oobFill) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuTensorMapEncodeIm2colWide` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeIm2colWide(
+    tensorMap: *mut c_void,
+    tensorDataType: u32,
+    tensorRank: u32,
+    globalAddress: *mut c_void,
+    globalDim: *mut c_void,
+    globalStrides: *mut c_void,
+    pixelBoxLowerCornerWidth: i32,
+    pixelBoxUpperCornerWidth: i32,
+    channelsPerPixel: u32,
+    pixelsPerColumn: u32,
+    elementStrides: *mut c_void,
+    interleave: u32,
+    mode: u32,
+    swizzle: u32,
+    l2Promotion: u32,
+    oobFill: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapEncodeIm2colWide,
+            &[
+                (tensorMap) as usize as u64,
+                (tensorDataType) as u64,
+                (tensorRank) as u64,
+                (globalAddress) as usize as u64,
+                (globalDim) as usize as u64,
+                (globalStrides) as usize as u64,
+                (pixelBoxLowerCornerWidth) as i64 as u64,
+                (pixelBoxUpperCornerWidth) as i64 as u64,
+                (channelsPerPixel) as u64,
+                (pixelsPerColumn) as u64,
+                (elementStrides) as usize as u64,
+                (interleave) as u64,
+                (mode) as u64,
+                (swizzle) as u64,
+                (l2Promotion) as u64,
+                (oobFill) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuTensorMapEncodeTiled` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeTiled(
+    tensorMap: *mut c_void,
+    tensorDataType: u32,
+    tensorRank: u32,
+    globalAddress: *mut c_void,
+    globalDim: *mut c_void,
+    globalStrides: *mut c_void,
+    boxDim: *mut c_void,
+    elementStrides: *mut c_void,
+    interleave: u32,
+    swizzle: u32,
+    l2Promotion: u32,
+    oobFill: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapEncodeTiled,
+            &[
+                (tensorMap) as usize as u64,
+                (tensorDataType) as u64,
+                (tensorRank) as u64,
+                (globalAddress) as usize as u64,
+                (globalDim) as usize as u64,
+                (globalStrides) as usize as u64,
+                (boxDim) as usize as u64,
+                (elementStrides) as usize as u64,
+                (interleave) as u64,
+                (swizzle) as u64,
+                (l2Promotion) as u64,
+                (oobFill) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuTensorMapReplaceAddress` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapReplaceAddress(
+    tensorMap: *mut c_void,
+    globalAddress: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapReplaceAddress,
+            &[(tensorMap) as usize as u64, (globalAddress) as usize as u64],
+        ) as u32
+    }
+}
+///`cuTexObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexObjectCreate(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexObjectCreate,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuTexObjectDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexObjectDestroy(texObject: u64) -> u32 {
@@ -5364,6 +10124,45 @@ pub unsafe extern "C" fn __chidori_driver_cuTexObjectDestroy(texObject: u64) -> 
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuTexObjectDestroy,
             &[(texObject) as u64],
+        ) as u32
+    }
+}
+///`cuTexObjectGetResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetResourceDesc(
+    pResDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexObjectGetResourceDesc,
+            &[(pResDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cuTexObjectGetResourceViewDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetResourceViewDesc(
+    pResViewDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexObjectGetResourceViewDesc,
+            &[(pResViewDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cuTexObjectGetTextureDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetTextureDesc(
+    pTexDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexObjectGetTextureDesc,
+            &[(pTexDesc) as usize as u64, (texObject) as u64],
         ) as u32
     }
 }
@@ -5476,6 +10275,24 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFlags(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuTexRefGetFlags,
             &[(pFlags) as usize as u64, (hTexRef) as usize as u64],
+        ) as u32
+    }
+}
+///`cuTexRefGetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFormat(
+    pFormat: *mut c_void,
+    pNumChannels: *mut c_void,
+    hTexRef: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexRefGetFormat,
+            &[
+                (pFormat) as usize as u64,
+                (pNumChannels) as usize as u64,
+                (hTexRef) as usize as u64,
+            ],
         ) as u32
     }
 }

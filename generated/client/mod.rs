@@ -37,6 +37,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuArray3DCreate_v2" => {
             Some(driver::__chidori_driver_cuArray3DCreate_v2 as *const c_void)
         }
+        "cuArray3DGetDescriptor" => {
+            Some(driver::__chidori_driver_cuArray3DGetDescriptor as *const c_void)
+        }
+        "cuArray3DGetDescriptor_v2" => {
+            Some(driver::__chidori_driver_cuArray3DGetDescriptor_v2 as *const c_void)
+        }
         "cuArrayCreate" => Some(driver::__chidori_driver_cuArrayCreate as *const c_void),
         "cuArrayCreate_v2" => {
             Some(driver::__chidori_driver_cuArrayCreate_v2 as *const c_void)
@@ -44,8 +50,20 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuArrayDestroy" => {
             Some(driver::__chidori_driver_cuArrayDestroy as *const c_void)
         }
+        "cuArrayGetDescriptor" => {
+            Some(driver::__chidori_driver_cuArrayGetDescriptor as *const c_void)
+        }
+        "cuArrayGetDescriptor_v2" => {
+            Some(driver::__chidori_driver_cuArrayGetDescriptor_v2 as *const c_void)
+        }
+        "cuArrayGetMemoryRequirements" => {
+            Some(driver::__chidori_driver_cuArrayGetMemoryRequirements as *const c_void)
+        }
         "cuArrayGetPlane" => {
             Some(driver::__chidori_driver_cuArrayGetPlane as *const c_void)
+        }
+        "cuArrayGetSparseProperties" => {
+            Some(driver::__chidori_driver_cuArrayGetSparseProperties as *const c_void)
         }
         "cuCheckpointProcessGetRestoreThreadId" => {
             Some(
@@ -60,6 +78,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuCtxCreate" => Some(driver::__chidori_driver_cuCtxCreate as *const c_void),
         "cuCtxCreate_v2" => {
             Some(driver::__chidori_driver_cuCtxCreate_v2 as *const c_void)
+        }
+        "cuCtxCreate_v3" => {
+            Some(driver::__chidori_driver_cuCtxCreate_v3 as *const c_void)
+        }
+        "cuCtxCreate_v4" => {
+            Some(driver::__chidori_driver_cuCtxCreate_v4 as *const c_void)
         }
         "cuCtxDestroy" => Some(driver::__chidori_driver_cuCtxDestroy as *const c_void),
         "cuCtxDestroy_v2" => {
@@ -84,11 +108,17 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuCtxGetCurrent" => {
             Some(driver::__chidori_driver_cuCtxGetCurrent as *const c_void)
         }
+        "cuCtxGetDevResource" => {
+            Some(driver::__chidori_driver_cuCtxGetDevResource__cu131 as *const c_void)
+        }
         "cuCtxGetDevice" => {
             Some(driver::__chidori_driver_cuCtxGetDevice as *const c_void)
         }
         "cuCtxGetDevice_v2" => {
             Some(driver::__chidori_driver_cuCtxGetDevice_v2 as *const c_void)
+        }
+        "cuCtxGetExecAffinity" => {
+            Some(driver::__chidori_driver_cuCtxGetExecAffinity as *const c_void)
         }
         "cuCtxGetFlags" => Some(driver::__chidori_driver_cuCtxGetFlags as *const c_void),
         "cuCtxGetId" => Some(driver::__chidori_driver_cuCtxGetId as *const c_void),
@@ -143,6 +173,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDestroyExternalSemaphore" => {
             Some(driver::__chidori_driver_cuDestroyExternalSemaphore as *const c_void)
         }
+        "cuDevResourceGenerateDesc" => {
+            Some(
+                driver::__chidori_driver_cuDevResourceGenerateDesc__cu131
+                    as *const c_void,
+            )
+        }
+        "cuDevSmResourceSplit" => {
+            Some(driver::__chidori_driver_cuDevSmResourceSplit as *const c_void)
+        }
         "cuDeviceCanAccessPeer" => {
             Some(driver::__chidori_driver_cuDeviceCanAccessPeer as *const c_void)
         }
@@ -162,10 +201,25 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDeviceGetDefaultMemPool" => {
             Some(driver::__chidori_driver_cuDeviceGetDefaultMemPool as *const c_void)
         }
+        "cuDeviceGetDevResource" => {
+            Some(driver::__chidori_driver_cuDeviceGetDevResource__cu131 as *const c_void)
+        }
         "cuDeviceGetExecAffinitySupport" => {
             Some(
                 driver::__chidori_driver_cuDeviceGetExecAffinitySupport as *const c_void,
             )
+        }
+        "cuDeviceGetGraphMemAttribute" => {
+            Some(driver::__chidori_driver_cuDeviceGetGraphMemAttribute as *const c_void)
+        }
+        "cuDeviceGetHostAtomicCapabilities" => {
+            Some(
+                driver::__chidori_driver_cuDeviceGetHostAtomicCapabilities
+                    as *const c_void,
+            )
+        }
+        "cuDeviceGetLuid" => {
+            Some(driver::__chidori_driver_cuDeviceGetLuid as *const c_void)
         }
         "cuDeviceGetMemPool" => {
             Some(driver::__chidori_driver_cuDeviceGetMemPool as *const c_void)
@@ -173,8 +227,26 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDeviceGetName" => {
             Some(driver::__chidori_driver_cuDeviceGetName as *const c_void)
         }
+        "cuDeviceGetP2PAtomicCapabilities" => {
+            Some(
+                driver::__chidori_driver_cuDeviceGetP2PAtomicCapabilities
+                    as *const c_void,
+            )
+        }
         "cuDeviceGetP2PAttribute" => {
             Some(driver::__chidori_driver_cuDeviceGetP2PAttribute as *const c_void)
+        }
+        "cuDeviceGetPCIBusId" => {
+            Some(driver::__chidori_driver_cuDeviceGetPCIBusId as *const c_void)
+        }
+        "cuDeviceGetProperties" => {
+            Some(driver::__chidori_driver_cuDeviceGetProperties as *const c_void)
+        }
+        "cuDeviceGetTexture1DLinearMaxWidth" => {
+            Some(
+                driver::__chidori_driver_cuDeviceGetTexture1DLinearMaxWidth
+                    as *const c_void,
+            )
         }
         "cuDeviceGetUuid" => {
             Some(driver::__chidori_driver_cuDeviceGetUuid as *const c_void)
@@ -208,6 +280,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuDevicePrimaryCtxSetFlags_v2" => {
             Some(driver::__chidori_driver_cuDevicePrimaryCtxSetFlags_v2 as *const c_void)
+        }
+        "cuDeviceSetGraphMemAttribute" => {
+            Some(driver::__chidori_driver_cuDeviceSetGraphMemAttribute as *const c_void)
         }
         "cuDeviceSetMemPool" => {
             Some(driver::__chidori_driver_cuDeviceSetMemPool as *const c_void)
@@ -274,6 +349,10 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuFuncGetModule" => {
             Some(driver::__chidori_driver_cuFuncGetModule as *const c_void)
         }
+        "cuFuncGetName" => Some(driver::__chidori_driver_cuFuncGetName as *const c_void),
+        "cuFuncGetParamInfo" => {
+            Some(driver::__chidori_driver_cuFuncGetParamInfo as *const c_void)
+        }
         "cuFuncIsLoaded" => {
             Some(driver::__chidori_driver_cuFuncIsLoaded as *const c_void)
         }
@@ -305,6 +384,51 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGetProcAddress_v2" => {
             Some(driver::__chidori_driver_cuGetProcAddress_v2 as *const c_void)
         }
+        "cuGraphAddChildGraphNode" => {
+            Some(driver::__chidori_driver_cuGraphAddChildGraphNode as *const c_void)
+        }
+        "cuGraphAddDependencies" => {
+            Some(driver::__chidori_driver_cuGraphAddDependencies as *const c_void)
+        }
+        "cuGraphAddDependencies_v2" => {
+            Some(driver::__chidori_driver_cuGraphAddDependencies_v2 as *const c_void)
+        }
+        "cuGraphAddEmptyNode" => {
+            Some(driver::__chidori_driver_cuGraphAddEmptyNode as *const c_void)
+        }
+        "cuGraphAddEventRecordNode" => {
+            Some(driver::__chidori_driver_cuGraphAddEventRecordNode as *const c_void)
+        }
+        "cuGraphAddEventWaitNode" => {
+            Some(driver::__chidori_driver_cuGraphAddEventWaitNode as *const c_void)
+        }
+        "cuGraphAddHostNode" => {
+            Some(driver::__chidori_driver_cuGraphAddHostNode as *const c_void)
+        }
+        "cuGraphAddKernelNode" => {
+            Some(driver::__chidori_driver_cuGraphAddKernelNode as *const c_void)
+        }
+        "cuGraphAddKernelNode_v2" => {
+            Some(driver::__chidori_driver_cuGraphAddKernelNode_v2 as *const c_void)
+        }
+        "cuGraphAddMemAllocNode" => {
+            Some(driver::__chidori_driver_cuGraphAddMemAllocNode__cu126 as *const c_void)
+        }
+        "cuGraphAddMemFreeNode" => {
+            Some(driver::__chidori_driver_cuGraphAddMemFreeNode as *const c_void)
+        }
+        "cuGraphAddMemcpyNode" => {
+            Some(driver::__chidori_driver_cuGraphAddMemcpyNode as *const c_void)
+        }
+        "cuGraphAddMemsetNode" => {
+            Some(driver::__chidori_driver_cuGraphAddMemsetNode as *const c_void)
+        }
+        "cuGraphAddNode" => {
+            Some(driver::__chidori_driver_cuGraphAddNode as *const c_void)
+        }
+        "cuGraphAddNode_v2" => {
+            Some(driver::__chidori_driver_cuGraphAddNode_v2 as *const c_void)
+        }
         "cuGraphChildGraphNodeGetGraph" => {
             Some(driver::__chidori_driver_cuGraphChildGraphNodeGetGraph as *const c_void)
         }
@@ -315,6 +439,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             )
         }
         "cuGraphCreate" => Some(driver::__chidori_driver_cuGraphCreate as *const c_void),
+        "cuGraphDebugDotPrint" => {
+            Some(driver::__chidori_driver_cuGraphDebugDotPrint as *const c_void)
+        }
         "cuGraphDestroy" => {
             Some(driver::__chidori_driver_cuGraphDestroy as *const c_void)
         }
@@ -364,16 +491,44 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphExecGetId" => {
             Some(driver::__chidori_driver_cuGraphExecGetId as *const c_void)
         }
+        "cuGraphExecHostNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphExecHostNodeSetParams as *const c_void)
+        }
+        "cuGraphExecKernelNodeSetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphExecKernelNodeSetParams as *const c_void,
+            )
+        }
+        "cuGraphExecKernelNodeSetParams_v2" => {
+            Some(
+                driver::__chidori_driver_cuGraphExecKernelNodeSetParams_v2
+                    as *const c_void,
+            )
+        }
+        "cuGraphExecMemcpyNodeSetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphExecMemcpyNodeSetParams as *const c_void,
+            )
+        }
         "cuGraphExecMemsetNodeSetParams" => {
             Some(
                 driver::__chidori_driver_cuGraphExecMemsetNodeSetParams as *const c_void,
             )
         }
+        "cuGraphExecNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphExecNodeSetParams as *const c_void)
+        }
         "cuGraphExecUpdate" => {
             Some(driver::__chidori_driver_cuGraphExecUpdate as *const c_void)
         }
+        "cuGraphExecUpdate_v2" => {
+            Some(driver::__chidori_driver_cuGraphExecUpdate_v2 as *const c_void)
+        }
         "cuGraphGetEdges" => {
             Some(driver::__chidori_driver_cuGraphGetEdges as *const c_void)
+        }
+        "cuGraphGetEdges_v2" => {
+            Some(driver::__chidori_driver_cuGraphGetEdges_v2 as *const c_void)
         }
         "cuGraphGetId" => Some(driver::__chidori_driver_cuGraphGetId as *const c_void),
         "cuGraphGetNodes" => {
@@ -382,20 +537,80 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphGetRootNodes" => {
             Some(driver::__chidori_driver_cuGraphGetRootNodes as *const c_void)
         }
+        "cuGraphHostNodeGetParams" => {
+            Some(driver::__chidori_driver_cuGraphHostNodeGetParams as *const c_void)
+        }
+        "cuGraphHostNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphHostNodeSetParams as *const c_void)
+        }
+        "cuGraphInstantiate" => {
+            Some(driver::__chidori_driver_cuGraphInstantiate as *const c_void)
+        }
         "cuGraphInstantiateWithFlags" => {
             Some(driver::__chidori_driver_cuGraphInstantiateWithFlags as *const c_void)
+        }
+        "cuGraphInstantiateWithParams" => {
+            Some(driver::__chidori_driver_cuGraphInstantiateWithParams as *const c_void)
+        }
+        "cuGraphInstantiateWithParams_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuGraphInstantiateWithParams_ptsz
+                    as *const c_void,
+            )
+        }
+        "cuGraphInstantiate_v2" => {
+            Some(driver::__chidori_driver_cuGraphInstantiate_v2 as *const c_void)
         }
         "cuGraphKernelNodeCopyAttributes" => {
             Some(
                 driver::__chidori_driver_cuGraphKernelNodeCopyAttributes as *const c_void,
             )
         }
+        "cuGraphKernelNodeGetAttribute" => {
+            Some(
+                driver::__chidori_driver_cuGraphKernelNodeGetAttribute__cu130
+                    as *const c_void,
+            )
+        }
+        "cuGraphKernelNodeGetParams" => {
+            Some(driver::__chidori_driver_cuGraphKernelNodeGetParams as *const c_void)
+        }
+        "cuGraphKernelNodeGetParams_v2" => {
+            Some(driver::__chidori_driver_cuGraphKernelNodeGetParams_v2 as *const c_void)
+        }
+        "cuGraphKernelNodeSetAttribute" => {
+            Some(
+                driver::__chidori_driver_cuGraphKernelNodeSetAttribute__cu130
+                    as *const c_void,
+            )
+        }
+        "cuGraphKernelNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphKernelNodeSetParams as *const c_void)
+        }
+        "cuGraphKernelNodeSetParams_v2" => {
+            Some(driver::__chidori_driver_cuGraphKernelNodeSetParams_v2 as *const c_void)
+        }
         "cuGraphLaunch" => Some(driver::__chidori_driver_cuGraphLaunch as *const c_void),
         "cuGraphLaunch_ptsz" => {
             Some(driver::__chidori_driver_cuGraphLaunch_ptsz as *const c_void)
         }
+        "cuGraphMemAllocNodeGetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphMemAllocNodeGetParams__cu126
+                    as *const c_void,
+            )
+        }
         "cuGraphMemFreeNodeGetParams" => {
             Some(driver::__chidori_driver_cuGraphMemFreeNodeGetParams as *const c_void)
+        }
+        "cuGraphMemcpyNodeGetParams" => {
+            Some(driver::__chidori_driver_cuGraphMemcpyNodeGetParams as *const c_void)
+        }
+        "cuGraphMemcpyNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphMemcpyNodeSetParams as *const c_void)
+        }
+        "cuGraphMemsetNodeGetParams" => {
+            Some(driver::__chidori_driver_cuGraphMemsetNodeGetParams as *const c_void)
         }
         "cuGraphMemsetNodeSetParams" => {
             Some(driver::__chidori_driver_cuGraphMemsetNodeSetParams as *const c_void)
@@ -409,8 +624,16 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphNodeGetDependencies" => {
             Some(driver::__chidori_driver_cuGraphNodeGetDependencies as *const c_void)
         }
+        "cuGraphNodeGetDependencies_v2" => {
+            Some(driver::__chidori_driver_cuGraphNodeGetDependencies_v2 as *const c_void)
+        }
         "cuGraphNodeGetDependentNodes" => {
             Some(driver::__chidori_driver_cuGraphNodeGetDependentNodes as *const c_void)
+        }
+        "cuGraphNodeGetDependentNodes_v2" => {
+            Some(
+                driver::__chidori_driver_cuGraphNodeGetDependentNodes_v2 as *const c_void,
+            )
         }
         "cuGraphNodeGetEnabled" => {
             Some(driver::__chidori_driver_cuGraphNodeGetEnabled as *const c_void)
@@ -427,8 +650,17 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphNodeSetEnabled" => {
             Some(driver::__chidori_driver_cuGraphNodeSetEnabled as *const c_void)
         }
+        "cuGraphNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphNodeSetParams as *const c_void)
+        }
         "cuGraphReleaseUserObject" => {
             Some(driver::__chidori_driver_cuGraphReleaseUserObject as *const c_void)
+        }
+        "cuGraphRemoveDependencies" => {
+            Some(driver::__chidori_driver_cuGraphRemoveDependencies as *const c_void)
+        }
+        "cuGraphRemoveDependencies_v2" => {
+            Some(driver::__chidori_driver_cuGraphRemoveDependencies_v2 as *const c_void)
         }
         "cuGraphRetainUserObject" => {
             Some(driver::__chidori_driver_cuGraphRetainUserObject as *const c_void)
@@ -479,6 +711,11 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGreenCtxDestroy" => {
             Some(driver::__chidori_driver_cuGreenCtxDestroy as *const c_void)
         }
+        "cuGreenCtxGetDevResource" => {
+            Some(
+                driver::__chidori_driver_cuGreenCtxGetDevResource__cu131 as *const c_void,
+            )
+        }
         "cuGreenCtxGetId" => {
             Some(driver::__chidori_driver_cuGreenCtxGetId as *const c_void)
         }
@@ -512,6 +749,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuKernelGetLibrary" => {
             Some(driver::__chidori_driver_cuKernelGetLibrary as *const c_void)
+        }
+        "cuKernelGetName" => {
+            Some(driver::__chidori_driver_cuKernelGetName as *const c_void)
+        }
+        "cuKernelGetParamInfo" => {
+            Some(driver::__chidori_driver_cuKernelGetParamInfo as *const c_void)
         }
         "cuKernelSetAttribute" => {
             Some(driver::__chidori_driver_cuKernelSetAttribute as *const c_void)
@@ -568,8 +811,29 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuLibraryGetModule" => {
             Some(driver::__chidori_driver_cuLibraryGetModule as *const c_void)
         }
+        "cuLibraryLoadData" => {
+            Some(driver::__chidori_driver_cuLibraryLoadData as *const c_void)
+        }
+        "cuLibraryLoadFromFile" => {
+            Some(driver::__chidori_driver_cuLibraryLoadFromFile as *const c_void)
+        }
         "cuLibraryUnload" => {
             Some(driver::__chidori_driver_cuLibraryUnload as *const c_void)
+        }
+        "cuLinkAddData" => Some(driver::__chidori_driver_cuLinkAddData as *const c_void),
+        "cuLinkAddData_v2" => {
+            Some(driver::__chidori_driver_cuLinkAddData_v2 as *const c_void)
+        }
+        "cuLinkAddFile" => Some(driver::__chidori_driver_cuLinkAddFile as *const c_void),
+        "cuLinkAddFile_v2" => {
+            Some(driver::__chidori_driver_cuLinkAddFile_v2 as *const c_void)
+        }
+        "cuLinkComplete" => {
+            Some(driver::__chidori_driver_cuLinkComplete as *const c_void)
+        }
+        "cuLinkCreate" => Some(driver::__chidori_driver_cuLinkCreate as *const c_void),
+        "cuLinkCreate_v2" => {
+            Some(driver::__chidori_driver_cuLinkCreate_v2 as *const c_void)
         }
         "cuLinkDestroy" => Some(driver::__chidori_driver_cuLinkDestroy as *const c_void),
         "cuLogsCurrent" => Some(driver::__chidori_driver_cuLogsCurrent as *const c_void),
@@ -579,14 +843,62 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemAddressFree" => {
             Some(driver::__chidori_driver_cuMemAddressFree as *const c_void)
         }
+        "cuMemAddressReserve" => {
+            Some(driver::__chidori_driver_cuMemAddressReserve as *const c_void)
+        }
         "cuMemAdvise" => Some(driver::__chidori_driver_cuMemAdvise as *const c_void),
         "cuMemAdvise_v2" => {
             Some(driver::__chidori_driver_cuMemAdvise_v2 as *const c_void)
         }
+        "cuMemAllocAsync" => {
+            Some(driver::__chidori_driver_cuMemAllocAsync as *const c_void)
+        }
+        "cuMemAllocAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemAllocAsync_ptsz as *const c_void)
+        }
+        "cuMemAllocFromPoolAsync" => {
+            Some(driver::__chidori_driver_cuMemAllocFromPoolAsync as *const c_void)
+        }
+        "cuMemAllocFromPoolAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemAllocFromPoolAsync_ptsz as *const c_void)
+        }
+        "cuMemAllocHost" => {
+            Some(driver::__chidori_driver_cuMemAllocHost as *const c_void)
+        }
         "cuMemAllocHost_v2" => {
             Some(driver::__chidori_driver_cuMemAllocHost_v2 as *const c_void)
         }
+        "cuMemAllocPitch_v2" => {
+            Some(driver::__chidori_driver_cuMemAllocPitch_v2 as *const c_void)
+        }
         "cuMemAlloc_v2" => Some(driver::__chidori_driver_cuMemAlloc_v2 as *const c_void),
+        "cuMemBatchDecompressAsync" => {
+            Some(driver::__chidori_driver_cuMemBatchDecompressAsync as *const c_void)
+        }
+        "cuMemBatchDecompressAsync_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuMemBatchDecompressAsync_ptsz as *const c_void,
+            )
+        }
+        "cuMemCreate" => Some(driver::__chidori_driver_cuMemCreate as *const c_void),
+        "cuMemDiscardAndPrefetchBatchAsync" => {
+            Some(
+                driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync
+                    as *const c_void,
+            )
+        }
+        "cuMemDiscardAndPrefetchBatchAsync_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz
+                    as *const c_void,
+            )
+        }
+        "cuMemDiscardBatchAsync" => {
+            Some(driver::__chidori_driver_cuMemDiscardBatchAsync as *const c_void)
+        }
+        "cuMemDiscardBatchAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemDiscardBatchAsync_ptsz as *const c_void)
+        }
         "cuMemFree" => Some(driver::__chidori_driver_cuMemFree as *const c_void),
         "cuMemFreeAsync" => {
             Some(driver::__chidori_driver_cuMemFreeAsync as *const c_void)
@@ -599,9 +911,27 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemGetAccess" => {
             Some(driver::__chidori_driver_cuMemGetAccess as *const c_void)
         }
+        "cuMemGetAddressRange_v2" => {
+            Some(driver::__chidori_driver_cuMemGetAddressRange_v2 as *const c_void)
+        }
+        "cuMemGetAllocationGranularity" => {
+            Some(driver::__chidori_driver_cuMemGetAllocationGranularity as *const c_void)
+        }
+        "cuMemGetAllocationPropertiesFromHandle" => {
+            Some(
+                driver::__chidori_driver_cuMemGetAllocationPropertiesFromHandle
+                    as *const c_void,
+            )
+        }
+        "cuMemGetDefaultMemPool" => {
+            Some(driver::__chidori_driver_cuMemGetDefaultMemPool as *const c_void)
+        }
         "cuMemGetInfo" => Some(driver::__chidori_driver_cuMemGetInfo as *const c_void),
         "cuMemGetInfo_v2" => {
             Some(driver::__chidori_driver_cuMemGetInfo_v2 as *const c_void)
+        }
+        "cuMemGetMemPool" => {
+            Some(driver::__chidori_driver_cuMemGetMemPool as *const c_void)
         }
         "cuMemHostAlloc" => {
             Some(driver::__chidori_driver_cuMemHostAlloc as *const c_void)
@@ -612,6 +942,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemHostGetFlags" => {
             Some(driver::__chidori_driver_cuMemHostGetFlags as *const c_void)
         }
+        "cuMemHostRegister" => {
+            Some(driver::__chidori_driver_cuMemHostRegister as *const c_void)
+        }
         "cuMemHostRegister_v2" => {
             Some(driver::__chidori_driver_cuMemHostRegister_v2 as *const c_void)
         }
@@ -619,8 +952,29 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemHostUnregister as *const c_void)
         }
         "cuMemMap" => Some(driver::__chidori_driver_cuMemMap as *const c_void),
+        "cuMemMapArrayAsync" => {
+            Some(driver::__chidori_driver_cuMemMapArrayAsync as *const c_void)
+        }
+        "cuMemMapArrayAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemMapArrayAsync_ptsz as *const c_void)
+        }
+        "cuMemPoolCreate" => {
+            Some(driver::__chidori_driver_cuMemPoolCreate__cu126 as *const c_void)
+        }
         "cuMemPoolDestroy" => {
             Some(driver::__chidori_driver_cuMemPoolDestroy as *const c_void)
+        }
+        "cuMemPoolGetAccess" => {
+            Some(driver::__chidori_driver_cuMemPoolGetAccess as *const c_void)
+        }
+        "cuMemPoolGetAttribute" => {
+            Some(driver::__chidori_driver_cuMemPoolGetAttribute as *const c_void)
+        }
+        "cuMemPoolSetAccess" => {
+            Some(driver::__chidori_driver_cuMemPoolSetAccess as *const c_void)
+        }
+        "cuMemPoolSetAttribute" => {
+            Some(driver::__chidori_driver_cuMemPoolSetAttribute as *const c_void)
         }
         "cuMemPoolTrimTo" => {
             Some(driver::__chidori_driver_cuMemPoolTrimTo as *const c_void)
@@ -637,9 +991,80 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemPrefetchAsync_v2_ptsz" => {
             Some(driver::__chidori_driver_cuMemPrefetchAsync_v2_ptsz as *const c_void)
         }
+        "cuMemPrefetchBatchAsync" => {
+            Some(driver::__chidori_driver_cuMemPrefetchBatchAsync as *const c_void)
+        }
+        "cuMemPrefetchBatchAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemPrefetchBatchAsync_ptsz as *const c_void)
+        }
+        "cuMemRangeGetAttribute" => {
+            Some(driver::__chidori_driver_cuMemRangeGetAttribute as *const c_void)
+        }
+        "cuMemRangeGetAttributes" => {
+            Some(driver::__chidori_driver_cuMemRangeGetAttributes as *const c_void)
+        }
         "cuMemRelease" => Some(driver::__chidori_driver_cuMemRelease as *const c_void),
+        "cuMemRetainAllocationHandle" => {
+            Some(driver::__chidori_driver_cuMemRetainAllocationHandle as *const c_void)
+        }
+        "cuMemSetAccess" => {
+            Some(driver::__chidori_driver_cuMemSetAccess as *const c_void)
+        }
+        "cuMemSetMemPool" => {
+            Some(driver::__chidori_driver_cuMemSetMemPool as *const c_void)
+        }
         "cuMemUnmap" => Some(driver::__chidori_driver_cuMemUnmap as *const c_void),
         "cuMemcpy" => Some(driver::__chidori_driver_cuMemcpy as *const c_void),
+        "cuMemcpy2DAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpy2DAsync_v2 as *const c_void)
+        }
+        "cuMemcpy2DAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy2DAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpy2DUnaligned_v2" => {
+            Some(driver::__chidori_driver_cuMemcpy2DUnaligned_v2 as *const c_void)
+        }
+        "cuMemcpy2DUnaligned_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpy2DUnaligned_v2_ptds as *const c_void)
+        }
+        "cuMemcpy2D_v2" => Some(driver::__chidori_driver_cuMemcpy2D_v2 as *const c_void),
+        "cuMemcpy2D_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpy2D_v2_ptds as *const c_void)
+        }
+        "cuMemcpy3DAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpy3DAsync_v2 as *const c_void)
+        }
+        "cuMemcpy3DAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy3DAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpy3DBatchAsync" => {
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync as *const c_void)
+        }
+        "cuMemcpy3DBatchAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_ptsz as *const c_void)
+        }
+        "cuMemcpy3DBatchAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_v2 as *const c_void)
+        }
+        "cuMemcpy3DBatchAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpy3DPeer" => {
+            Some(driver::__chidori_driver_cuMemcpy3DPeer as *const c_void)
+        }
+        "cuMemcpy3DPeerAsync" => {
+            Some(driver::__chidori_driver_cuMemcpy3DPeerAsync as *const c_void)
+        }
+        "cuMemcpy3DPeerAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy3DPeerAsync_ptsz as *const c_void)
+        }
+        "cuMemcpy3DPeer_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpy3DPeer_ptds as *const c_void)
+        }
+        "cuMemcpy3D_v2" => Some(driver::__chidori_driver_cuMemcpy3D_v2 as *const c_void),
+        "cuMemcpy3D_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpy3D_v2_ptds as *const c_void)
+        }
         "cuMemcpyAsync" => Some(driver::__chidori_driver_cuMemcpyAsync as *const c_void),
         "cuMemcpyAsync_ptsz" => {
             Some(driver::__chidori_driver_cuMemcpyAsync_ptsz as *const c_void)
@@ -657,6 +1082,34 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemcpyAtoD_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyAtoD_v2_ptds as *const c_void)
+        }
+        "cuMemcpyAtoH" => Some(driver::__chidori_driver_cuMemcpyAtoH as *const c_void),
+        "cuMemcpyAtoHAsync" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoHAsync as *const c_void)
+        }
+        "cuMemcpyAtoHAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoHAsync_v2 as *const c_void)
+        }
+        "cuMemcpyAtoHAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoHAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpyAtoH_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoH_v2 as *const c_void)
+        }
+        "cuMemcpyAtoH_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoH_v2_ptds as *const c_void)
+        }
+        "cuMemcpyBatchAsync" => {
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync as *const c_void)
+        }
+        "cuMemcpyBatchAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync_ptsz as *const c_void)
+        }
+        "cuMemcpyBatchAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync_v2 as *const c_void)
+        }
+        "cuMemcpyBatchAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync_v2_ptsz as *const c_void)
         }
         "cuMemcpyDtoA" => Some(driver::__chidori_driver_cuMemcpyDtoA as *const c_void),
         "cuMemcpyDtoA_v2" => {
@@ -692,6 +1145,22 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemcpyDtoH_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyDtoH_v2_ptds as *const c_void)
+        }
+        "cuMemcpyHtoA" => Some(driver::__chidori_driver_cuMemcpyHtoA as *const c_void),
+        "cuMemcpyHtoAAsync" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoAAsync as *const c_void)
+        }
+        "cuMemcpyHtoAAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoAAsync_v2 as *const c_void)
+        }
+        "cuMemcpyHtoAAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoAAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpyHtoA_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoA_v2 as *const c_void)
+        }
+        "cuMemcpyHtoA_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoA_v2_ptds as *const c_void)
         }
         "cuMemcpyHtoDAsync_v2" => {
             Some(driver::__chidori_driver_cuMemcpyHtoDAsync_v2 as *const c_void)
@@ -792,11 +1261,26 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemsetD8_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemsetD8_v2_ptds as *const c_void)
         }
+        "cuMipmappedArrayCreate" => {
+            Some(driver::__chidori_driver_cuMipmappedArrayCreate as *const c_void)
+        }
         "cuMipmappedArrayDestroy" => {
             Some(driver::__chidori_driver_cuMipmappedArrayDestroy as *const c_void)
         }
         "cuMipmappedArrayGetLevel" => {
             Some(driver::__chidori_driver_cuMipmappedArrayGetLevel as *const c_void)
+        }
+        "cuMipmappedArrayGetMemoryRequirements" => {
+            Some(
+                driver::__chidori_driver_cuMipmappedArrayGetMemoryRequirements
+                    as *const c_void,
+            )
+        }
+        "cuMipmappedArrayGetSparseProperties" => {
+            Some(
+                driver::__chidori_driver_cuMipmappedArrayGetSparseProperties
+                    as *const c_void,
+            )
         }
         "cuModuleEnumerateFunctions" => {
             Some(driver::__chidori_driver_cuModuleEnumerateFunctions as *const c_void)
@@ -859,6 +1343,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMulticastUnbind" => {
             Some(driver::__chidori_driver_cuMulticastUnbind as *const c_void)
         }
+        "cuOccupancyAvailableDynamicSMemPerBlock" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyAvailableDynamicSMemPerBlock
+                    as *const c_void,
+            )
+        }
         "cuOccupancyMaxActiveBlocksPerMultiprocessor" => {
             Some(
                 driver::__chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessor
@@ -871,6 +1361,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
+        "cuOccupancyMaxPotentialBlockSize" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyMaxPotentialBlockSize
+                    as *const c_void,
+            )
+        }
+        "cuOccupancyMaxPotentialBlockSizeWithFlags" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFlags
+                    as *const c_void,
+            )
+        }
         "cuParamSetSize" => {
             Some(driver::__chidori_driver_cuParamSetSize as *const c_void)
         }
@@ -879,8 +1381,27 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuParamSetf" => Some(driver::__chidori_driver_cuParamSetf as *const c_void),
         "cuParamSeti" => Some(driver::__chidori_driver_cuParamSeti as *const c_void),
+        "cuParamSetv" => Some(driver::__chidori_driver_cuParamSetv as *const c_void),
         "cuPointerGetAttribute" => {
             Some(driver::__chidori_driver_cuPointerGetAttribute as *const c_void)
+        }
+        "cuPointerGetAttributes" => {
+            Some(driver::__chidori_driver_cuPointerGetAttributes as *const c_void)
+        }
+        "cuPointerSetAttribute" => {
+            Some(driver::__chidori_driver_cuPointerSetAttribute as *const c_void)
+        }
+        "cuProfilerStart" => {
+            Some(driver::__chidori_driver_cuProfilerStart as *const c_void)
+        }
+        "cuProfilerStop" => {
+            Some(driver::__chidori_driver_cuProfilerStop as *const c_void)
+        }
+        "cuStreamAddCallback" => {
+            Some(driver::__chidori_driver_cuStreamAddCallback as *const c_void)
+        }
+        "cuStreamAddCallback_ptsz" => {
+            Some(driver::__chidori_driver_cuStreamAddCallback_ptsz as *const c_void)
         }
         "cuStreamAttachMemAsync" => {
             Some(driver::__chidori_driver_cuStreamAttachMemAsync as *const c_void)
@@ -888,8 +1409,34 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuStreamAttachMemAsync_ptsz" => {
             Some(driver::__chidori_driver_cuStreamAttachMemAsync_ptsz as *const c_void)
         }
+        "cuStreamBatchMemOp" => {
+            Some(driver::__chidori_driver_cuStreamBatchMemOp__cu131 as *const c_void)
+        }
+        "cuStreamBatchMemOp_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamBatchMemOp_ptsz__cu131 as *const c_void,
+            )
+        }
+        "cuStreamBatchMemOp_v2" => {
+            Some(driver::__chidori_driver_cuStreamBatchMemOp_v2__cu131 as *const c_void)
+        }
+        "cuStreamBatchMemOp_v2_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu131
+                    as *const c_void,
+            )
+        }
         "cuStreamBeginCapture" => {
             Some(driver::__chidori_driver_cuStreamBeginCapture as *const c_void)
+        }
+        "cuStreamBeginCaptureToGraph" => {
+            Some(driver::__chidori_driver_cuStreamBeginCaptureToGraph as *const c_void)
+        }
+        "cuStreamBeginCaptureToGraph_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamBeginCaptureToGraph_ptsz
+                    as *const c_void,
+            )
         }
         "cuStreamBeginCapture_ptsz" => {
             Some(driver::__chidori_driver_cuStreamBeginCapture_ptsz as *const c_void)
@@ -924,11 +1471,36 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuStreamEndCapture_ptsz" => {
             Some(driver::__chidori_driver_cuStreamEndCapture_ptsz as *const c_void)
         }
+        "cuStreamGetAttribute" => {
+            Some(driver::__chidori_driver_cuStreamGetAttribute__cu130 as *const c_void)
+        }
+        "cuStreamGetAttribute_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamGetAttribute_ptsz__cu130
+                    as *const c_void,
+            )
+        }
         "cuStreamGetCaptureInfo" => {
             Some(driver::__chidori_driver_cuStreamGetCaptureInfo as *const c_void)
         }
         "cuStreamGetCaptureInfo_ptsz" => {
             Some(driver::__chidori_driver_cuStreamGetCaptureInfo_ptsz as *const c_void)
+        }
+        "cuStreamGetCaptureInfo_v2" => {
+            Some(driver::__chidori_driver_cuStreamGetCaptureInfo_v2 as *const c_void)
+        }
+        "cuStreamGetCaptureInfo_v2_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamGetCaptureInfo_v2_ptsz as *const c_void,
+            )
+        }
+        "cuStreamGetCaptureInfo_v3" => {
+            Some(driver::__chidori_driver_cuStreamGetCaptureInfo_v3 as *const c_void)
+        }
+        "cuStreamGetCaptureInfo_v3_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamGetCaptureInfo_v3_ptsz as *const c_void,
+            )
         }
         "cuStreamGetCtx" => {
             Some(driver::__chidori_driver_cuStreamGetCtx as *const c_void)
@@ -941,6 +1513,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuStreamGetCtx_v2_ptsz" => {
             Some(driver::__chidori_driver_cuStreamGetCtx_v2_ptsz as *const c_void)
+        }
+        "cuStreamGetDevResource" => {
+            Some(driver::__chidori_driver_cuStreamGetDevResource as *const c_void)
+        }
+        "cuStreamGetDevResource_ptsz" => {
+            Some(driver::__chidori_driver_cuStreamGetDevResource_ptsz as *const c_void)
         }
         "cuStreamGetDevice" => {
             Some(driver::__chidori_driver_cuStreamGetDevice as *const c_void)
@@ -977,6 +1555,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuStreamQuery_ptsz" => {
             Some(driver::__chidori_driver_cuStreamQuery_ptsz as *const c_void)
         }
+        "cuStreamSetAttribute" => {
+            Some(driver::__chidori_driver_cuStreamSetAttribute__cu130 as *const c_void)
+        }
+        "cuStreamSetAttribute_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamSetAttribute_ptsz__cu130
+                    as *const c_void,
+            )
+        }
         "cuStreamSynchronize" => {
             Some(driver::__chidori_driver_cuStreamSynchronize as *const c_void)
         }
@@ -992,6 +1579,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuStreamUpdateCaptureDependencies_ptsz" => {
             Some(
                 driver::__chidori_driver_cuStreamUpdateCaptureDependencies_ptsz
+                    as *const c_void,
+            )
+        }
+        "cuStreamUpdateCaptureDependencies_v2" => {
+            Some(
+                driver::__chidori_driver_cuStreamUpdateCaptureDependencies_v2
+                    as *const c_void,
+            )
+        }
+        "cuStreamUpdateCaptureDependencies_v2_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamUpdateCaptureDependencies_v2_ptsz
                     as *const c_void,
             )
         }
@@ -1049,8 +1648,14 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuStreamWriteValue64_v2_ptsz" => {
             Some(driver::__chidori_driver_cuStreamWriteValue64_v2_ptsz as *const c_void)
         }
+        "cuSurfObjectCreate" => {
+            Some(driver::__chidori_driver_cuSurfObjectCreate as *const c_void)
+        }
         "cuSurfObjectDestroy" => {
             Some(driver::__chidori_driver_cuSurfObjectDestroy as *const c_void)
+        }
+        "cuSurfObjectGetResourceDesc" => {
+            Some(driver::__chidori_driver_cuSurfObjectGetResourceDesc as *const c_void)
         }
         "cuSurfRefGetArray" => {
             Some(driver::__chidori_driver_cuSurfRefGetArray as *const c_void)
@@ -1058,8 +1663,34 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuSurfRefSetArray" => {
             Some(driver::__chidori_driver_cuSurfRefSetArray as *const c_void)
         }
+        "cuTensorMapEncodeIm2col" => {
+            Some(driver::__chidori_driver_cuTensorMapEncodeIm2col as *const c_void)
+        }
+        "cuTensorMapEncodeIm2colWide" => {
+            Some(driver::__chidori_driver_cuTensorMapEncodeIm2colWide as *const c_void)
+        }
+        "cuTensorMapEncodeTiled" => {
+            Some(driver::__chidori_driver_cuTensorMapEncodeTiled as *const c_void)
+        }
+        "cuTensorMapReplaceAddress" => {
+            Some(driver::__chidori_driver_cuTensorMapReplaceAddress as *const c_void)
+        }
+        "cuTexObjectCreate" => {
+            Some(driver::__chidori_driver_cuTexObjectCreate as *const c_void)
+        }
         "cuTexObjectDestroy" => {
             Some(driver::__chidori_driver_cuTexObjectDestroy as *const c_void)
+        }
+        "cuTexObjectGetResourceDesc" => {
+            Some(driver::__chidori_driver_cuTexObjectGetResourceDesc as *const c_void)
+        }
+        "cuTexObjectGetResourceViewDesc" => {
+            Some(
+                driver::__chidori_driver_cuTexObjectGetResourceViewDesc as *const c_void,
+            )
+        }
+        "cuTexObjectGetTextureDesc" => {
+            Some(driver::__chidori_driver_cuTexObjectGetTextureDesc as *const c_void)
         }
         "cuTexRefCreate" => {
             Some(driver::__chidori_driver_cuTexRefCreate as *const c_void)
@@ -1087,6 +1718,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuTexRefGetFlags" => {
             Some(driver::__chidori_driver_cuTexRefGetFlags as *const c_void)
+        }
+        "cuTexRefGetFormat" => {
+            Some(driver::__chidori_driver_cuTexRefGetFormat as *const c_void)
         }
         "cuTexRefGetMaxAnisotropy" => {
             Some(driver::__chidori_driver_cuTexRefGetMaxAnisotropy as *const c_void)

@@ -14,18 +14,12 @@ cuArray3DCreate_v2:
     .globl cuArray3DGetDescriptor
     .type cuArray3DGetDescriptor, @function
 cuArray3DGetDescriptor:
-    leaq .Lname0(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArray3DGetDescriptor@PLT
     .size cuArray3DGetDescriptor, .-cuArray3DGetDescriptor
     .globl cuArray3DGetDescriptor_v2
     .type cuArray3DGetDescriptor_v2, @function
 cuArray3DGetDescriptor_v2:
-    leaq .Lname1(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArray3DGetDescriptor_v2@PLT
     .size cuArray3DGetDescriptor_v2, .-cuArray3DGetDescriptor_v2
     .globl cuArrayCreate
     .type cuArrayCreate, @function
@@ -45,26 +39,17 @@ cuArrayDestroy:
     .globl cuArrayGetDescriptor
     .type cuArrayGetDescriptor, @function
 cuArrayGetDescriptor:
-    leaq .Lname2(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArrayGetDescriptor@PLT
     .size cuArrayGetDescriptor, .-cuArrayGetDescriptor
     .globl cuArrayGetDescriptor_v2
     .type cuArrayGetDescriptor_v2, @function
 cuArrayGetDescriptor_v2:
-    leaq .Lname3(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArrayGetDescriptor_v2@PLT
     .size cuArrayGetDescriptor_v2, .-cuArrayGetDescriptor_v2
     .globl cuArrayGetMemoryRequirements
     .type cuArrayGetMemoryRequirements, @function
 cuArrayGetMemoryRequirements:
-    leaq .Lname4(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArrayGetMemoryRequirements@PLT
     .size cuArrayGetMemoryRequirements, .-cuArrayGetMemoryRequirements
     .globl cuArrayGetPlane
     .type cuArrayGetPlane, @function
@@ -74,15 +59,12 @@ cuArrayGetPlane:
     .globl cuArrayGetSparseProperties
     .type cuArrayGetSparseProperties, @function
 cuArrayGetSparseProperties:
-    leaq .Lname5(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArrayGetSparseProperties@PLT
     .size cuArrayGetSparseProperties, .-cuArrayGetSparseProperties
     .globl cuCheckpointProcessCheckpoint
     .type cuCheckpointProcessCheckpoint, @function
 cuCheckpointProcessCheckpoint:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -100,7 +82,7 @@ cuCheckpointProcessGetState:
     .globl cuCheckpointProcessLock
     .type cuCheckpointProcessLock, @function
 cuCheckpointProcessLock:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -108,7 +90,7 @@ cuCheckpointProcessLock:
     .globl cuCheckpointProcessRestore
     .type cuCheckpointProcessRestore, @function
 cuCheckpointProcessRestore:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -116,7 +98,7 @@ cuCheckpointProcessRestore:
     .globl cuCheckpointProcessUnlock
     .type cuCheckpointProcessUnlock, @function
 cuCheckpointProcessUnlock:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -124,7 +106,7 @@ cuCheckpointProcessUnlock:
     .globl cuCoredumpGetAttribute
     .type cuCoredumpGetAttribute, @function
 cuCoredumpGetAttribute:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -132,7 +114,7 @@ cuCoredumpGetAttribute:
     .globl cuCoredumpGetAttributeGlobal
     .type cuCoredumpGetAttributeGlobal, @function
 cuCoredumpGetAttributeGlobal:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -140,7 +122,7 @@ cuCoredumpGetAttributeGlobal:
     .globl cuCoredumpSetAttribute
     .type cuCoredumpSetAttribute, @function
 cuCoredumpSetAttribute:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -148,7 +130,7 @@ cuCoredumpSetAttribute:
     .globl cuCoredumpSetAttributeGlobal
     .type cuCoredumpSetAttributeGlobal, @function
 cuCoredumpSetAttributeGlobal:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -171,18 +153,12 @@ cuCtxCreate_v2:
     .globl cuCtxCreate_v3
     .type cuCtxCreate_v3, @function
 cuCtxCreate_v3:
-    leaq .Lname14(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuCtxCreate_v3@PLT
     .size cuCtxCreate_v3, .-cuCtxCreate_v3
     .globl cuCtxCreate_v4
     .type cuCtxCreate_v4, @function
 cuCtxCreate_v4:
-    leaq .Lname15(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuCtxCreate_v4@PLT
     .size cuCtxCreate_v4, .-cuCtxCreate_v4
     .globl cuCtxDestroy
     .type cuCtxDestroy, @function
@@ -232,10 +208,7 @@ cuCtxGetCurrent:
     .globl cuCtxGetDevResource
     .type cuCtxGetDevResource, @function
 cuCtxGetDevResource:
-    leaq .Lname16(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuCtxGetDevResource__cu131@PLT
     .size cuCtxGetDevResource, .-cuCtxGetDevResource
     .globl cuCtxGetDevice
     .type cuCtxGetDevice, @function
@@ -250,10 +223,7 @@ cuCtxGetDevice_v2:
     .globl cuCtxGetExecAffinity
     .type cuCtxGetExecAffinity, @function
 cuCtxGetExecAffinity:
-    leaq .Lname17(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuCtxGetExecAffinity@PLT
     .size cuCtxGetExecAffinity, .-cuCtxGetExecAffinity
     .globl cuCtxGetFlags
     .type cuCtxGetFlags, @function
@@ -363,23 +333,17 @@ cuDestroyExternalSemaphore:
     .globl cuDevResourceGenerateDesc
     .type cuDevResourceGenerateDesc, @function
 cuDevResourceGenerateDesc:
-    leaq .Lname18(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDevResourceGenerateDesc__cu131@PLT
     .size cuDevResourceGenerateDesc, .-cuDevResourceGenerateDesc
     .globl cuDevSmResourceSplit
     .type cuDevSmResourceSplit, @function
 cuDevSmResourceSplit:
-    leaq .Lname19(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDevSmResourceSplit@PLT
     .size cuDevSmResourceSplit, .-cuDevSmResourceSplit
     .globl cuDevSmResourceSplitByCount
     .type cuDevSmResourceSplitByCount, @function
 cuDevSmResourceSplitByCount:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -422,10 +386,7 @@ cuDeviceGetDefaultMemPool:
     .globl cuDeviceGetDevResource
     .type cuDeviceGetDevResource, @function
 cuDeviceGetDevResource:
-    leaq .Lname21(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetDevResource__cu131@PLT
     .size cuDeviceGetDevResource, .-cuDeviceGetDevResource
     .globl cuDeviceGetExecAffinitySupport
     .type cuDeviceGetExecAffinitySupport, @function
@@ -435,26 +396,17 @@ cuDeviceGetExecAffinitySupport:
     .globl cuDeviceGetGraphMemAttribute
     .type cuDeviceGetGraphMemAttribute, @function
 cuDeviceGetGraphMemAttribute:
-    leaq .Lname22(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetGraphMemAttribute@PLT
     .size cuDeviceGetGraphMemAttribute, .-cuDeviceGetGraphMemAttribute
     .globl cuDeviceGetHostAtomicCapabilities
     .type cuDeviceGetHostAtomicCapabilities, @function
 cuDeviceGetHostAtomicCapabilities:
-    leaq .Lname23(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetHostAtomicCapabilities@PLT
     .size cuDeviceGetHostAtomicCapabilities, .-cuDeviceGetHostAtomicCapabilities
     .globl cuDeviceGetLuid
     .type cuDeviceGetLuid, @function
 cuDeviceGetLuid:
-    leaq .Lname24(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetLuid@PLT
     .size cuDeviceGetLuid, .-cuDeviceGetLuid
     .globl cuDeviceGetMemPool
     .type cuDeviceGetMemPool, @function
@@ -469,7 +421,7 @@ cuDeviceGetName:
     .globl cuDeviceGetNvSciSyncAttributes
     .type cuDeviceGetNvSciSyncAttributes, @function
 cuDeviceGetNvSciSyncAttributes:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -477,10 +429,7 @@ cuDeviceGetNvSciSyncAttributes:
     .globl cuDeviceGetP2PAtomicCapabilities
     .type cuDeviceGetP2PAtomicCapabilities, @function
 cuDeviceGetP2PAtomicCapabilities:
-    leaq .Lname26(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetP2PAtomicCapabilities@PLT
     .size cuDeviceGetP2PAtomicCapabilities, .-cuDeviceGetP2PAtomicCapabilities
     .globl cuDeviceGetP2PAttribute
     .type cuDeviceGetP2PAttribute, @function
@@ -490,26 +439,17 @@ cuDeviceGetP2PAttribute:
     .globl cuDeviceGetPCIBusId
     .type cuDeviceGetPCIBusId, @function
 cuDeviceGetPCIBusId:
-    leaq .Lname27(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetPCIBusId@PLT
     .size cuDeviceGetPCIBusId, .-cuDeviceGetPCIBusId
     .globl cuDeviceGetProperties
     .type cuDeviceGetProperties, @function
 cuDeviceGetProperties:
-    leaq .Lname28(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetProperties@PLT
     .size cuDeviceGetProperties, .-cuDeviceGetProperties
     .globl cuDeviceGetTexture1DLinearMaxWidth
     .type cuDeviceGetTexture1DLinearMaxWidth, @function
 cuDeviceGetTexture1DLinearMaxWidth:
-    leaq .Lname29(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetTexture1DLinearMaxWidth@PLT
     .size cuDeviceGetTexture1DLinearMaxWidth, .-cuDeviceGetTexture1DLinearMaxWidth
     .globl cuDeviceGetUuid
     .type cuDeviceGetUuid, @function
@@ -569,7 +509,7 @@ cuDevicePrimaryCtxSetFlags_v2:
     .globl cuDeviceRegisterAsyncNotification
     .type cuDeviceRegisterAsyncNotification, @function
 cuDeviceRegisterAsyncNotification:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,10 +517,7 @@ cuDeviceRegisterAsyncNotification:
     .globl cuDeviceSetGraphMemAttribute
     .type cuDeviceSetGraphMemAttribute, @function
 cuDeviceSetGraphMemAttribute:
-    leaq .Lname31(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceSetGraphMemAttribute@PLT
     .size cuDeviceSetGraphMemAttribute, .-cuDeviceSetGraphMemAttribute
     .globl cuDeviceSetMemPool
     .type cuDeviceSetMemPool, @function
@@ -690,18 +627,12 @@ cuFuncGetModule:
     .globl cuFuncGetName
     .type cuFuncGetName, @function
 cuFuncGetName:
-    leaq .Lname32(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuFuncGetName@PLT
     .size cuFuncGetName, .-cuFuncGetName
     .globl cuFuncGetParamInfo
     .type cuFuncGetParamInfo, @function
 cuFuncGetParamInfo:
-    leaq .Lname33(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuFuncGetParamInfo@PLT
     .size cuFuncGetParamInfo, .-cuFuncGetParamInfo
     .globl cuFuncIsLoaded
     .type cuFuncIsLoaded, @function
@@ -751,7 +682,7 @@ cuGetErrorString:
     .globl cuGetExportTable
     .type cuGetExportTable, @function
 cuGetExportTable:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -769,7 +700,7 @@ cuGetProcAddress_v2:
     .globl cuGraphAddBatchMemOpNode
     .type cuGraphAddBatchMemOpNode, @function
 cuGraphAddBatchMemOpNode:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -777,55 +708,37 @@ cuGraphAddBatchMemOpNode:
     .globl cuGraphAddChildGraphNode
     .type cuGraphAddChildGraphNode, @function
 cuGraphAddChildGraphNode:
-    leaq .Lname36(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddChildGraphNode@PLT
     .size cuGraphAddChildGraphNode, .-cuGraphAddChildGraphNode
     .globl cuGraphAddDependencies
     .type cuGraphAddDependencies, @function
 cuGraphAddDependencies:
-    leaq .Lname37(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddDependencies@PLT
     .size cuGraphAddDependencies, .-cuGraphAddDependencies
     .globl cuGraphAddDependencies_v2
     .type cuGraphAddDependencies_v2, @function
 cuGraphAddDependencies_v2:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddDependencies_v2@PLT
     .size cuGraphAddDependencies_v2, .-cuGraphAddDependencies_v2
     .globl cuGraphAddEmptyNode
     .type cuGraphAddEmptyNode, @function
 cuGraphAddEmptyNode:
-    leaq .Lname39(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddEmptyNode@PLT
     .size cuGraphAddEmptyNode, .-cuGraphAddEmptyNode
     .globl cuGraphAddEventRecordNode
     .type cuGraphAddEventRecordNode, @function
 cuGraphAddEventRecordNode:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddEventRecordNode@PLT
     .size cuGraphAddEventRecordNode, .-cuGraphAddEventRecordNode
     .globl cuGraphAddEventWaitNode
     .type cuGraphAddEventWaitNode, @function
 cuGraphAddEventWaitNode:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddEventWaitNode@PLT
     .size cuGraphAddEventWaitNode, .-cuGraphAddEventWaitNode
     .globl cuGraphAddExternalSemaphoresSignalNode
     .type cuGraphAddExternalSemaphoresSignalNode, @function
 cuGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -833,7 +746,7 @@ cuGraphAddExternalSemaphoresSignalNode:
     .globl cuGraphAddExternalSemaphoresWaitNode
     .type cuGraphAddExternalSemaphoresWaitNode, @function
 cuGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -841,79 +754,52 @@ cuGraphAddExternalSemaphoresWaitNode:
     .globl cuGraphAddHostNode
     .type cuGraphAddHostNode, @function
 cuGraphAddHostNode:
-    leaq .Lname44(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddHostNode@PLT
     .size cuGraphAddHostNode, .-cuGraphAddHostNode
     .globl cuGraphAddKernelNode
     .type cuGraphAddKernelNode, @function
 cuGraphAddKernelNode:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddKernelNode@PLT
     .size cuGraphAddKernelNode, .-cuGraphAddKernelNode
     .globl cuGraphAddKernelNode_v2
     .type cuGraphAddKernelNode_v2, @function
 cuGraphAddKernelNode_v2:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddKernelNode_v2@PLT
     .size cuGraphAddKernelNode_v2, .-cuGraphAddKernelNode_v2
     .globl cuGraphAddMemAllocNode
     .type cuGraphAddMemAllocNode, @function
 cuGraphAddMemAllocNode:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddMemAllocNode__cu126@PLT
     .size cuGraphAddMemAllocNode, .-cuGraphAddMemAllocNode
     .globl cuGraphAddMemFreeNode
     .type cuGraphAddMemFreeNode, @function
 cuGraphAddMemFreeNode:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddMemFreeNode@PLT
     .size cuGraphAddMemFreeNode, .-cuGraphAddMemFreeNode
     .globl cuGraphAddMemcpyNode
     .type cuGraphAddMemcpyNode, @function
 cuGraphAddMemcpyNode:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddMemcpyNode@PLT
     .size cuGraphAddMemcpyNode, .-cuGraphAddMemcpyNode
     .globl cuGraphAddMemsetNode
     .type cuGraphAddMemsetNode, @function
 cuGraphAddMemsetNode:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddMemsetNode@PLT
     .size cuGraphAddMemsetNode, .-cuGraphAddMemsetNode
     .globl cuGraphAddNode
     .type cuGraphAddNode, @function
 cuGraphAddNode:
-    leaq .Lname51(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddNode@PLT
     .size cuGraphAddNode, .-cuGraphAddNode
     .globl cuGraphAddNode_v2
     .type cuGraphAddNode_v2, @function
 cuGraphAddNode_v2:
-    leaq .Lname52(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddNode_v2@PLT
     .size cuGraphAddNode_v2, .-cuGraphAddNode_v2
     .globl cuGraphBatchMemOpNodeGetParams
     .type cuGraphBatchMemOpNodeGetParams, @function
 cuGraphBatchMemOpNodeGetParams:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -921,7 +807,7 @@ cuGraphBatchMemOpNodeGetParams:
     .globl cuGraphBatchMemOpNodeSetParams
     .type cuGraphBatchMemOpNodeSetParams, @function
 cuGraphBatchMemOpNodeSetParams:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -949,10 +835,7 @@ cuGraphCreate:
     .globl cuGraphDebugDotPrint
     .type cuGraphDebugDotPrint, @function
 cuGraphDebugDotPrint:
-    leaq .Lname55(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphDebugDotPrint@PLT
     .size cuGraphDebugDotPrint, .-cuGraphDebugDotPrint
     .globl cuGraphDestroy
     .type cuGraphDestroy, @function
@@ -987,7 +870,7 @@ cuGraphEventWaitNodeSetEvent:
     .globl cuGraphExecBatchMemOpNodeSetParams
     .type cuGraphExecBatchMemOpNodeSetParams, @function
 cuGraphExecBatchMemOpNodeSetParams:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1015,7 +898,7 @@ cuGraphExecEventWaitNodeSetEvent:
     .globl cuGraphExecExternalSemaphoresSignalNodeSetParams
     .type cuGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1023,7 +906,7 @@ cuGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExecExternalSemaphoresWaitNodeSetParams
     .type cuGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1041,34 +924,22 @@ cuGraphExecGetId:
     .globl cuGraphExecHostNodeSetParams
     .type cuGraphExecHostNodeSetParams, @function
 cuGraphExecHostNodeSetParams:
-    leaq .Lname59(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecHostNodeSetParams@PLT
     .size cuGraphExecHostNodeSetParams, .-cuGraphExecHostNodeSetParams
     .globl cuGraphExecKernelNodeSetParams
     .type cuGraphExecKernelNodeSetParams, @function
 cuGraphExecKernelNodeSetParams:
-    leaq .Lname60(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecKernelNodeSetParams@PLT
     .size cuGraphExecKernelNodeSetParams, .-cuGraphExecKernelNodeSetParams
     .globl cuGraphExecKernelNodeSetParams_v2
     .type cuGraphExecKernelNodeSetParams_v2, @function
 cuGraphExecKernelNodeSetParams_v2:
-    leaq .Lname61(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecKernelNodeSetParams_v2@PLT
     .size cuGraphExecKernelNodeSetParams_v2, .-cuGraphExecKernelNodeSetParams_v2
     .globl cuGraphExecMemcpyNodeSetParams
     .type cuGraphExecMemcpyNodeSetParams, @function
 cuGraphExecMemcpyNodeSetParams:
-    leaq .Lname62(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecMemcpyNodeSetParams@PLT
     .size cuGraphExecMemcpyNodeSetParams, .-cuGraphExecMemcpyNodeSetParams
     .globl cuGraphExecMemsetNodeSetParams
     .type cuGraphExecMemsetNodeSetParams, @function
@@ -1078,10 +949,7 @@ cuGraphExecMemsetNodeSetParams:
     .globl cuGraphExecNodeSetParams
     .type cuGraphExecNodeSetParams, @function
 cuGraphExecNodeSetParams:
-    leaq .Lname63(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecNodeSetParams@PLT
     .size cuGraphExecNodeSetParams, .-cuGraphExecNodeSetParams
     .globl cuGraphExecUpdate
     .type cuGraphExecUpdate, @function
@@ -1091,15 +959,12 @@ cuGraphExecUpdate:
     .globl cuGraphExecUpdate_v2
     .type cuGraphExecUpdate_v2, @function
 cuGraphExecUpdate_v2:
-    leaq .Lname64(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecUpdate_v2@PLT
     .size cuGraphExecUpdate_v2, .-cuGraphExecUpdate_v2
     .globl cuGraphExternalSemaphoresSignalNodeGetParams
     .type cuGraphExternalSemaphoresSignalNodeGetParams, @function
 cuGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1107,7 +972,7 @@ cuGraphExternalSemaphoresSignalNodeGetParams:
     .globl cuGraphExternalSemaphoresSignalNodeSetParams
     .type cuGraphExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1115,7 +980,7 @@ cuGraphExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExternalSemaphoresWaitNodeGetParams
     .type cuGraphExternalSemaphoresWaitNodeGetParams, @function
 cuGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1123,7 +988,7 @@ cuGraphExternalSemaphoresWaitNodeGetParams:
     .globl cuGraphExternalSemaphoresWaitNodeSetParams
     .type cuGraphExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1136,10 +1001,7 @@ cuGraphGetEdges:
     .globl cuGraphGetEdges_v2
     .type cuGraphGetEdges_v2, @function
 cuGraphGetEdges_v2:
-    leaq .Lname69(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphGetEdges_v2@PLT
     .size cuGraphGetEdges_v2, .-cuGraphGetEdges_v2
     .globl cuGraphGetId
     .type cuGraphGetId, @function
@@ -1159,26 +1021,17 @@ cuGraphGetRootNodes:
     .globl cuGraphHostNodeGetParams
     .type cuGraphHostNodeGetParams, @function
 cuGraphHostNodeGetParams:
-    leaq .Lname70(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphHostNodeGetParams@PLT
     .size cuGraphHostNodeGetParams, .-cuGraphHostNodeGetParams
     .globl cuGraphHostNodeSetParams
     .type cuGraphHostNodeSetParams, @function
 cuGraphHostNodeSetParams:
-    leaq .Lname71(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphHostNodeSetParams@PLT
     .size cuGraphHostNodeSetParams, .-cuGraphHostNodeSetParams
     .globl cuGraphInstantiate
     .type cuGraphInstantiate, @function
 cuGraphInstantiate:
-    leaq .Lname72(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphInstantiate@PLT
     .size cuGraphInstantiate, .-cuGraphInstantiate
     .globl cuGraphInstantiateWithFlags
     .type cuGraphInstantiateWithFlags, @function
@@ -1188,26 +1041,17 @@ cuGraphInstantiateWithFlags:
     .globl cuGraphInstantiateWithParams
     .type cuGraphInstantiateWithParams, @function
 cuGraphInstantiateWithParams:
-    leaq .Lname73(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphInstantiateWithParams@PLT
     .size cuGraphInstantiateWithParams, .-cuGraphInstantiateWithParams
     .globl cuGraphInstantiateWithParams_ptsz
     .type cuGraphInstantiateWithParams_ptsz, @function
 cuGraphInstantiateWithParams_ptsz:
-    leaq .Lname74(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphInstantiateWithParams_ptsz@PLT
     .size cuGraphInstantiateWithParams_ptsz, .-cuGraphInstantiateWithParams_ptsz
     .globl cuGraphInstantiate_v2
     .type cuGraphInstantiate_v2, @function
 cuGraphInstantiate_v2:
-    leaq .Lname75(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphInstantiate_v2@PLT
     .size cuGraphInstantiate_v2, .-cuGraphInstantiate_v2
     .globl cuGraphKernelNodeCopyAttributes
     .type cuGraphKernelNodeCopyAttributes, @function
@@ -1217,50 +1061,32 @@ cuGraphKernelNodeCopyAttributes:
     .globl cuGraphKernelNodeGetAttribute
     .type cuGraphKernelNodeGetAttribute, @function
 cuGraphKernelNodeGetAttribute:
-    leaq .Lname76(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeGetAttribute__cu130@PLT
     .size cuGraphKernelNodeGetAttribute, .-cuGraphKernelNodeGetAttribute
     .globl cuGraphKernelNodeGetParams
     .type cuGraphKernelNodeGetParams, @function
 cuGraphKernelNodeGetParams:
-    leaq .Lname77(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeGetParams@PLT
     .size cuGraphKernelNodeGetParams, .-cuGraphKernelNodeGetParams
     .globl cuGraphKernelNodeGetParams_v2
     .type cuGraphKernelNodeGetParams_v2, @function
 cuGraphKernelNodeGetParams_v2:
-    leaq .Lname78(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeGetParams_v2@PLT
     .size cuGraphKernelNodeGetParams_v2, .-cuGraphKernelNodeGetParams_v2
     .globl cuGraphKernelNodeSetAttribute
     .type cuGraphKernelNodeSetAttribute, @function
 cuGraphKernelNodeSetAttribute:
-    leaq .Lname79(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeSetAttribute__cu130@PLT
     .size cuGraphKernelNodeSetAttribute, .-cuGraphKernelNodeSetAttribute
     .globl cuGraphKernelNodeSetParams
     .type cuGraphKernelNodeSetParams, @function
 cuGraphKernelNodeSetParams:
-    leaq .Lname80(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeSetParams@PLT
     .size cuGraphKernelNodeSetParams, .-cuGraphKernelNodeSetParams
     .globl cuGraphKernelNodeSetParams_v2
     .type cuGraphKernelNodeSetParams_v2, @function
 cuGraphKernelNodeSetParams_v2:
-    leaq .Lname81(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeSetParams_v2@PLT
     .size cuGraphKernelNodeSetParams_v2, .-cuGraphKernelNodeSetParams_v2
     .globl cuGraphLaunch
     .type cuGraphLaunch, @function
@@ -1275,10 +1101,7 @@ cuGraphLaunch_ptsz:
     .globl cuGraphMemAllocNodeGetParams
     .type cuGraphMemAllocNodeGetParams, @function
 cuGraphMemAllocNodeGetParams:
-    leaq .Lname82(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphMemAllocNodeGetParams__cu126@PLT
     .size cuGraphMemAllocNodeGetParams, .-cuGraphMemAllocNodeGetParams
     .globl cuGraphMemFreeNodeGetParams
     .type cuGraphMemFreeNodeGetParams, @function
@@ -1288,26 +1111,17 @@ cuGraphMemFreeNodeGetParams:
     .globl cuGraphMemcpyNodeGetParams
     .type cuGraphMemcpyNodeGetParams, @function
 cuGraphMemcpyNodeGetParams:
-    leaq .Lname83(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphMemcpyNodeGetParams@PLT
     .size cuGraphMemcpyNodeGetParams, .-cuGraphMemcpyNodeGetParams
     .globl cuGraphMemcpyNodeSetParams
     .type cuGraphMemcpyNodeSetParams, @function
 cuGraphMemcpyNodeSetParams:
-    leaq .Lname84(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphMemcpyNodeSetParams@PLT
     .size cuGraphMemcpyNodeSetParams, .-cuGraphMemcpyNodeSetParams
     .globl cuGraphMemsetNodeGetParams
     .type cuGraphMemsetNodeGetParams, @function
 cuGraphMemsetNodeGetParams:
-    leaq .Lname85(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphMemsetNodeGetParams@PLT
     .size cuGraphMemsetNodeGetParams, .-cuGraphMemsetNodeGetParams
     .globl cuGraphMemsetNodeSetParams
     .type cuGraphMemsetNodeSetParams, @function
@@ -1332,10 +1146,7 @@ cuGraphNodeGetDependencies:
     .globl cuGraphNodeGetDependencies_v2
     .type cuGraphNodeGetDependencies_v2, @function
 cuGraphNodeGetDependencies_v2:
-    leaq .Lname86(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphNodeGetDependencies_v2@PLT
     .size cuGraphNodeGetDependencies_v2, .-cuGraphNodeGetDependencies_v2
     .globl cuGraphNodeGetDependentNodes
     .type cuGraphNodeGetDependentNodes, @function
@@ -1345,10 +1156,7 @@ cuGraphNodeGetDependentNodes:
     .globl cuGraphNodeGetDependentNodes_v2
     .type cuGraphNodeGetDependentNodes_v2, @function
 cuGraphNodeGetDependentNodes_v2:
-    leaq .Lname87(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphNodeGetDependentNodes_v2@PLT
     .size cuGraphNodeGetDependentNodes_v2, .-cuGraphNodeGetDependentNodes_v2
     .globl cuGraphNodeGetEnabled
     .type cuGraphNodeGetEnabled, @function
@@ -1378,10 +1186,7 @@ cuGraphNodeSetEnabled:
     .globl cuGraphNodeSetParams
     .type cuGraphNodeSetParams, @function
 cuGraphNodeSetParams:
-    leaq .Lname88(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphNodeSetParams@PLT
     .size cuGraphNodeSetParams, .-cuGraphNodeSetParams
     .globl cuGraphReleaseUserObject
     .type cuGraphReleaseUserObject, @function
@@ -1391,18 +1196,12 @@ cuGraphReleaseUserObject:
     .globl cuGraphRemoveDependencies
     .type cuGraphRemoveDependencies, @function
 cuGraphRemoveDependencies:
-    leaq .Lname89(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphRemoveDependencies@PLT
     .size cuGraphRemoveDependencies, .-cuGraphRemoveDependencies
     .globl cuGraphRemoveDependencies_v2
     .type cuGraphRemoveDependencies_v2, @function
 cuGraphRemoveDependencies_v2:
-    leaq .Lname90(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphRemoveDependencies_v2@PLT
     .size cuGraphRemoveDependencies_v2, .-cuGraphRemoveDependencies_v2
     .globl cuGraphRetainUserObject
     .type cuGraphRetainUserObject, @function
@@ -1437,7 +1236,7 @@ cuGraphicsResourceGetMappedMipmappedArray:
     .globl cuGraphicsResourceGetMappedPointer
     .type cuGraphicsResourceGetMappedPointer, @function
 cuGraphicsResourceGetMappedPointer:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1445,7 +1244,7 @@ cuGraphicsResourceGetMappedPointer:
     .globl cuGraphicsResourceGetMappedPointer_v2
     .type cuGraphicsResourceGetMappedPointer_v2, @function
 cuGraphicsResourceGetMappedPointer_v2:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,10 +1292,7 @@ cuGreenCtxDestroy:
     .globl cuGreenCtxGetDevResource
     .type cuGreenCtxGetDevResource, @function
 cuGreenCtxGetDevResource:
-    leaq .Lname93(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGreenCtxGetDevResource__cu131@PLT
     .size cuGreenCtxGetDevResource, .-cuGreenCtxGetDevResource
     .globl cuGreenCtxGetId
     .type cuGreenCtxGetId, @function
@@ -1521,7 +1317,7 @@ cuGreenCtxWaitEvent:
     .globl cuImportExternalMemory
     .type cuImportExternalMemory, @function
 cuImportExternalMemory:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1529,7 +1325,7 @@ cuImportExternalMemory:
     .globl cuImportExternalSemaphore
     .type cuImportExternalSemaphore, @function
 cuImportExternalSemaphore:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1547,7 +1343,7 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1555,7 +1351,7 @@ cuIpcGetEventHandle:
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1593,18 +1389,12 @@ cuKernelGetLibrary:
     .globl cuKernelGetName
     .type cuKernelGetName, @function
 cuKernelGetName:
-    leaq .Lname98(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuKernelGetName@PLT
     .size cuKernelGetName, .-cuKernelGetName
     .globl cuKernelGetParamInfo
     .type cuKernelGetParamInfo, @function
 cuKernelGetParamInfo:
-    leaq .Lname99(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuKernelGetParamInfo@PLT
     .size cuKernelGetParamInfo, .-cuKernelGetParamInfo
     .globl cuKernelSetAttribute
     .type cuKernelSetAttribute, @function
@@ -1629,7 +1419,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1712,7 +1502,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1720,18 +1510,12 @@ cuLibraryGetUnifiedFunction:
     .globl cuLibraryLoadData
     .type cuLibraryLoadData, @function
 cuLibraryLoadData:
-    leaq .Lname102(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLibraryLoadData@PLT
     .size cuLibraryLoadData, .-cuLibraryLoadData
     .globl cuLibraryLoadFromFile
     .type cuLibraryLoadFromFile, @function
 cuLibraryLoadFromFile:
-    leaq .Lname103(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLibraryLoadFromFile@PLT
     .size cuLibraryLoadFromFile, .-cuLibraryLoadFromFile
     .globl cuLibraryUnload
     .type cuLibraryUnload, @function
@@ -1741,58 +1525,37 @@ cuLibraryUnload:
     .globl cuLinkAddData
     .type cuLinkAddData, @function
 cuLinkAddData:
-    leaq .Lname104(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLinkAddData@PLT
     .size cuLinkAddData, .-cuLinkAddData
     .globl cuLinkAddData_v2
     .type cuLinkAddData_v2, @function
 cuLinkAddData_v2:
-    leaq .Lname105(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLinkAddData_v2@PLT
     .size cuLinkAddData_v2, .-cuLinkAddData_v2
     .globl cuLinkAddFile
     .type cuLinkAddFile, @function
 cuLinkAddFile:
-    leaq .Lname106(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLinkAddFile@PLT
     .size cuLinkAddFile, .-cuLinkAddFile
     .globl cuLinkAddFile_v2
     .type cuLinkAddFile_v2, @function
 cuLinkAddFile_v2:
-    leaq .Lname107(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLinkAddFile_v2@PLT
     .size cuLinkAddFile_v2, .-cuLinkAddFile_v2
     .globl cuLinkComplete
     .type cuLinkComplete, @function
 cuLinkComplete:
-    leaq .Lname108(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLinkComplete@PLT
     .size cuLinkComplete, .-cuLinkComplete
     .globl cuLinkCreate
     .type cuLinkCreate, @function
 cuLinkCreate:
-    leaq .Lname109(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLinkCreate@PLT
     .size cuLinkCreate, .-cuLinkCreate
     .globl cuLinkCreate_v2
     .type cuLinkCreate_v2, @function
 cuLinkCreate_v2:
-    leaq .Lname110(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLinkCreate_v2@PLT
     .size cuLinkCreate_v2, .-cuLinkCreate_v2
     .globl cuLinkDestroy
     .type cuLinkDestroy, @function
@@ -1807,7 +1570,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1815,7 +1578,7 @@ cuLogsDumpToFile:
     .globl cuLogsDumpToMemory
     .type cuLogsDumpToMemory, @function
 cuLogsDumpToMemory:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,7 +1586,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1841,10 +1604,7 @@ cuMemAddressFree:
     .globl cuMemAddressReserve
     .type cuMemAddressReserve, @function
 cuMemAddressReserve:
-    leaq .Lname114(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAddressReserve@PLT
     .size cuMemAddressReserve, .-cuMemAddressReserve
     .globl cuMemAdvise
     .type cuMemAdvise, @function
@@ -1859,7 +1619,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1867,42 +1627,27 @@ cuMemAlloc:
     .globl cuMemAllocAsync
     .type cuMemAllocAsync, @function
 cuMemAllocAsync:
-    leaq .Lname116(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocAsync@PLT
     .size cuMemAllocAsync, .-cuMemAllocAsync
     .globl cuMemAllocAsync_ptsz
     .type cuMemAllocAsync_ptsz, @function
 cuMemAllocAsync_ptsz:
-    leaq .Lname117(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocAsync_ptsz@PLT
     .size cuMemAllocAsync_ptsz, .-cuMemAllocAsync_ptsz
     .globl cuMemAllocFromPoolAsync
     .type cuMemAllocFromPoolAsync, @function
 cuMemAllocFromPoolAsync:
-    leaq .Lname118(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocFromPoolAsync@PLT
     .size cuMemAllocFromPoolAsync, .-cuMemAllocFromPoolAsync
     .globl cuMemAllocFromPoolAsync_ptsz
     .type cuMemAllocFromPoolAsync_ptsz, @function
 cuMemAllocFromPoolAsync_ptsz:
-    leaq .Lname119(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocFromPoolAsync_ptsz@PLT
     .size cuMemAllocFromPoolAsync_ptsz, .-cuMemAllocFromPoolAsync_ptsz
     .globl cuMemAllocHost
     .type cuMemAllocHost, @function
 cuMemAllocHost:
-    leaq .Lname120(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocHost@PLT
     .size cuMemAllocHost, .-cuMemAllocHost
     .globl cuMemAllocHost_v2
     .type cuMemAllocHost_v2, @function
@@ -1912,7 +1657,7 @@ cuMemAllocHost_v2:
     .globl cuMemAllocManaged
     .type cuMemAllocManaged, @function
 cuMemAllocManaged:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1920,7 +1665,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1928,10 +1673,7 @@ cuMemAllocPitch:
     .globl cuMemAllocPitch_v2
     .type cuMemAllocPitch_v2, @function
 cuMemAllocPitch_v2:
-    leaq .Lname123(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocPitch_v2@PLT
     .size cuMemAllocPitch_v2, .-cuMemAllocPitch_v2
     .globl cuMemAlloc_v2
     .type cuMemAlloc_v2, @function
@@ -1941,63 +1683,42 @@ cuMemAlloc_v2:
     .globl cuMemBatchDecompressAsync
     .type cuMemBatchDecompressAsync, @function
 cuMemBatchDecompressAsync:
-    leaq .Lname124(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemBatchDecompressAsync@PLT
     .size cuMemBatchDecompressAsync, .-cuMemBatchDecompressAsync
     .globl cuMemBatchDecompressAsync_ptsz
     .type cuMemBatchDecompressAsync_ptsz, @function
 cuMemBatchDecompressAsync_ptsz:
-    leaq .Lname125(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemBatchDecompressAsync_ptsz@PLT
     .size cuMemBatchDecompressAsync_ptsz, .-cuMemBatchDecompressAsync_ptsz
     .globl cuMemCreate
     .type cuMemCreate, @function
 cuMemCreate:
-    leaq .Lname126(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemCreate@PLT
     .size cuMemCreate, .-cuMemCreate
     .globl cuMemDiscardAndPrefetchBatchAsync
     .type cuMemDiscardAndPrefetchBatchAsync, @function
 cuMemDiscardAndPrefetchBatchAsync:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemDiscardAndPrefetchBatchAsync@PLT
     .size cuMemDiscardAndPrefetchBatchAsync, .-cuMemDiscardAndPrefetchBatchAsync
     .globl cuMemDiscardAndPrefetchBatchAsync_ptsz
     .type cuMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cuMemDiscardAndPrefetchBatchAsync_ptsz:
-    leaq .Lname128(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz@PLT
     .size cuMemDiscardAndPrefetchBatchAsync_ptsz, .-cuMemDiscardAndPrefetchBatchAsync_ptsz
     .globl cuMemDiscardBatchAsync
     .type cuMemDiscardBatchAsync, @function
 cuMemDiscardBatchAsync:
-    leaq .Lname129(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemDiscardBatchAsync@PLT
     .size cuMemDiscardBatchAsync, .-cuMemDiscardBatchAsync
     .globl cuMemDiscardBatchAsync_ptsz
     .type cuMemDiscardBatchAsync_ptsz, @function
 cuMemDiscardBatchAsync_ptsz:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemDiscardBatchAsync_ptsz@PLT
     .size cuMemDiscardBatchAsync_ptsz, .-cuMemDiscardBatchAsync_ptsz
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2035,7 +1756,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2043,39 +1764,27 @@ cuMemGetAddressRange:
     .globl cuMemGetAddressRange_v2
     .type cuMemGetAddressRange_v2, @function
 cuMemGetAddressRange_v2:
-    leaq .Lname133(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetAddressRange_v2@PLT
     .size cuMemGetAddressRange_v2, .-cuMemGetAddressRange_v2
     .globl cuMemGetAllocationGranularity
     .type cuMemGetAllocationGranularity, @function
 cuMemGetAllocationGranularity:
-    leaq .Lname134(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetAllocationGranularity@PLT
     .size cuMemGetAllocationGranularity, .-cuMemGetAllocationGranularity
     .globl cuMemGetAllocationPropertiesFromHandle
     .type cuMemGetAllocationPropertiesFromHandle, @function
 cuMemGetAllocationPropertiesFromHandle:
-    leaq .Lname135(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetAllocationPropertiesFromHandle@PLT
     .size cuMemGetAllocationPropertiesFromHandle, .-cuMemGetAllocationPropertiesFromHandle
     .globl cuMemGetDefaultMemPool
     .type cuMemGetDefaultMemPool, @function
 cuMemGetDefaultMemPool:
-    leaq .Lname136(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetDefaultMemPool@PLT
     .size cuMemGetDefaultMemPool, .-cuMemGetDefaultMemPool
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2093,10 +1802,7 @@ cuMemGetInfo_v2:
     .globl cuMemGetMemPool
     .type cuMemGetMemPool, @function
 cuMemGetMemPool:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetMemPool@PLT
     .size cuMemGetMemPool, .-cuMemGetMemPool
     .globl cuMemHostAlloc
     .type cuMemHostAlloc, @function
@@ -2106,7 +1812,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2124,10 +1830,7 @@ cuMemHostGetFlags:
     .globl cuMemHostRegister
     .type cuMemHostRegister, @function
 cuMemHostRegister:
-    leaq .Lname140(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemHostRegister@PLT
     .size cuMemHostRegister, .-cuMemHostRegister
     .globl cuMemHostRegister_v2
     .type cuMemHostRegister_v2, @function
@@ -2142,7 +1845,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2155,26 +1858,17 @@ cuMemMap:
     .globl cuMemMapArrayAsync
     .type cuMemMapArrayAsync, @function
 cuMemMapArrayAsync:
-    leaq .Lname142(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemMapArrayAsync@PLT
     .size cuMemMapArrayAsync, .-cuMemMapArrayAsync
     .globl cuMemMapArrayAsync_ptsz
     .type cuMemMapArrayAsync_ptsz, @function
 cuMemMapArrayAsync_ptsz:
-    leaq .Lname143(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemMapArrayAsync_ptsz@PLT
     .size cuMemMapArrayAsync_ptsz, .-cuMemMapArrayAsync_ptsz
     .globl cuMemPoolCreate
     .type cuMemPoolCreate, @function
 cuMemPoolCreate:
-    leaq .Lname144(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolCreate__cu126@PLT
     .size cuMemPoolCreate, .-cuMemPoolCreate
     .globl cuMemPoolDestroy
     .type cuMemPoolDestroy, @function
@@ -2184,7 +1878,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2192,7 +1886,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2200,23 +1894,17 @@ cuMemPoolExportToShareableHandle:
     .globl cuMemPoolGetAccess
     .type cuMemPoolGetAccess, @function
 cuMemPoolGetAccess:
-    leaq .Lname147(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolGetAccess@PLT
     .size cuMemPoolGetAccess, .-cuMemPoolGetAccess
     .globl cuMemPoolGetAttribute
     .type cuMemPoolGetAttribute, @function
 cuMemPoolGetAttribute:
-    leaq .Lname148(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolGetAttribute@PLT
     .size cuMemPoolGetAttribute, .-cuMemPoolGetAttribute
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2224,7 +1912,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2232,18 +1920,12 @@ cuMemPoolImportPointer:
     .globl cuMemPoolSetAccess
     .type cuMemPoolSetAccess, @function
 cuMemPoolSetAccess:
-    leaq .Lname151(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolSetAccess@PLT
     .size cuMemPoolSetAccess, .-cuMemPoolSetAccess
     .globl cuMemPoolSetAttribute
     .type cuMemPoolSetAttribute, @function
 cuMemPoolSetAttribute:
-    leaq .Lname152(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolSetAttribute@PLT
     .size cuMemPoolSetAttribute, .-cuMemPoolSetAttribute
     .globl cuMemPoolTrimTo
     .type cuMemPoolTrimTo, @function
@@ -2273,34 +1955,22 @@ cuMemPrefetchAsync_v2_ptsz:
     .globl cuMemPrefetchBatchAsync
     .type cuMemPrefetchBatchAsync, @function
 cuMemPrefetchBatchAsync:
-    leaq .Lname153(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPrefetchBatchAsync@PLT
     .size cuMemPrefetchBatchAsync, .-cuMemPrefetchBatchAsync
     .globl cuMemPrefetchBatchAsync_ptsz
     .type cuMemPrefetchBatchAsync_ptsz, @function
 cuMemPrefetchBatchAsync_ptsz:
-    leaq .Lname154(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPrefetchBatchAsync_ptsz@PLT
     .size cuMemPrefetchBatchAsync_ptsz, .-cuMemPrefetchBatchAsync_ptsz
     .globl cuMemRangeGetAttribute
     .type cuMemRangeGetAttribute, @function
 cuMemRangeGetAttribute:
-    leaq .Lname155(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemRangeGetAttribute@PLT
     .size cuMemRangeGetAttribute, .-cuMemRangeGetAttribute
     .globl cuMemRangeGetAttributes
     .type cuMemRangeGetAttributes, @function
 cuMemRangeGetAttributes:
-    leaq .Lname156(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemRangeGetAttributes@PLT
     .size cuMemRangeGetAttributes, .-cuMemRangeGetAttributes
     .globl cuMemRelease
     .type cuMemRelease, @function
@@ -2310,26 +1980,17 @@ cuMemRelease:
     .globl cuMemRetainAllocationHandle
     .type cuMemRetainAllocationHandle, @function
 cuMemRetainAllocationHandle:
-    leaq .Lname157(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemRetainAllocationHandle@PLT
     .size cuMemRetainAllocationHandle, .-cuMemRetainAllocationHandle
     .globl cuMemSetAccess
     .type cuMemSetAccess, @function
 cuMemSetAccess:
-    leaq .Lname158(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemSetAccess@PLT
     .size cuMemSetAccess, .-cuMemSetAccess
     .globl cuMemSetMemPool
     .type cuMemSetMemPool, @function
 cuMemSetMemPool:
-    leaq .Lname159(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemSetMemPool@PLT
     .size cuMemSetMemPool, .-cuMemSetMemPool
     .globl cuMemUnmap
     .type cuMemUnmap, @function
@@ -2344,7 +2005,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2352,7 +2013,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2360,23 +2021,17 @@ cuMemcpy2DAsync:
     .globl cuMemcpy2DAsync_v2
     .type cuMemcpy2DAsync_v2, @function
 cuMemcpy2DAsync_v2:
-    leaq .Lname162(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2DAsync_v2@PLT
     .size cuMemcpy2DAsync_v2, .-cuMemcpy2DAsync_v2
     .globl cuMemcpy2DAsync_v2_ptsz
     .type cuMemcpy2DAsync_v2_ptsz, @function
 cuMemcpy2DAsync_v2_ptsz:
-    leaq .Lname163(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2DAsync_v2_ptsz@PLT
     .size cuMemcpy2DAsync_v2_ptsz, .-cuMemcpy2DAsync_v2_ptsz
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2384,39 +2039,27 @@ cuMemcpy2DUnaligned:
     .globl cuMemcpy2DUnaligned_v2
     .type cuMemcpy2DUnaligned_v2, @function
 cuMemcpy2DUnaligned_v2:
-    leaq .Lname165(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2DUnaligned_v2@PLT
     .size cuMemcpy2DUnaligned_v2, .-cuMemcpy2DUnaligned_v2
     .globl cuMemcpy2DUnaligned_v2_ptds
     .type cuMemcpy2DUnaligned_v2_ptds, @function
 cuMemcpy2DUnaligned_v2_ptds:
-    leaq .Lname166(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2DUnaligned_v2_ptds@PLT
     .size cuMemcpy2DUnaligned_v2_ptds, .-cuMemcpy2DUnaligned_v2_ptds
     .globl cuMemcpy2D_v2
     .type cuMemcpy2D_v2, @function
 cuMemcpy2D_v2:
-    leaq .Lname167(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2D_v2@PLT
     .size cuMemcpy2D_v2, .-cuMemcpy2D_v2
     .globl cuMemcpy2D_v2_ptds
     .type cuMemcpy2D_v2_ptds, @function
 cuMemcpy2D_v2_ptds:
-    leaq .Lname168(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2D_v2_ptds@PLT
     .size cuMemcpy2D_v2_ptds, .-cuMemcpy2D_v2_ptds
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2424,7 +2067,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2432,98 +2075,62 @@ cuMemcpy3DAsync:
     .globl cuMemcpy3DAsync_v2
     .type cuMemcpy3DAsync_v2, @function
 cuMemcpy3DAsync_v2:
-    leaq .Lname171(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DAsync_v2@PLT
     .size cuMemcpy3DAsync_v2, .-cuMemcpy3DAsync_v2
     .globl cuMemcpy3DAsync_v2_ptsz
     .type cuMemcpy3DAsync_v2_ptsz, @function
 cuMemcpy3DAsync_v2_ptsz:
-    leaq .Lname172(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DAsync_v2_ptsz@PLT
     .size cuMemcpy3DAsync_v2_ptsz, .-cuMemcpy3DAsync_v2_ptsz
     .globl cuMemcpy3DBatchAsync
     .type cuMemcpy3DBatchAsync, @function
 cuMemcpy3DBatchAsync:
-    leaq .Lname173(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync@PLT
     .size cuMemcpy3DBatchAsync, .-cuMemcpy3DBatchAsync
     .globl cuMemcpy3DBatchAsync_ptsz
     .type cuMemcpy3DBatchAsync_ptsz, @function
 cuMemcpy3DBatchAsync_ptsz:
-    leaq .Lname174(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_ptsz@PLT
     .size cuMemcpy3DBatchAsync_ptsz, .-cuMemcpy3DBatchAsync_ptsz
     .globl cuMemcpy3DBatchAsync_v2
     .type cuMemcpy3DBatchAsync_v2, @function
 cuMemcpy3DBatchAsync_v2:
-    leaq .Lname175(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_v2@PLT
     .size cuMemcpy3DBatchAsync_v2, .-cuMemcpy3DBatchAsync_v2
     .globl cuMemcpy3DBatchAsync_v2_ptsz
     .type cuMemcpy3DBatchAsync_v2_ptsz, @function
 cuMemcpy3DBatchAsync_v2_ptsz:
-    leaq .Lname176(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz@PLT
     .size cuMemcpy3DBatchAsync_v2_ptsz, .-cuMemcpy3DBatchAsync_v2_ptsz
     .globl cuMemcpy3DPeer
     .type cuMemcpy3DPeer, @function
 cuMemcpy3DPeer:
-    leaq .Lname177(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DPeer@PLT
     .size cuMemcpy3DPeer, .-cuMemcpy3DPeer
     .globl cuMemcpy3DPeerAsync
     .type cuMemcpy3DPeerAsync, @function
 cuMemcpy3DPeerAsync:
-    leaq .Lname178(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DPeerAsync@PLT
     .size cuMemcpy3DPeerAsync, .-cuMemcpy3DPeerAsync
     .globl cuMemcpy3DPeerAsync_ptsz
     .type cuMemcpy3DPeerAsync_ptsz, @function
 cuMemcpy3DPeerAsync_ptsz:
-    leaq .Lname179(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DPeerAsync_ptsz@PLT
     .size cuMemcpy3DPeerAsync_ptsz, .-cuMemcpy3DPeerAsync_ptsz
     .globl cuMemcpy3DPeer_ptds
     .type cuMemcpy3DPeer_ptds, @function
 cuMemcpy3DPeer_ptds:
-    leaq .Lname180(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DPeer_ptds@PLT
     .size cuMemcpy3DPeer_ptds, .-cuMemcpy3DPeer_ptds
     .globl cuMemcpy3D_v2
     .type cuMemcpy3D_v2, @function
 cuMemcpy3D_v2:
-    leaq .Lname181(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3D_v2@PLT
     .size cuMemcpy3D_v2, .-cuMemcpy3D_v2
     .globl cuMemcpy3D_v2_ptds
     .type cuMemcpy3D_v2_ptds, @function
 cuMemcpy3D_v2_ptds:
-    leaq .Lname182(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3D_v2_ptds@PLT
     .size cuMemcpy3D_v2_ptds, .-cuMemcpy3D_v2_ptds
     .globl cuMemcpyAsync
     .type cuMemcpyAsync, @function
@@ -2568,82 +2175,52 @@ cuMemcpyAtoD_v2_ptds:
     .globl cuMemcpyAtoH
     .type cuMemcpyAtoH, @function
 cuMemcpyAtoH:
-    leaq .Lname183(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyAtoH@PLT
     .size cuMemcpyAtoH, .-cuMemcpyAtoH
     .globl cuMemcpyAtoHAsync
     .type cuMemcpyAtoHAsync, @function
 cuMemcpyAtoHAsync:
-    leaq .Lname184(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyAtoHAsync@PLT
     .size cuMemcpyAtoHAsync, .-cuMemcpyAtoHAsync
     .globl cuMemcpyAtoHAsync_v2
     .type cuMemcpyAtoHAsync_v2, @function
 cuMemcpyAtoHAsync_v2:
-    leaq .Lname185(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyAtoHAsync_v2@PLT
     .size cuMemcpyAtoHAsync_v2, .-cuMemcpyAtoHAsync_v2
     .globl cuMemcpyAtoHAsync_v2_ptsz
     .type cuMemcpyAtoHAsync_v2_ptsz, @function
 cuMemcpyAtoHAsync_v2_ptsz:
-    leaq .Lname186(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyAtoHAsync_v2_ptsz@PLT
     .size cuMemcpyAtoHAsync_v2_ptsz, .-cuMemcpyAtoHAsync_v2_ptsz
     .globl cuMemcpyAtoH_v2
     .type cuMemcpyAtoH_v2, @function
 cuMemcpyAtoH_v2:
-    leaq .Lname187(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyAtoH_v2@PLT
     .size cuMemcpyAtoH_v2, .-cuMemcpyAtoH_v2
     .globl cuMemcpyAtoH_v2_ptds
     .type cuMemcpyAtoH_v2_ptds, @function
 cuMemcpyAtoH_v2_ptds:
-    leaq .Lname188(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyAtoH_v2_ptds@PLT
     .size cuMemcpyAtoH_v2_ptds, .-cuMemcpyAtoH_v2_ptds
     .globl cuMemcpyBatchAsync
     .type cuMemcpyBatchAsync, @function
 cuMemcpyBatchAsync:
-    leaq .Lname189(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync@PLT
     .size cuMemcpyBatchAsync, .-cuMemcpyBatchAsync
     .globl cuMemcpyBatchAsync_ptsz
     .type cuMemcpyBatchAsync_ptsz, @function
 cuMemcpyBatchAsync_ptsz:
-    leaq .Lname190(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_ptsz@PLT
     .size cuMemcpyBatchAsync_ptsz, .-cuMemcpyBatchAsync_ptsz
     .globl cuMemcpyBatchAsync_v2
     .type cuMemcpyBatchAsync_v2, @function
 cuMemcpyBatchAsync_v2:
-    leaq .Lname191(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_v2@PLT
     .size cuMemcpyBatchAsync_v2, .-cuMemcpyBatchAsync_v2
     .globl cuMemcpyBatchAsync_v2_ptsz
     .type cuMemcpyBatchAsync_v2_ptsz, @function
 cuMemcpyBatchAsync_v2_ptsz:
-    leaq .Lname192(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_v2_ptsz@PLT
     .size cuMemcpyBatchAsync_v2_ptsz, .-cuMemcpyBatchAsync_v2_ptsz
     .globl cuMemcpyDtoA
     .type cuMemcpyDtoA, @function
@@ -2693,7 +2270,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2701,7 +2278,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2729,55 +2306,37 @@ cuMemcpyDtoH_v2_ptds:
     .globl cuMemcpyHtoA
     .type cuMemcpyHtoA, @function
 cuMemcpyHtoA:
-    leaq .Lname195(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoA@PLT
     .size cuMemcpyHtoA, .-cuMemcpyHtoA
     .globl cuMemcpyHtoAAsync
     .type cuMemcpyHtoAAsync, @function
 cuMemcpyHtoAAsync:
-    leaq .Lname196(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoAAsync@PLT
     .size cuMemcpyHtoAAsync, .-cuMemcpyHtoAAsync
     .globl cuMemcpyHtoAAsync_v2
     .type cuMemcpyHtoAAsync_v2, @function
 cuMemcpyHtoAAsync_v2:
-    leaq .Lname197(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoAAsync_v2@PLT
     .size cuMemcpyHtoAAsync_v2, .-cuMemcpyHtoAAsync_v2
     .globl cuMemcpyHtoAAsync_v2_ptsz
     .type cuMemcpyHtoAAsync_v2_ptsz, @function
 cuMemcpyHtoAAsync_v2_ptsz:
-    leaq .Lname198(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoAAsync_v2_ptsz@PLT
     .size cuMemcpyHtoAAsync_v2_ptsz, .-cuMemcpyHtoAAsync_v2_ptsz
     .globl cuMemcpyHtoA_v2
     .type cuMemcpyHtoA_v2, @function
 cuMemcpyHtoA_v2:
-    leaq .Lname199(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoA_v2@PLT
     .size cuMemcpyHtoA_v2, .-cuMemcpyHtoA_v2
     .globl cuMemcpyHtoA_v2_ptds
     .type cuMemcpyHtoA_v2_ptds, @function
 cuMemcpyHtoA_v2_ptds:
-    leaq .Lname200(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoA_v2_ptds@PLT
     .size cuMemcpyHtoA_v2_ptds, .-cuMemcpyHtoA_v2_ptds
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2785,7 +2344,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2988,10 +2547,7 @@ cuMemsetD8_v2_ptds:
     .globl cuMipmappedArrayCreate
     .type cuMipmappedArrayCreate, @function
 cuMipmappedArrayCreate:
-    leaq .Lname203(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMipmappedArrayCreate@PLT
     .size cuMipmappedArrayCreate, .-cuMipmappedArrayCreate
     .globl cuMipmappedArrayDestroy
     .type cuMipmappedArrayDestroy, @function
@@ -3006,18 +2562,12 @@ cuMipmappedArrayGetLevel:
     .globl cuMipmappedArrayGetMemoryRequirements
     .type cuMipmappedArrayGetMemoryRequirements, @function
 cuMipmappedArrayGetMemoryRequirements:
-    leaq .Lname204(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMipmappedArrayGetMemoryRequirements@PLT
     .size cuMipmappedArrayGetMemoryRequirements, .-cuMipmappedArrayGetMemoryRequirements
     .globl cuMipmappedArrayGetSparseProperties
     .type cuMipmappedArrayGetSparseProperties, @function
 cuMipmappedArrayGetSparseProperties:
-    leaq .Lname205(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMipmappedArrayGetSparseProperties@PLT
     .size cuMipmappedArrayGetSparseProperties, .-cuMipmappedArrayGetSparseProperties
     .globl cuModuleEnumerateFunctions
     .type cuModuleEnumerateFunctions, @function
@@ -3127,10 +2677,7 @@ cuMulticastUnbind:
     .globl cuOccupancyAvailableDynamicSMemPerBlock
     .type cuOccupancyAvailableDynamicSMemPerBlock, @function
 cuOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname206(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuOccupancyAvailableDynamicSMemPerBlock@PLT
     .size cuOccupancyAvailableDynamicSMemPerBlock, .-cuOccupancyAvailableDynamicSMemPerBlock
     .globl cuOccupancyMaxActiveBlocksPerMultiprocessor
     .type cuOccupancyMaxActiveBlocksPerMultiprocessor, @function
@@ -3145,7 +2692,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cuOccupancyMaxActiveClusters
     .type cuOccupancyMaxActiveClusters, @function
 cuOccupancyMaxActiveClusters:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3153,23 +2700,17 @@ cuOccupancyMaxActiveClusters:
     .globl cuOccupancyMaxPotentialBlockSize
     .type cuOccupancyMaxPotentialBlockSize, @function
 cuOccupancyMaxPotentialBlockSize:
-    leaq .Lname208(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuOccupancyMaxPotentialBlockSize@PLT
     .size cuOccupancyMaxPotentialBlockSize, .-cuOccupancyMaxPotentialBlockSize
     .globl cuOccupancyMaxPotentialBlockSizeWithFlags
     .type cuOccupancyMaxPotentialBlockSizeWithFlags, @function
 cuOccupancyMaxPotentialBlockSizeWithFlags:
-    leaq .Lname209(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFlags@PLT
     .size cuOccupancyMaxPotentialBlockSizeWithFlags, .-cuOccupancyMaxPotentialBlockSizeWithFlags
     .globl cuOccupancyMaxPotentialClusterSize
     .type cuOccupancyMaxPotentialClusterSize, @function
 cuOccupancyMaxPotentialClusterSize:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3197,10 +2738,7 @@ cuParamSeti:
     .globl cuParamSetv
     .type cuParamSetv, @function
 cuParamSetv:
-    leaq .Lname211(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuParamSetv@PLT
     .size cuParamSetv, .-cuParamSetv
     .globl cuPointerGetAttribute
     .type cuPointerGetAttribute, @function
@@ -3210,23 +2748,27 @@ cuPointerGetAttribute:
     .globl cuPointerGetAttributes
     .type cuPointerGetAttributes, @function
 cuPointerGetAttributes:
-    leaq .Lname212(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuPointerGetAttributes@PLT
     .size cuPointerGetAttributes, .-cuPointerGetAttributes
     .globl cuPointerSetAttribute
     .type cuPointerSetAttribute, @function
 cuPointerSetAttribute:
-    leaq .Lname213(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuPointerSetAttribute@PLT
     .size cuPointerSetAttribute, .-cuPointerSetAttribute
+    .globl cuProfilerStart
+    .type cuProfilerStart, @function
+cuProfilerStart:
+    jmp __chidori_driver_cuProfilerStart@PLT
+    .size cuProfilerStart, .-cuProfilerStart
+    .globl cuProfilerStop
+    .type cuProfilerStop, @function
+cuProfilerStop:
+    jmp __chidori_driver_cuProfilerStop@PLT
+    .size cuProfilerStop, .-cuProfilerStop
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3234,7 +2776,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3242,18 +2784,12 @@ cuSignalExternalSemaphoresAsync_ptsz:
     .globl cuStreamAddCallback
     .type cuStreamAddCallback, @function
 cuStreamAddCallback:
-    leaq .Lname216(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamAddCallback@PLT
     .size cuStreamAddCallback, .-cuStreamAddCallback
     .globl cuStreamAddCallback_ptsz
     .type cuStreamAddCallback_ptsz, @function
 cuStreamAddCallback_ptsz:
-    leaq .Lname217(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamAddCallback_ptsz@PLT
     .size cuStreamAddCallback_ptsz, .-cuStreamAddCallback_ptsz
     .globl cuStreamAttachMemAsync
     .type cuStreamAttachMemAsync, @function
@@ -3268,34 +2804,22 @@ cuStreamAttachMemAsync_ptsz:
     .globl cuStreamBatchMemOp
     .type cuStreamBatchMemOp, @function
 cuStreamBatchMemOp:
-    leaq .Lname218(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBatchMemOp__cu131@PLT
     .size cuStreamBatchMemOp, .-cuStreamBatchMemOp
     .globl cuStreamBatchMemOp_ptsz
     .type cuStreamBatchMemOp_ptsz, @function
 cuStreamBatchMemOp_ptsz:
-    leaq .Lname219(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBatchMemOp_ptsz__cu131@PLT
     .size cuStreamBatchMemOp_ptsz, .-cuStreamBatchMemOp_ptsz
     .globl cuStreamBatchMemOp_v2
     .type cuStreamBatchMemOp_v2, @function
 cuStreamBatchMemOp_v2:
-    leaq .Lname220(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBatchMemOp_v2__cu131@PLT
     .size cuStreamBatchMemOp_v2, .-cuStreamBatchMemOp_v2
     .globl cuStreamBatchMemOp_v2_ptsz
     .type cuStreamBatchMemOp_v2_ptsz, @function
 cuStreamBatchMemOp_v2_ptsz:
-    leaq .Lname221(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu131@PLT
     .size cuStreamBatchMemOp_v2_ptsz, .-cuStreamBatchMemOp_v2_ptsz
     .globl cuStreamBeginCapture
     .type cuStreamBeginCapture, @function
@@ -3305,18 +2829,12 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToGraph
     .type cuStreamBeginCaptureToGraph, @function
 cuStreamBeginCaptureToGraph:
-    leaq .Lname222(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBeginCaptureToGraph@PLT
     .size cuStreamBeginCaptureToGraph, .-cuStreamBeginCaptureToGraph
     .globl cuStreamBeginCaptureToGraph_ptsz
     .type cuStreamBeginCaptureToGraph_ptsz, @function
 cuStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname223(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBeginCaptureToGraph_ptsz@PLT
     .size cuStreamBeginCaptureToGraph_ptsz, .-cuStreamBeginCaptureToGraph_ptsz
     .globl cuStreamBeginCapture_ptsz
     .type cuStreamBeginCapture_ptsz, @function
@@ -3376,18 +2894,12 @@ cuStreamEndCapture_ptsz:
     .globl cuStreamGetAttribute
     .type cuStreamGetAttribute, @function
 cuStreamGetAttribute:
-    leaq .Lname224(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetAttribute__cu130@PLT
     .size cuStreamGetAttribute, .-cuStreamGetAttribute
     .globl cuStreamGetAttribute_ptsz
     .type cuStreamGetAttribute_ptsz, @function
 cuStreamGetAttribute_ptsz:
-    leaq .Lname225(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetAttribute_ptsz__cu130@PLT
     .size cuStreamGetAttribute_ptsz, .-cuStreamGetAttribute_ptsz
     .globl cuStreamGetCaptureInfo
     .type cuStreamGetCaptureInfo, @function
@@ -3402,34 +2914,22 @@ cuStreamGetCaptureInfo_ptsz:
     .globl cuStreamGetCaptureInfo_v2
     .type cuStreamGetCaptureInfo_v2, @function
 cuStreamGetCaptureInfo_v2:
-    leaq .Lname226(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetCaptureInfo_v2@PLT
     .size cuStreamGetCaptureInfo_v2, .-cuStreamGetCaptureInfo_v2
     .globl cuStreamGetCaptureInfo_v2_ptsz
     .type cuStreamGetCaptureInfo_v2_ptsz, @function
 cuStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname227(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetCaptureInfo_v2_ptsz@PLT
     .size cuStreamGetCaptureInfo_v2_ptsz, .-cuStreamGetCaptureInfo_v2_ptsz
     .globl cuStreamGetCaptureInfo_v3
     .type cuStreamGetCaptureInfo_v3, @function
 cuStreamGetCaptureInfo_v3:
-    leaq .Lname228(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetCaptureInfo_v3@PLT
     .size cuStreamGetCaptureInfo_v3, .-cuStreamGetCaptureInfo_v3
     .globl cuStreamGetCaptureInfo_v3_ptsz
     .type cuStreamGetCaptureInfo_v3_ptsz, @function
 cuStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname229(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetCaptureInfo_v3_ptsz@PLT
     .size cuStreamGetCaptureInfo_v3_ptsz, .-cuStreamGetCaptureInfo_v3_ptsz
     .globl cuStreamGetCtx
     .type cuStreamGetCtx, @function
@@ -3454,18 +2954,12 @@ cuStreamGetCtx_v2_ptsz:
     .globl cuStreamGetDevResource
     .type cuStreamGetDevResource, @function
 cuStreamGetDevResource:
-    leaq .Lname230(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetDevResource@PLT
     .size cuStreamGetDevResource, .-cuStreamGetDevResource
     .globl cuStreamGetDevResource_ptsz
     .type cuStreamGetDevResource_ptsz, @function
 cuStreamGetDevResource_ptsz:
-    leaq .Lname231(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetDevResource_ptsz@PLT
     .size cuStreamGetDevResource_ptsz, .-cuStreamGetDevResource_ptsz
     .globl cuStreamGetDevice
     .type cuStreamGetDevice, @function
@@ -3535,18 +3029,12 @@ cuStreamQuery_ptsz:
     .globl cuStreamSetAttribute
     .type cuStreamSetAttribute, @function
 cuStreamSetAttribute:
-    leaq .Lname232(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamSetAttribute__cu130@PLT
     .size cuStreamSetAttribute, .-cuStreamSetAttribute
     .globl cuStreamSetAttribute_ptsz
     .type cuStreamSetAttribute_ptsz, @function
 cuStreamSetAttribute_ptsz:
-    leaq .Lname233(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamSetAttribute_ptsz__cu130@PLT
     .size cuStreamSetAttribute_ptsz, .-cuStreamSetAttribute_ptsz
     .globl cuStreamSynchronize
     .type cuStreamSynchronize, @function
@@ -3571,18 +3059,12 @@ cuStreamUpdateCaptureDependencies_ptsz:
     .globl cuStreamUpdateCaptureDependencies_v2
     .type cuStreamUpdateCaptureDependencies_v2, @function
 cuStreamUpdateCaptureDependencies_v2:
-    leaq .Lname234(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamUpdateCaptureDependencies_v2@PLT
     .size cuStreamUpdateCaptureDependencies_v2, .-cuStreamUpdateCaptureDependencies_v2
     .globl cuStreamUpdateCaptureDependencies_v2_ptsz
     .type cuStreamUpdateCaptureDependencies_v2_ptsz, @function
 cuStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname235(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamUpdateCaptureDependencies_v2_ptsz@PLT
     .size cuStreamUpdateCaptureDependencies_v2_ptsz, .-cuStreamUpdateCaptureDependencies_v2_ptsz
     .globl cuStreamWaitEvent
     .type cuStreamWaitEvent, @function
@@ -3677,10 +3159,7 @@ cuStreamWriteValue64_v2_ptsz:
     .globl cuSurfObjectCreate
     .type cuSurfObjectCreate, @function
 cuSurfObjectCreate:
-    leaq .Lname236(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuSurfObjectCreate@PLT
     .size cuSurfObjectCreate, .-cuSurfObjectCreate
     .globl cuSurfObjectDestroy
     .type cuSurfObjectDestroy, @function
@@ -3690,10 +3169,7 @@ cuSurfObjectDestroy:
     .globl cuSurfObjectGetResourceDesc
     .type cuSurfObjectGetResourceDesc, @function
 cuSurfObjectGetResourceDesc:
-    leaq .Lname237(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuSurfObjectGetResourceDesc@PLT
     .size cuSurfObjectGetResourceDesc, .-cuSurfObjectGetResourceDesc
     .globl cuSurfRefGetArray
     .type cuSurfRefGetArray, @function
@@ -3708,42 +3184,27 @@ cuSurfRefSetArray:
     .globl cuTensorMapEncodeIm2col
     .type cuTensorMapEncodeIm2col, @function
 cuTensorMapEncodeIm2col:
-    leaq .Lname238(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTensorMapEncodeIm2col@PLT
     .size cuTensorMapEncodeIm2col, .-cuTensorMapEncodeIm2col
     .globl cuTensorMapEncodeIm2colWide
     .type cuTensorMapEncodeIm2colWide, @function
 cuTensorMapEncodeIm2colWide:
-    leaq .Lname239(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTensorMapEncodeIm2colWide@PLT
     .size cuTensorMapEncodeIm2colWide, .-cuTensorMapEncodeIm2colWide
     .globl cuTensorMapEncodeTiled
     .type cuTensorMapEncodeTiled, @function
 cuTensorMapEncodeTiled:
-    leaq .Lname240(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTensorMapEncodeTiled@PLT
     .size cuTensorMapEncodeTiled, .-cuTensorMapEncodeTiled
     .globl cuTensorMapReplaceAddress
     .type cuTensorMapReplaceAddress, @function
 cuTensorMapReplaceAddress:
-    leaq .Lname241(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTensorMapReplaceAddress@PLT
     .size cuTensorMapReplaceAddress, .-cuTensorMapReplaceAddress
     .globl cuTexObjectCreate
     .type cuTexObjectCreate, @function
 cuTexObjectCreate:
-    leaq .Lname242(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexObjectCreate@PLT
     .size cuTexObjectCreate, .-cuTexObjectCreate
     .globl cuTexObjectDestroy
     .type cuTexObjectDestroy, @function
@@ -3753,26 +3214,17 @@ cuTexObjectDestroy:
     .globl cuTexObjectGetResourceDesc
     .type cuTexObjectGetResourceDesc, @function
 cuTexObjectGetResourceDesc:
-    leaq .Lname243(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexObjectGetResourceDesc@PLT
     .size cuTexObjectGetResourceDesc, .-cuTexObjectGetResourceDesc
     .globl cuTexObjectGetResourceViewDesc
     .type cuTexObjectGetResourceViewDesc, @function
 cuTexObjectGetResourceViewDesc:
-    leaq .Lname244(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexObjectGetResourceViewDesc@PLT
     .size cuTexObjectGetResourceViewDesc, .-cuTexObjectGetResourceViewDesc
     .globl cuTexObjectGetTextureDesc
     .type cuTexObjectGetTextureDesc, @function
 cuTexObjectGetTextureDesc:
-    leaq .Lname245(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexObjectGetTextureDesc@PLT
     .size cuTexObjectGetTextureDesc, .-cuTexObjectGetTextureDesc
     .globl cuTexRefCreate
     .type cuTexRefCreate, @function
@@ -3822,10 +3274,7 @@ cuTexRefGetFlags:
     .globl cuTexRefGetFormat
     .type cuTexRefGetFormat, @function
 cuTexRefGetFormat:
-    leaq .Lname246(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexRefGetFormat@PLT
     .size cuTexRefGetFormat, .-cuTexRefGetFormat
     .globl cuTexRefGetMaxAnisotropy
     .type cuTexRefGetMaxAnisotropy, @function
@@ -3940,7 +3389,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3958,7 +3407,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3966,510 +3415,136 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuWaitExternalSemaphoresAsync_ptsz, .-cuWaitExternalSemaphoresAsync_ptsz
     .section .rodata
 .Lname0:
-    .asciz "cuArray3DGetDescriptor"
-.Lname1:
-    .asciz "cuArray3DGetDescriptor_v2"
-.Lname2:
-    .asciz "cuArrayGetDescriptor"
-.Lname3:
-    .asciz "cuArrayGetDescriptor_v2"
-.Lname4:
-    .asciz "cuArrayGetMemoryRequirements"
-.Lname5:
-    .asciz "cuArrayGetSparseProperties"
-.Lname6:
     .asciz "cuCheckpointProcessCheckpoint"
-.Lname7:
+.Lname1:
     .asciz "cuCheckpointProcessLock"
-.Lname8:
+.Lname2:
     .asciz "cuCheckpointProcessRestore"
-.Lname9:
+.Lname3:
     .asciz "cuCheckpointProcessUnlock"
-.Lname10:
+.Lname4:
     .asciz "cuCoredumpGetAttribute"
-.Lname11:
+.Lname5:
     .asciz "cuCoredumpGetAttributeGlobal"
-.Lname12:
+.Lname6:
     .asciz "cuCoredumpSetAttribute"
-.Lname13:
+.Lname7:
     .asciz "cuCoredumpSetAttributeGlobal"
-.Lname14:
-    .asciz "cuCtxCreate_v3"
-.Lname15:
-    .asciz "cuCtxCreate_v4"
-.Lname16:
-    .asciz "cuCtxGetDevResource"
-.Lname17:
-    .asciz "cuCtxGetExecAffinity"
-.Lname18:
-    .asciz "cuDevResourceGenerateDesc"
-.Lname19:
-    .asciz "cuDevSmResourceSplit"
-.Lname20:
+.Lname8:
     .asciz "cuDevSmResourceSplitByCount"
-.Lname21:
-    .asciz "cuDeviceGetDevResource"
-.Lname22:
-    .asciz "cuDeviceGetGraphMemAttribute"
-.Lname23:
-    .asciz "cuDeviceGetHostAtomicCapabilities"
-.Lname24:
-    .asciz "cuDeviceGetLuid"
-.Lname25:
+.Lname9:
     .asciz "cuDeviceGetNvSciSyncAttributes"
-.Lname26:
-    .asciz "cuDeviceGetP2PAtomicCapabilities"
-.Lname27:
-    .asciz "cuDeviceGetPCIBusId"
-.Lname28:
-    .asciz "cuDeviceGetProperties"
-.Lname29:
-    .asciz "cuDeviceGetTexture1DLinearMaxWidth"
-.Lname30:
+.Lname10:
     .asciz "cuDeviceRegisterAsyncNotification"
-.Lname31:
-    .asciz "cuDeviceSetGraphMemAttribute"
-.Lname32:
-    .asciz "cuFuncGetName"
-.Lname33:
-    .asciz "cuFuncGetParamInfo"
-.Lname34:
+.Lname11:
     .asciz "cuGetExportTable"
-.Lname35:
+.Lname12:
     .asciz "cuGraphAddBatchMemOpNode"
-.Lname36:
-    .asciz "cuGraphAddChildGraphNode"
-.Lname37:
-    .asciz "cuGraphAddDependencies"
-.Lname38:
-    .asciz "cuGraphAddDependencies_v2"
-.Lname39:
-    .asciz "cuGraphAddEmptyNode"
-.Lname40:
-    .asciz "cuGraphAddEventRecordNode"
-.Lname41:
-    .asciz "cuGraphAddEventWaitNode"
-.Lname42:
+.Lname13:
     .asciz "cuGraphAddExternalSemaphoresSignalNode"
-.Lname43:
+.Lname14:
     .asciz "cuGraphAddExternalSemaphoresWaitNode"
-.Lname44:
-    .asciz "cuGraphAddHostNode"
-.Lname45:
-    .asciz "cuGraphAddKernelNode"
-.Lname46:
-    .asciz "cuGraphAddKernelNode_v2"
-.Lname47:
-    .asciz "cuGraphAddMemAllocNode"
-.Lname48:
-    .asciz "cuGraphAddMemFreeNode"
-.Lname49:
-    .asciz "cuGraphAddMemcpyNode"
-.Lname50:
-    .asciz "cuGraphAddMemsetNode"
-.Lname51:
-    .asciz "cuGraphAddNode"
-.Lname52:
-    .asciz "cuGraphAddNode_v2"
-.Lname53:
+.Lname15:
     .asciz "cuGraphBatchMemOpNodeGetParams"
-.Lname54:
+.Lname16:
     .asciz "cuGraphBatchMemOpNodeSetParams"
-.Lname55:
-    .asciz "cuGraphDebugDotPrint"
-.Lname56:
+.Lname17:
     .asciz "cuGraphExecBatchMemOpNodeSetParams"
-.Lname57:
+.Lname18:
     .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname58:
+.Lname19:
     .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname59:
-    .asciz "cuGraphExecHostNodeSetParams"
-.Lname60:
-    .asciz "cuGraphExecKernelNodeSetParams"
-.Lname61:
-    .asciz "cuGraphExecKernelNodeSetParams_v2"
-.Lname62:
-    .asciz "cuGraphExecMemcpyNodeSetParams"
-.Lname63:
-    .asciz "cuGraphExecNodeSetParams"
-.Lname64:
-    .asciz "cuGraphExecUpdate_v2"
-.Lname65:
+.Lname20:
     .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
-.Lname66:
+.Lname21:
     .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
-.Lname67:
+.Lname22:
     .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
-.Lname68:
+.Lname23:
     .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
-.Lname69:
-    .asciz "cuGraphGetEdges_v2"
-.Lname70:
-    .asciz "cuGraphHostNodeGetParams"
-.Lname71:
-    .asciz "cuGraphHostNodeSetParams"
-.Lname72:
-    .asciz "cuGraphInstantiate"
-.Lname73:
-    .asciz "cuGraphInstantiateWithParams"
-.Lname74:
-    .asciz "cuGraphInstantiateWithParams_ptsz"
-.Lname75:
-    .asciz "cuGraphInstantiate_v2"
-.Lname76:
-    .asciz "cuGraphKernelNodeGetAttribute"
-.Lname77:
-    .asciz "cuGraphKernelNodeGetParams"
-.Lname78:
-    .asciz "cuGraphKernelNodeGetParams_v2"
-.Lname79:
-    .asciz "cuGraphKernelNodeSetAttribute"
-.Lname80:
-    .asciz "cuGraphKernelNodeSetParams"
-.Lname81:
-    .asciz "cuGraphKernelNodeSetParams_v2"
-.Lname82:
-    .asciz "cuGraphMemAllocNodeGetParams"
-.Lname83:
-    .asciz "cuGraphMemcpyNodeGetParams"
-.Lname84:
-    .asciz "cuGraphMemcpyNodeSetParams"
-.Lname85:
-    .asciz "cuGraphMemsetNodeGetParams"
-.Lname86:
-    .asciz "cuGraphNodeGetDependencies_v2"
-.Lname87:
-    .asciz "cuGraphNodeGetDependentNodes_v2"
-.Lname88:
-    .asciz "cuGraphNodeSetParams"
-.Lname89:
-    .asciz "cuGraphRemoveDependencies"
-.Lname90:
-    .asciz "cuGraphRemoveDependencies_v2"
-.Lname91:
+.Lname24:
     .asciz "cuGraphicsResourceGetMappedPointer"
-.Lname92:
+.Lname25:
     .asciz "cuGraphicsResourceGetMappedPointer_v2"
-.Lname93:
-    .asciz "cuGreenCtxGetDevResource"
-.Lname94:
+.Lname26:
     .asciz "cuImportExternalMemory"
-.Lname95:
+.Lname27:
     .asciz "cuImportExternalSemaphore"
-.Lname96:
+.Lname28:
     .asciz "cuIpcGetEventHandle"
-.Lname97:
+.Lname29:
     .asciz "cuIpcGetMemHandle"
-.Lname98:
-    .asciz "cuKernelGetName"
-.Lname99:
-    .asciz "cuKernelGetParamInfo"
-.Lname100:
+.Lname30:
     .asciz "cuLaunchCooperativeKernelMultiDevice"
-.Lname101:
+.Lname31:
     .asciz "cuLibraryGetUnifiedFunction"
-.Lname102:
-    .asciz "cuLibraryLoadData"
-.Lname103:
-    .asciz "cuLibraryLoadFromFile"
-.Lname104:
-    .asciz "cuLinkAddData"
-.Lname105:
-    .asciz "cuLinkAddData_v2"
-.Lname106:
-    .asciz "cuLinkAddFile"
-.Lname107:
-    .asciz "cuLinkAddFile_v2"
-.Lname108:
-    .asciz "cuLinkComplete"
-.Lname109:
-    .asciz "cuLinkCreate"
-.Lname110:
-    .asciz "cuLinkCreate_v2"
-.Lname111:
+.Lname32:
     .asciz "cuLogsDumpToFile"
-.Lname112:
+.Lname33:
     .asciz "cuLogsDumpToMemory"
-.Lname113:
+.Lname34:
     .asciz "cuLogsRegisterCallback"
-.Lname114:
-    .asciz "cuMemAddressReserve"
-.Lname115:
+.Lname35:
     .asciz "cuMemAlloc"
-.Lname116:
-    .asciz "cuMemAllocAsync"
-.Lname117:
-    .asciz "cuMemAllocAsync_ptsz"
-.Lname118:
-    .asciz "cuMemAllocFromPoolAsync"
-.Lname119:
-    .asciz "cuMemAllocFromPoolAsync_ptsz"
-.Lname120:
-    .asciz "cuMemAllocHost"
-.Lname121:
+.Lname36:
     .asciz "cuMemAllocManaged"
-.Lname122:
+.Lname37:
     .asciz "cuMemAllocPitch"
-.Lname123:
-    .asciz "cuMemAllocPitch_v2"
-.Lname124:
-    .asciz "cuMemBatchDecompressAsync"
-.Lname125:
-    .asciz "cuMemBatchDecompressAsync_ptsz"
-.Lname126:
-    .asciz "cuMemCreate"
-.Lname127:
-    .asciz "cuMemDiscardAndPrefetchBatchAsync"
-.Lname128:
-    .asciz "cuMemDiscardAndPrefetchBatchAsync_ptsz"
-.Lname129:
-    .asciz "cuMemDiscardBatchAsync"
-.Lname130:
-    .asciz "cuMemDiscardBatchAsync_ptsz"
-.Lname131:
+.Lname38:
     .asciz "cuMemExportToShareableHandle"
-.Lname132:
+.Lname39:
     .asciz "cuMemGetAddressRange"
-.Lname133:
-    .asciz "cuMemGetAddressRange_v2"
-.Lname134:
-    .asciz "cuMemGetAllocationGranularity"
-.Lname135:
-    .asciz "cuMemGetAllocationPropertiesFromHandle"
-.Lname136:
-    .asciz "cuMemGetDefaultMemPool"
-.Lname137:
+.Lname40:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname138:
-    .asciz "cuMemGetMemPool"
-.Lname139:
+.Lname41:
     .asciz "cuMemHostGetDevicePointer"
-.Lname140:
-    .asciz "cuMemHostRegister"
-.Lname141:
+.Lname42:
     .asciz "cuMemImportFromShareableHandle"
-.Lname142:
-    .asciz "cuMemMapArrayAsync"
-.Lname143:
-    .asciz "cuMemMapArrayAsync_ptsz"
-.Lname144:
-    .asciz "cuMemPoolCreate"
-.Lname145:
+.Lname43:
     .asciz "cuMemPoolExportPointer"
-.Lname146:
+.Lname44:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname147:
-    .asciz "cuMemPoolGetAccess"
-.Lname148:
-    .asciz "cuMemPoolGetAttribute"
-.Lname149:
+.Lname45:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname150:
+.Lname46:
     .asciz "cuMemPoolImportPointer"
-.Lname151:
-    .asciz "cuMemPoolSetAccess"
-.Lname152:
-    .asciz "cuMemPoolSetAttribute"
-.Lname153:
-    .asciz "cuMemPrefetchBatchAsync"
-.Lname154:
-    .asciz "cuMemPrefetchBatchAsync_ptsz"
-.Lname155:
-    .asciz "cuMemRangeGetAttribute"
-.Lname156:
-    .asciz "cuMemRangeGetAttributes"
-.Lname157:
-    .asciz "cuMemRetainAllocationHandle"
-.Lname158:
-    .asciz "cuMemSetAccess"
-.Lname159:
-    .asciz "cuMemSetMemPool"
-.Lname160:
+.Lname47:
     .asciz "cuMemcpy2D"
-.Lname161:
+.Lname48:
     .asciz "cuMemcpy2DAsync"
-.Lname162:
-    .asciz "cuMemcpy2DAsync_v2"
-.Lname163:
-    .asciz "cuMemcpy2DAsync_v2_ptsz"
-.Lname164:
+.Lname49:
     .asciz "cuMemcpy2DUnaligned"
-.Lname165:
-    .asciz "cuMemcpy2DUnaligned_v2"
-.Lname166:
-    .asciz "cuMemcpy2DUnaligned_v2_ptds"
-.Lname167:
-    .asciz "cuMemcpy2D_v2"
-.Lname168:
-    .asciz "cuMemcpy2D_v2_ptds"
-.Lname169:
+.Lname50:
     .asciz "cuMemcpy3D"
-.Lname170:
+.Lname51:
     .asciz "cuMemcpy3DAsync"
-.Lname171:
-    .asciz "cuMemcpy3DAsync_v2"
-.Lname172:
-    .asciz "cuMemcpy3DAsync_v2_ptsz"
-.Lname173:
-    .asciz "cuMemcpy3DBatchAsync"
-.Lname174:
-    .asciz "cuMemcpy3DBatchAsync_ptsz"
-.Lname175:
-    .asciz "cuMemcpy3DBatchAsync_v2"
-.Lname176:
-    .asciz "cuMemcpy3DBatchAsync_v2_ptsz"
-.Lname177:
-    .asciz "cuMemcpy3DPeer"
-.Lname178:
-    .asciz "cuMemcpy3DPeerAsync"
-.Lname179:
-    .asciz "cuMemcpy3DPeerAsync_ptsz"
-.Lname180:
-    .asciz "cuMemcpy3DPeer_ptds"
-.Lname181:
-    .asciz "cuMemcpy3D_v2"
-.Lname182:
-    .asciz "cuMemcpy3D_v2_ptds"
-.Lname183:
-    .asciz "cuMemcpyAtoH"
-.Lname184:
-    .asciz "cuMemcpyAtoHAsync"
-.Lname185:
-    .asciz "cuMemcpyAtoHAsync_v2"
-.Lname186:
-    .asciz "cuMemcpyAtoHAsync_v2_ptsz"
-.Lname187:
-    .asciz "cuMemcpyAtoH_v2"
-.Lname188:
-    .asciz "cuMemcpyAtoH_v2_ptds"
-.Lname189:
-    .asciz "cuMemcpyBatchAsync"
-.Lname190:
-    .asciz "cuMemcpyBatchAsync_ptsz"
-.Lname191:
-    .asciz "cuMemcpyBatchAsync_v2"
-.Lname192:
-    .asciz "cuMemcpyBatchAsync_v2_ptsz"
-.Lname193:
+.Lname52:
     .asciz "cuMemcpyDtoH"
-.Lname194:
+.Lname53:
     .asciz "cuMemcpyDtoHAsync"
-.Lname195:
-    .asciz "cuMemcpyHtoA"
-.Lname196:
-    .asciz "cuMemcpyHtoAAsync"
-.Lname197:
-    .asciz "cuMemcpyHtoAAsync_v2"
-.Lname198:
-    .asciz "cuMemcpyHtoAAsync_v2_ptsz"
-.Lname199:
-    .asciz "cuMemcpyHtoA_v2"
-.Lname200:
-    .asciz "cuMemcpyHtoA_v2_ptds"
-.Lname201:
+.Lname54:
     .asciz "cuMemcpyHtoD"
-.Lname202:
+.Lname55:
     .asciz "cuMemcpyHtoDAsync"
-.Lname203:
-    .asciz "cuMipmappedArrayCreate"
-.Lname204:
-    .asciz "cuMipmappedArrayGetMemoryRequirements"
-.Lname205:
-    .asciz "cuMipmappedArrayGetSparseProperties"
-.Lname206:
-    .asciz "cuOccupancyAvailableDynamicSMemPerBlock"
-.Lname207:
+.Lname56:
     .asciz "cuOccupancyMaxActiveClusters"
-.Lname208:
-    .asciz "cuOccupancyMaxPotentialBlockSize"
-.Lname209:
-    .asciz "cuOccupancyMaxPotentialBlockSizeWithFlags"
-.Lname210:
+.Lname57:
     .asciz "cuOccupancyMaxPotentialClusterSize"
-.Lname211:
-    .asciz "cuParamSetv"
-.Lname212:
-    .asciz "cuPointerGetAttributes"
-.Lname213:
-    .asciz "cuPointerSetAttribute"
-.Lname214:
+.Lname58:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname215:
+.Lname59:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname216:
-    .asciz "cuStreamAddCallback"
-.Lname217:
-    .asciz "cuStreamAddCallback_ptsz"
-.Lname218:
-    .asciz "cuStreamBatchMemOp"
-.Lname219:
-    .asciz "cuStreamBatchMemOp_ptsz"
-.Lname220:
-    .asciz "cuStreamBatchMemOp_v2"
-.Lname221:
-    .asciz "cuStreamBatchMemOp_v2_ptsz"
-.Lname222:
-    .asciz "cuStreamBeginCaptureToGraph"
-.Lname223:
-    .asciz "cuStreamBeginCaptureToGraph_ptsz"
-.Lname224:
-    .asciz "cuStreamGetAttribute"
-.Lname225:
-    .asciz "cuStreamGetAttribute_ptsz"
-.Lname226:
-    .asciz "cuStreamGetCaptureInfo_v2"
-.Lname227:
-    .asciz "cuStreamGetCaptureInfo_v2_ptsz"
-.Lname228:
-    .asciz "cuStreamGetCaptureInfo_v3"
-.Lname229:
-    .asciz "cuStreamGetCaptureInfo_v3_ptsz"
-.Lname230:
-    .asciz "cuStreamGetDevResource"
-.Lname231:
-    .asciz "cuStreamGetDevResource_ptsz"
-.Lname232:
-    .asciz "cuStreamSetAttribute"
-.Lname233:
-    .asciz "cuStreamSetAttribute_ptsz"
-.Lname234:
-    .asciz "cuStreamUpdateCaptureDependencies_v2"
-.Lname235:
-    .asciz "cuStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname236:
-    .asciz "cuSurfObjectCreate"
-.Lname237:
-    .asciz "cuSurfObjectGetResourceDesc"
-.Lname238:
-    .asciz "cuTensorMapEncodeIm2col"
-.Lname239:
-    .asciz "cuTensorMapEncodeIm2colWide"
-.Lname240:
-    .asciz "cuTensorMapEncodeTiled"
-.Lname241:
-    .asciz "cuTensorMapReplaceAddress"
-.Lname242:
-    .asciz "cuTexObjectCreate"
-.Lname243:
-    .asciz "cuTexObjectGetResourceDesc"
-.Lname244:
-    .asciz "cuTexObjectGetResourceViewDesc"
-.Lname245:
-    .asciz "cuTexObjectGetTextureDesc"
-.Lname246:
-    .asciz "cuTexRefGetFormat"
-.Lname247:
+.Lname60:
     .asciz "cuUserObjectCreate"
-.Lname248:
+.Lname61:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname249:
+.Lname62:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

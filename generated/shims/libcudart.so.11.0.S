@@ -70,18 +70,12 @@ __cudaUnregisterFatBinary:
     .globl cudaArrayGetInfo
     .type cudaArrayGetInfo, @function
 cudaArrayGetInfo:
-    leaq .Lname2(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetInfo@PLT
     .size cudaArrayGetInfo, .-cudaArrayGetInfo
     .globl cudaArrayGetMemoryRequirements
     .type cudaArrayGetMemoryRequirements, @function
 cudaArrayGetMemoryRequirements:
-    leaq .Lname3(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetMemoryRequirements@PLT
     .size cudaArrayGetMemoryRequirements, .-cudaArrayGetMemoryRequirements
     .globl cudaArrayGetPlane
     .type cudaArrayGetPlane, @function
@@ -91,10 +85,7 @@ cudaArrayGetPlane:
     .globl cudaArrayGetSparseProperties
     .type cudaArrayGetSparseProperties, @function
 cudaArrayGetSparseProperties:
-    leaq .Lname4(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetSparseProperties@PLT
     .size cudaArrayGetSparseProperties, .-cudaArrayGetSparseProperties
     .globl cudaBindSurfaceToArray
     .type cudaBindSurfaceToArray, @function
@@ -104,7 +95,7 @@ cudaBindSurfaceToArray:
     .globl cudaBindTexture
     .type cudaBindTexture, @function
 cudaBindTexture:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -112,7 +103,7 @@ cudaBindTexture:
     .globl cudaBindTexture2D
     .type cudaBindTexture2D, @function
 cudaBindTexture2D:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -135,34 +126,22 @@ cudaChooseDevice:
     .globl cudaCreateChannelDesc
     .type cudaCreateChannelDesc, @function
 cudaCreateChannelDesc:
-    leaq .Lname7(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateChannelDesc@PLT
     .size cudaCreateChannelDesc, .-cudaCreateChannelDesc
     .globl cudaCreateSurfaceObject
     .type cudaCreateSurfaceObject, @function
 cudaCreateSurfaceObject:
-    leaq .Lname8(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateSurfaceObject__cu118@PLT
     .size cudaCreateSurfaceObject, .-cudaCreateSurfaceObject
     .globl cudaCreateTextureObject
     .type cudaCreateTextureObject, @function
 cudaCreateTextureObject:
-    leaq .Lname9(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateTextureObject__cu118@PLT
     .size cudaCreateTextureObject, .-cudaCreateTextureObject
     .globl cudaCreateTextureObject_v2
     .type cudaCreateTextureObject_v2, @function
 cudaCreateTextureObject_v2:
-    leaq .Lname10(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateTextureObject_v2@PLT
     .size cudaCreateTextureObject_v2, .-cudaCreateTextureObject_v2
     .globl cudaCtxResetPersistingL2Cache
     .type cudaCtxResetPersistingL2Cache, @function
@@ -232,10 +211,7 @@ cudaDeviceGetDefaultMemPool:
     .globl cudaDeviceGetGraphMemAttribute
     .type cudaDeviceGetGraphMemAttribute, @function
 cudaDeviceGetGraphMemAttribute:
-    leaq .Lname11(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceGetGraphMemAttribute@PLT
     .size cudaDeviceGetGraphMemAttribute, .-cudaDeviceGetGraphMemAttribute
     .globl cudaDeviceGetLimit
     .type cudaDeviceGetLimit, @function
@@ -250,7 +226,7 @@ cudaDeviceGetMemPool:
     .globl cudaDeviceGetNvSciSyncAttributes
     .type cudaDeviceGetNvSciSyncAttributes, @function
 cudaDeviceGetNvSciSyncAttributes:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -298,10 +274,7 @@ cudaDeviceSetCacheConfig:
     .globl cudaDeviceSetGraphMemAttribute
     .type cudaDeviceSetGraphMemAttribute, @function
 cudaDeviceSetGraphMemAttribute:
-    leaq .Lname13(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceSetGraphMemAttribute@PLT
     .size cudaDeviceSetGraphMemAttribute, .-cudaDeviceSetGraphMemAttribute
     .globl cudaDeviceSetLimit
     .type cudaDeviceSetLimit, @function
@@ -331,7 +304,7 @@ cudaDriverGetVersion:
     .globl cudaEGLStreamConsumerAcquireFrame
     .type cudaEGLStreamConsumerAcquireFrame, @function
 cudaEGLStreamConsumerAcquireFrame:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -339,7 +312,7 @@ cudaEGLStreamConsumerAcquireFrame:
     .globl cudaEGLStreamConsumerConnect
     .type cudaEGLStreamConsumerConnect, @function
 cudaEGLStreamConsumerConnect:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -347,7 +320,7 @@ cudaEGLStreamConsumerConnect:
     .globl cudaEGLStreamConsumerConnectWithFlags
     .type cudaEGLStreamConsumerConnectWithFlags, @function
 cudaEGLStreamConsumerConnectWithFlags:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -355,7 +328,7 @@ cudaEGLStreamConsumerConnectWithFlags:
     .globl cudaEGLStreamConsumerDisconnect
     .type cudaEGLStreamConsumerDisconnect, @function
 cudaEGLStreamConsumerDisconnect:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -363,7 +336,7 @@ cudaEGLStreamConsumerDisconnect:
     .globl cudaEGLStreamConsumerReleaseFrame
     .type cudaEGLStreamConsumerReleaseFrame, @function
 cudaEGLStreamConsumerReleaseFrame:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -371,7 +344,7 @@ cudaEGLStreamConsumerReleaseFrame:
     .globl cudaEGLStreamProducerConnect
     .type cudaEGLStreamProducerConnect, @function
 cudaEGLStreamProducerConnect:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -379,7 +352,7 @@ cudaEGLStreamProducerConnect:
     .globl cudaEGLStreamProducerDisconnect
     .type cudaEGLStreamProducerDisconnect, @function
 cudaEGLStreamProducerDisconnect:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -387,7 +360,7 @@ cudaEGLStreamProducerDisconnect:
     .globl cudaEGLStreamProducerPresentFrame
     .type cudaEGLStreamProducerPresentFrame, @function
 cudaEGLStreamProducerPresentFrame:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -395,7 +368,7 @@ cudaEGLStreamProducerPresentFrame:
     .globl cudaEGLStreamProducerReturnFrame
     .type cudaEGLStreamProducerReturnFrame, @function
 cudaEGLStreamProducerReturnFrame:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -408,7 +381,7 @@ cudaEventCreate:
     .globl cudaEventCreateFromEGLSync
     .type cudaEventCreateFromEGLSync, @function
 cudaEventCreateFromEGLSync:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -461,7 +434,7 @@ cudaEventSynchronize:
     .globl cudaExternalMemoryGetMappedBuffer
     .type cudaExternalMemoryGetMappedBuffer, @function
 cudaExternalMemoryGetMappedBuffer:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -519,15 +492,12 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname25(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncSetSharedMemConfig@PLT
     .size cudaFuncSetSharedMemConfig, .-cudaFuncSetSharedMemConfig
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -535,7 +505,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -543,7 +513,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -551,7 +521,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -559,7 +529,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -567,7 +537,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -575,7 +545,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -583,7 +553,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -591,7 +561,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -599,10 +569,7 @@ cudaGLUnregisterBufferObject:
     .globl cudaGetChannelDesc
     .type cudaGetChannelDesc, @function
 cudaGetChannelDesc:
-    leaq .Lname35(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetChannelDesc@PLT
     .size cudaGetChannelDesc, .-cudaGetChannelDesc
     .globl cudaGetDevice
     .type cudaGetDevice, @function
@@ -647,7 +614,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -655,10 +622,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname37(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetFuncBySymbol@PLT
     .size cudaGetFuncBySymbol, .-cudaGetFuncBySymbol
     .globl cudaGetLastError
     .type cudaGetLastError, @function
@@ -673,15 +637,12 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu118@PLT
     .size cudaGetSurfaceObjectResourceDesc, .-cudaGetSurfaceObjectResourceDesc
     .globl cudaGetSurfaceReference
     .type cudaGetSurfaceReference, @function
 cudaGetSurfaceReference:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -704,39 +665,27 @@ cudaGetTextureAlignmentOffset:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceDesc__cu118@PLT
     .size cudaGetTextureObjectResourceDesc, .-cudaGetTextureObjectResourceDesc
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu118@PLT
     .size cudaGetTextureObjectResourceViewDesc, .-cudaGetTextureObjectResourceViewDesc
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname42(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectTextureDesc__cu118@PLT
     .size cudaGetTextureObjectTextureDesc, .-cudaGetTextureObjectTextureDesc
     .globl cudaGetTextureObjectTextureDesc_v2
     .type cudaGetTextureObjectTextureDesc_v2, @function
 cudaGetTextureObjectTextureDesc_v2:
-    leaq .Lname43(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectTextureDesc_v2@PLT
     .size cudaGetTextureObjectTextureDesc_v2, .-cudaGetTextureObjectTextureDesc_v2
     .globl cudaGetTextureReference
     .type cudaGetTextureReference, @function
 cudaGetTextureReference:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -744,47 +693,32 @@ cudaGetTextureReference:
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddChildGraphNode@PLT
     .size cudaGraphAddChildGraphNode, .-cudaGraphAddChildGraphNode
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddDependencies__cu118@PLT
     .size cudaGraphAddDependencies, .-cudaGraphAddDependencies
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEmptyNode@PLT
     .size cudaGraphAddEmptyNode, .-cudaGraphAddEmptyNode
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventRecordNode@PLT
     .size cudaGraphAddEventRecordNode, .-cudaGraphAddEventRecordNode
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventWaitNode@PLT
     .size cudaGraphAddEventWaitNode, .-cudaGraphAddEventWaitNode
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -792,7 +726,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -800,74 +734,47 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname52(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddHostNode@PLT
     .size cudaGraphAddHostNode, .-cudaGraphAddHostNode
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname53(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddKernelNode@PLT
     .size cudaGraphAddKernelNode, .-cudaGraphAddKernelNode
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname54(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemAllocNode__cu118@PLT
     .size cudaGraphAddMemAllocNode, .-cudaGraphAddMemAllocNode
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname55(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemFreeNode@PLT
     .size cudaGraphAddMemFreeNode, .-cudaGraphAddMemFreeNode
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname56(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode@PLT
     .size cudaGraphAddMemcpyNode, .-cudaGraphAddMemcpyNode
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname57(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode1D@PLT
     .size cudaGraphAddMemcpyNode1D, .-cudaGraphAddMemcpyNode1D
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname58(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol@PLT
     .size cudaGraphAddMemcpyNodeFromSymbol, .-cudaGraphAddMemcpyNodeFromSymbol
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname59(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol@PLT
     .size cudaGraphAddMemcpyNodeToSymbol, .-cudaGraphAddMemcpyNodeToSymbol
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname60(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemsetNode@PLT
     .size cudaGraphAddMemsetNode, .-cudaGraphAddMemsetNode
     .globl cudaGraphChildGraphNodeGetGraph
     .type cudaGraphChildGraphNodeGetGraph, @function
@@ -887,10 +794,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname61(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphDebugDotPrint@PLT
     .size cudaGraphDebugDotPrint, .-cudaGraphDebugDotPrint
     .globl cudaGraphDestroy
     .type cudaGraphDestroy, @function
@@ -945,7 +849,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -953,7 +857,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -961,58 +865,37 @@ cudaGraphExecExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname64(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecHostNodeSetParams@PLT
     .size cudaGraphExecHostNodeSetParams, .-cudaGraphExecHostNodeSetParams
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname65(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecKernelNodeSetParams@PLT
     .size cudaGraphExecKernelNodeSetParams, .-cudaGraphExecKernelNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname66(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams@PLT
     .size cudaGraphExecMemcpyNodeSetParams, .-cudaGraphExecMemcpyNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname67(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D@PLT
     .size cudaGraphExecMemcpyNodeSetParams1D, .-cudaGraphExecMemcpyNodeSetParams1D
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname68(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsFromSymbol, .-cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname69(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsToSymbol, .-cudaGraphExecMemcpyNodeSetParamsToSymbol
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname70(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemsetNodeSetParams@PLT
     .size cudaGraphExecMemsetNodeSetParams, .-cudaGraphExecMemsetNodeSetParams
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
@@ -1022,7 +905,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1030,7 +913,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1038,7 +921,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1046,7 +929,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1069,26 +952,17 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname75(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeGetParams@PLT
     .size cudaGraphHostNodeGetParams, .-cudaGraphHostNodeGetParams
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname76(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeSetParams@PLT
     .size cudaGraphHostNodeSetParams, .-cudaGraphHostNodeSetParams
     .globl cudaGraphInstantiate
     .type cudaGraphInstantiate, @function
 cudaGraphInstantiate:
-    leaq .Lname77(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphInstantiate__cu118@PLT
     .size cudaGraphInstantiate, .-cudaGraphInstantiate
     .globl cudaGraphInstantiateWithFlags
     .type cudaGraphInstantiateWithFlags, @function
@@ -1103,34 +977,22 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname78(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu118@PLT
     .size cudaGraphKernelNodeGetAttribute, .-cudaGraphKernelNodeGetAttribute
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname79(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetParams@PLT
     .size cudaGraphKernelNodeGetParams, .-cudaGraphKernelNodeGetParams
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname80(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu118@PLT
     .size cudaGraphKernelNodeSetAttribute, .-cudaGraphKernelNodeSetAttribute
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname81(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeSetParams@PLT
     .size cudaGraphKernelNodeSetParams, .-cudaGraphKernelNodeSetParams
     .globl cudaGraphLaunch
     .type cudaGraphLaunch, @function
@@ -1145,74 +1007,47 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname82(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu118@PLT
     .size cudaGraphMemAllocNodeGetParams, .-cudaGraphMemAllocNodeGetParams
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname83(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemFreeNodeGetParams@PLT
     .size cudaGraphMemFreeNodeGetParams, .-cudaGraphMemFreeNodeGetParams
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname84(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeGetParams@PLT
     .size cudaGraphMemcpyNodeGetParams, .-cudaGraphMemcpyNodeGetParams
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname85(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams@PLT
     .size cudaGraphMemcpyNodeSetParams, .-cudaGraphMemcpyNodeSetParams
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname86(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams1D@PLT
     .size cudaGraphMemcpyNodeSetParams1D, .-cudaGraphMemcpyNodeSetParams1D
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname87(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsFromSymbol, .-cudaGraphMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname88(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsToSymbol, .-cudaGraphMemcpyNodeSetParamsToSymbol
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname89(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeGetParams@PLT
     .size cudaGraphMemsetNodeGetParams, .-cudaGraphMemsetNodeGetParams
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname90(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeSetParams@PLT
     .size cudaGraphMemsetNodeSetParams, .-cudaGraphMemsetNodeSetParams
     .globl cudaGraphNodeFindInClone
     .type cudaGraphNodeFindInClone, @function
@@ -1222,10 +1057,7 @@ cudaGraphNodeFindInClone:
     .globl cudaGraphNodeGetDependencies
     .type cudaGraphNodeGetDependencies, @function
 cudaGraphNodeGetDependencies:
-    leaq .Lname91(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeGetDependencies__cu118@PLT
     .size cudaGraphNodeGetDependencies, .-cudaGraphNodeGetDependencies
     .globl cudaGraphNodeGetDependentNodes
     .type cudaGraphNodeGetDependentNodes, @function
@@ -1255,10 +1087,7 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname92(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphRemoveDependencies__cu118@PLT
     .size cudaGraphRemoveDependencies, .-cudaGraphRemoveDependencies
     .globl cudaGraphRetainUserObject
     .type cudaGraphRetainUserObject, @function
@@ -1278,7 +1107,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1286,7 +1115,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1294,7 +1123,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1307,7 +1136,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1320,7 +1149,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,7 +1177,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1185,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1389,7 +1218,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1397,7 +1226,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1405,7 +1234,7 @@ cudaImportExternalSemaphore:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1413,7 +1242,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1421,7 +1250,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1434,7 +1263,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1447,7 +1276,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1495,10 +1324,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname107(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMalloc3D@PLT
     .size cudaMalloc3D, .-cudaMalloc3D
     .globl cudaMalloc3DArray
     .type cudaMalloc3DArray, @function
@@ -1523,18 +1349,12 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname108(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync@PLT
     .size cudaMallocFromPoolAsync, .-cudaMallocFromPoolAsync
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname109(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync_ptsz@PLT
     .size cudaMallocFromPoolAsync_ptsz, .-cudaMallocFromPoolAsync_ptsz
     .globl cudaMallocHost
     .type cudaMallocHost, @function
@@ -1544,7 +1364,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1552,10 +1372,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname111(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocMipmappedArray@PLT
     .size cudaMallocMipmappedArray, .-cudaMallocMipmappedArray
     .globl cudaMallocPitch
     .type cudaMallocPitch, @function
@@ -1565,10 +1382,7 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname112(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemAdvise__cu118@PLT
     .size cudaMemAdvise, .-cudaMemAdvise
     .globl cudaMemGetInfo
     .type cudaMemGetInfo, @function
@@ -1578,10 +1392,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname113(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolCreate__cu118@PLT
     .size cudaMemPoolCreate, .-cudaMemPoolCreate
     .globl cudaMemPoolDestroy
     .type cudaMemPoolDestroy, @function
@@ -1591,7 +1402,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1410,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1607,10 +1418,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname116(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolGetAccess@PLT
     .size cudaMemPoolGetAccess, .-cudaMemPoolGetAccess
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
@@ -1620,7 +1428,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1628,7 +1436,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1651,34 +1459,22 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname119(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync__cu118@PLT
     .size cudaMemPrefetchAsync, .-cudaMemPrefetchAsync
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname120(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu118@PLT
     .size cudaMemPrefetchAsync_ptsz, .-cudaMemPrefetchAsync_ptsz
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname121(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttribute@PLT
     .size cudaMemRangeGetAttribute, .-cudaMemRangeGetAttribute
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname122(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttributes@PLT
     .size cudaMemRangeGetAttributes, .-cudaMemRangeGetAttributes
     .globl cudaMemcpy
     .type cudaMemcpy, @function
@@ -1713,66 +1509,42 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname123(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray@PLT
     .size cudaMemcpy2DFromArray, .-cudaMemcpy2DFromArray
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname124(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync@PLT
     .size cudaMemcpy2DFromArrayAsync, .-cudaMemcpy2DFromArrayAsync
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname125(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz@PLT
     .size cudaMemcpy2DFromArrayAsync_ptsz, .-cudaMemcpy2DFromArrayAsync_ptsz
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname126(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray_ptds@PLT
     .size cudaMemcpy2DFromArray_ptds, .-cudaMemcpy2DFromArray_ptds
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray@PLT
     .size cudaMemcpy2DToArray, .-cudaMemcpy2DToArray
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname128(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync@PLT
     .size cudaMemcpy2DToArrayAsync, .-cudaMemcpy2DToArrayAsync
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname129(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz@PLT
     .size cudaMemcpy2DToArrayAsync_ptsz, .-cudaMemcpy2DToArrayAsync_ptsz
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray_ptds@PLT
     .size cudaMemcpy2DToArray_ptds, .-cudaMemcpy2DToArray_ptds
     .globl cudaMemcpy2D_ptds
     .type cudaMemcpy2D_ptds, @function
@@ -1782,66 +1554,42 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname131(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D@PLT
     .size cudaMemcpy3D, .-cudaMemcpy3D
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname132(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync@PLT
     .size cudaMemcpy3DAsync, .-cudaMemcpy3DAsync
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname133(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync_ptsz@PLT
     .size cudaMemcpy3DAsync_ptsz, .-cudaMemcpy3DAsync_ptsz
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname134(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer@PLT
     .size cudaMemcpy3DPeer, .-cudaMemcpy3DPeer
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname135(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync@PLT
     .size cudaMemcpy3DPeerAsync, .-cudaMemcpy3DPeerAsync
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname136(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz@PLT
     .size cudaMemcpy3DPeerAsync_ptsz, .-cudaMemcpy3DPeerAsync_ptsz
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname137(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer_ptds@PLT
     .size cudaMemcpy3DPeer_ptds, .-cudaMemcpy3DPeer_ptds
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D_ptds@PLT
     .size cudaMemcpy3D_ptds, .-cudaMemcpy3D_ptds
     .globl cudaMemcpyArrayToArray
     .type cudaMemcpyArrayToArray, @function
@@ -1866,34 +1614,22 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname139(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray@PLT
     .size cudaMemcpyFromArray, .-cudaMemcpyFromArray
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname140(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync@PLT
     .size cudaMemcpyFromArrayAsync, .-cudaMemcpyFromArrayAsync
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname141(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz@PLT
     .size cudaMemcpyFromArrayAsync_ptsz, .-cudaMemcpyFromArrayAsync_ptsz
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname142(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray_ptds@PLT
     .size cudaMemcpyFromArray_ptds, .-cudaMemcpyFromArray_ptds
     .globl cudaMemcpyFromSymbol
     .type cudaMemcpyFromSymbol, @function
@@ -1918,10 +1654,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname143(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyPeer@PLT
     .size cudaMemcpyPeer, .-cudaMemcpyPeer
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
@@ -1931,34 +1664,22 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname144(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray@PLT
     .size cudaMemcpyToArray, .-cudaMemcpyToArray
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname145(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync@PLT
     .size cudaMemcpyToArrayAsync, .-cudaMemcpyToArrayAsync
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname146(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync_ptsz@PLT
     .size cudaMemcpyToArrayAsync_ptsz, .-cudaMemcpyToArrayAsync_ptsz
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname147(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray_ptds@PLT
     .size cudaMemcpyToArray_ptds, .-cudaMemcpyToArray_ptds
     .globl cudaMemcpyToSymbol
     .type cudaMemcpyToSymbol, @function
@@ -2013,34 +1734,22 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname148(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset3D@PLT
     .size cudaMemset3D, .-cudaMemset3D
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname149(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset3DAsync@PLT
     .size cudaMemset3DAsync, .-cudaMemset3DAsync
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname150(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset3DAsync_ptsz@PLT
     .size cudaMemset3DAsync_ptsz, .-cudaMemset3DAsync_ptsz
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname151(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset3D_ptds@PLT
     .size cudaMemset3D_ptds, .-cudaMemset3D_ptds
     .globl cudaMemsetAsync
     .type cudaMemsetAsync, @function
@@ -2060,26 +1769,17 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname152(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetMemoryRequirements@PLT
     .size cudaMipmappedArrayGetMemoryRequirements, .-cudaMipmappedArrayGetMemoryRequirements
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname153(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetSparseProperties@PLT
     .size cudaMipmappedArrayGetSparseProperties, .-cudaMipmappedArrayGetSparseProperties
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname154(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBlock@PLT
     .size cudaOccupancyAvailableDynamicSMemPerBlock, .-cudaOccupancyAvailableDynamicSMemPerBlock
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessor
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessor, @function
@@ -2094,7 +1794,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2102,7 +1802,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2120,7 +1820,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerInitialize
     .type cudaProfilerInitialize, @function
 cudaProfilerInitialize:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2128,18 +1828,12 @@ cudaProfilerInitialize:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname158(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaProfilerStart@PLT
     .size cudaProfilerStart, .-cudaProfilerStart
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname159(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaProfilerStop@PLT
     .size cudaProfilerStop, .-cudaProfilerStop
     .globl cudaRuntimeGetVersion
     .type cudaRuntimeGetVersion, @function
@@ -2169,15 +1863,12 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname160(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaSetValidDevices@PLT
     .size cudaSetValidDevices, .-cudaSetValidDevices
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2185,7 +1876,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2193,7 +1884,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2201,7 +1892,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2219,18 +1910,12 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname165(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync@PLT
     .size cudaStreamAttachMemAsync, .-cudaStreamAttachMemAsync
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname166(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync_ptsz@PLT
     .size cudaStreamAttachMemAsync_ptsz, .-cudaStreamAttachMemAsync_ptsz
     .globl cudaStreamBeginCapture
     .type cudaStreamBeginCapture, @function
@@ -2285,18 +1970,12 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname167(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute__cu118@PLT
     .size cudaStreamGetAttribute, .-cudaStreamGetAttribute
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname168(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute_ptsz__cu118@PLT
     .size cudaStreamGetAttribute_ptsz, .-cudaStreamGetAttribute_ptsz
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
@@ -2311,18 +1990,12 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname169(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetCaptureInfo_v2@PLT
     .size cudaStreamGetCaptureInfo_v2, .-cudaStreamGetCaptureInfo_v2
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname170(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetCaptureInfo_v2_ptsz@PLT
     .size cudaStreamGetCaptureInfo_v2_ptsz, .-cudaStreamGetCaptureInfo_v2_ptsz
     .globl cudaStreamGetFlags
     .type cudaStreamGetFlags, @function
@@ -2367,18 +2040,12 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname171(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamSetAttribute__cu118@PLT
     .size cudaStreamSetAttribute, .-cudaStreamSetAttribute
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname172(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamSetAttribute_ptsz__cu118@PLT
     .size cudaStreamSetAttribute_ptsz, .-cudaStreamSetAttribute_ptsz
     .globl cudaStreamSynchronize
     .type cudaStreamSynchronize, @function
@@ -2398,7 +2065,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2456,7 +2123,7 @@ cudaUnbindTexture:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2474,7 +2141,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2482,7 +2149,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2490,7 +2157,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2498,7 +2165,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2506,7 +2173,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2514,7 +2181,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2525,361 +2192,139 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname1:
     .asciz "__cudaRegisterTexture"
 .Lname2:
-    .asciz "cudaArrayGetInfo"
-.Lname3:
-    .asciz "cudaArrayGetMemoryRequirements"
-.Lname4:
-    .asciz "cudaArrayGetSparseProperties"
-.Lname5:
     .asciz "cudaBindTexture"
-.Lname6:
+.Lname3:
     .asciz "cudaBindTexture2D"
-.Lname7:
-    .asciz "cudaCreateChannelDesc"
-.Lname8:
-    .asciz "cudaCreateSurfaceObject"
-.Lname9:
-    .asciz "cudaCreateTextureObject"
-.Lname10:
-    .asciz "cudaCreateTextureObject_v2"
-.Lname11:
-    .asciz "cudaDeviceGetGraphMemAttribute"
-.Lname12:
+.Lname4:
     .asciz "cudaDeviceGetNvSciSyncAttributes"
-.Lname13:
-    .asciz "cudaDeviceSetGraphMemAttribute"
-.Lname14:
+.Lname5:
     .asciz "cudaEGLStreamConsumerAcquireFrame"
-.Lname15:
+.Lname6:
     .asciz "cudaEGLStreamConsumerConnect"
-.Lname16:
+.Lname7:
     .asciz "cudaEGLStreamConsumerConnectWithFlags"
-.Lname17:
+.Lname8:
     .asciz "cudaEGLStreamConsumerDisconnect"
-.Lname18:
+.Lname9:
     .asciz "cudaEGLStreamConsumerReleaseFrame"
-.Lname19:
+.Lname10:
     .asciz "cudaEGLStreamProducerConnect"
-.Lname20:
+.Lname11:
     .asciz "cudaEGLStreamProducerDisconnect"
-.Lname21:
+.Lname12:
     .asciz "cudaEGLStreamProducerPresentFrame"
-.Lname22:
+.Lname13:
     .asciz "cudaEGLStreamProducerReturnFrame"
-.Lname23:
+.Lname14:
     .asciz "cudaEventCreateFromEGLSync"
-.Lname24:
+.Lname15:
     .asciz "cudaExternalMemoryGetMappedBuffer"
-.Lname25:
-    .asciz "cudaFuncSetSharedMemConfig"
-.Lname26:
+.Lname16:
     .asciz "cudaGLGetDevices"
-.Lname27:
+.Lname17:
     .asciz "cudaGLMapBufferObject"
-.Lname28:
+.Lname18:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname29:
+.Lname19:
     .asciz "cudaGLRegisterBufferObject"
-.Lname30:
+.Lname20:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname31:
+.Lname21:
     .asciz "cudaGLSetGLDevice"
-.Lname32:
+.Lname22:
     .asciz "cudaGLUnmapBufferObject"
-.Lname33:
+.Lname23:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname34:
+.Lname24:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname35:
-    .asciz "cudaGetChannelDesc"
-.Lname36:
+.Lname25:
     .asciz "cudaGetExportTable"
-.Lname37:
-    .asciz "cudaGetFuncBySymbol"
-.Lname38:
-    .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname39:
+.Lname26:
     .asciz "cudaGetSurfaceReference"
-.Lname40:
-    .asciz "cudaGetTextureObjectResourceDesc"
-.Lname41:
-    .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname42:
-    .asciz "cudaGetTextureObjectTextureDesc"
-.Lname43:
-    .asciz "cudaGetTextureObjectTextureDesc_v2"
-.Lname44:
+.Lname27:
     .asciz "cudaGetTextureReference"
-.Lname45:
-    .asciz "cudaGraphAddChildGraphNode"
-.Lname46:
-    .asciz "cudaGraphAddDependencies"
-.Lname47:
-    .asciz "cudaGraphAddEmptyNode"
-.Lname48:
-    .asciz "cudaGraphAddEventRecordNode"
-.Lname49:
-    .asciz "cudaGraphAddEventWaitNode"
-.Lname50:
+.Lname28:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname51:
+.Lname29:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname52:
-    .asciz "cudaGraphAddHostNode"
-.Lname53:
-    .asciz "cudaGraphAddKernelNode"
-.Lname54:
-    .asciz "cudaGraphAddMemAllocNode"
-.Lname55:
-    .asciz "cudaGraphAddMemFreeNode"
-.Lname56:
-    .asciz "cudaGraphAddMemcpyNode"
-.Lname57:
-    .asciz "cudaGraphAddMemcpyNode1D"
-.Lname58:
-    .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname59:
-    .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname60:
-    .asciz "cudaGraphAddMemsetNode"
-.Lname61:
-    .asciz "cudaGraphDebugDotPrint"
-.Lname62:
+.Lname30:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname63:
+.Lname31:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname64:
-    .asciz "cudaGraphExecHostNodeSetParams"
-.Lname65:
-    .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname66:
-    .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname67:
-    .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname68:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname69:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname70:
-    .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname71:
+.Lname32:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname72:
+.Lname33:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname73:
+.Lname34:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname74:
+.Lname35:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname75:
-    .asciz "cudaGraphHostNodeGetParams"
-.Lname76:
-    .asciz "cudaGraphHostNodeSetParams"
-.Lname77:
-    .asciz "cudaGraphInstantiate"
-.Lname78:
-    .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname79:
-    .asciz "cudaGraphKernelNodeGetParams"
-.Lname80:
-    .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname81:
-    .asciz "cudaGraphKernelNodeSetParams"
-.Lname82:
-    .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname83:
-    .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname84:
-    .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname85:
-    .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname86:
-    .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname87:
-    .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname88:
-    .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname89:
-    .asciz "cudaGraphMemsetNodeGetParams"
-.Lname90:
-    .asciz "cudaGraphMemsetNodeSetParams"
-.Lname91:
-    .asciz "cudaGraphNodeGetDependencies"
-.Lname92:
-    .asciz "cudaGraphRemoveDependencies"
-.Lname93:
+.Lname36:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname94:
+.Lname37:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname95:
+.Lname38:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname96:
+.Lname39:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname97:
+.Lname40:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname98:
+.Lname41:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname99:
+.Lname42:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname100:
+.Lname43:
     .asciz "cudaImportExternalMemory"
-.Lname101:
+.Lname44:
     .asciz "cudaImportExternalSemaphore"
-.Lname102:
+.Lname45:
     .asciz "cudaIpcCloseMemHandle"
-.Lname103:
+.Lname46:
     .asciz "cudaIpcGetEventHandle"
-.Lname104:
+.Lname47:
     .asciz "cudaIpcGetMemHandle"
-.Lname105:
+.Lname48:
     .asciz "cudaIpcOpenMemHandle"
-.Lname106:
+.Lname49:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname107:
-    .asciz "cudaMalloc3D"
-.Lname108:
-    .asciz "cudaMallocFromPoolAsync"
-.Lname109:
-    .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname110:
+.Lname50:
     .asciz "cudaMallocManaged"
-.Lname111:
-    .asciz "cudaMallocMipmappedArray"
-.Lname112:
-    .asciz "cudaMemAdvise"
-.Lname113:
-    .asciz "cudaMemPoolCreate"
-.Lname114:
+.Lname51:
     .asciz "cudaMemPoolExportPointer"
-.Lname115:
+.Lname52:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname116:
-    .asciz "cudaMemPoolGetAccess"
-.Lname117:
+.Lname53:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname118:
+.Lname54:
     .asciz "cudaMemPoolImportPointer"
-.Lname119:
-    .asciz "cudaMemPrefetchAsync"
-.Lname120:
-    .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname121:
-    .asciz "cudaMemRangeGetAttribute"
-.Lname122:
-    .asciz "cudaMemRangeGetAttributes"
-.Lname123:
-    .asciz "cudaMemcpy2DFromArray"
-.Lname124:
-    .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname125:
-    .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname126:
-    .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname127:
-    .asciz "cudaMemcpy2DToArray"
-.Lname128:
-    .asciz "cudaMemcpy2DToArrayAsync"
-.Lname129:
-    .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname130:
-    .asciz "cudaMemcpy2DToArray_ptds"
-.Lname131:
-    .asciz "cudaMemcpy3D"
-.Lname132:
-    .asciz "cudaMemcpy3DAsync"
-.Lname133:
-    .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname134:
-    .asciz "cudaMemcpy3DPeer"
-.Lname135:
-    .asciz "cudaMemcpy3DPeerAsync"
-.Lname136:
-    .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname137:
-    .asciz "cudaMemcpy3DPeer_ptds"
-.Lname138:
-    .asciz "cudaMemcpy3D_ptds"
-.Lname139:
-    .asciz "cudaMemcpyFromArray"
-.Lname140:
-    .asciz "cudaMemcpyFromArrayAsync"
-.Lname141:
-    .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname142:
-    .asciz "cudaMemcpyFromArray_ptds"
-.Lname143:
-    .asciz "cudaMemcpyPeer"
-.Lname144:
-    .asciz "cudaMemcpyToArray"
-.Lname145:
-    .asciz "cudaMemcpyToArrayAsync"
-.Lname146:
-    .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname147:
-    .asciz "cudaMemcpyToArray_ptds"
-.Lname148:
-    .asciz "cudaMemset3D"
-.Lname149:
-    .asciz "cudaMemset3DAsync"
-.Lname150:
-    .asciz "cudaMemset3DAsync_ptsz"
-.Lname151:
-    .asciz "cudaMemset3D_ptds"
-.Lname152:
-    .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname153:
-    .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname154:
-    .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname155:
+.Lname55:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname156:
+.Lname56:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname157:
+.Lname57:
     .asciz "cudaProfilerInitialize"
-.Lname158:
-    .asciz "cudaProfilerStart"
-.Lname159:
-    .asciz "cudaProfilerStop"
-.Lname160:
-    .asciz "cudaSetValidDevices"
-.Lname161:
+.Lname58:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname162:
+.Lname59:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname163:
+.Lname60:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname164:
+.Lname61:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname165:
-    .asciz "cudaStreamAttachMemAsync"
-.Lname166:
-    .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname167:
-    .asciz "cudaStreamGetAttribute"
-.Lname168:
-    .asciz "cudaStreamGetAttribute_ptsz"
-.Lname169:
-    .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname170:
-    .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname171:
-    .asciz "cudaStreamSetAttribute"
-.Lname172:
-    .asciz "cudaStreamSetAttribute_ptsz"
-.Lname173:
+.Lname62:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname174:
+.Lname63:
     .asciz "cudaUserObjectCreate"
-.Lname175:
+.Lname64:
     .asciz "cudaVDPAUGetDevice"
-.Lname176:
+.Lname65:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname177:
+.Lname66:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname178:
+.Lname67:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname179:
+.Lname68:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname180:
+.Lname69:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

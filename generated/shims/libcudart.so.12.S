@@ -77,18 +77,12 @@ __cudaUnregisterFatBinary:
     .globl cudaArrayGetInfo
     .type cudaArrayGetInfo, @function
 cudaArrayGetInfo:
-    leaq .Lname1(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetInfo@PLT
     .size cudaArrayGetInfo, .-cudaArrayGetInfo
     .globl cudaArrayGetMemoryRequirements
     .type cudaArrayGetMemoryRequirements, @function
 cudaArrayGetMemoryRequirements:
-    leaq .Lname2(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetMemoryRequirements@PLT
     .size cudaArrayGetMemoryRequirements, .-cudaArrayGetMemoryRequirements
     .globl cudaArrayGetPlane
     .type cudaArrayGetPlane, @function
@@ -98,10 +92,7 @@ cudaArrayGetPlane:
     .globl cudaArrayGetSparseProperties
     .type cudaArrayGetSparseProperties, @function
 cudaArrayGetSparseProperties:
-    leaq .Lname3(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetSparseProperties@PLT
     .size cudaArrayGetSparseProperties, .-cudaArrayGetSparseProperties
     .globl cudaChooseDevice
     .type cudaChooseDevice, @function
@@ -111,26 +102,17 @@ cudaChooseDevice:
     .globl cudaCreateChannelDesc
     .type cudaCreateChannelDesc, @function
 cudaCreateChannelDesc:
-    leaq .Lname4(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateChannelDesc@PLT
     .size cudaCreateChannelDesc, .-cudaCreateChannelDesc
     .globl cudaCreateSurfaceObject
     .type cudaCreateSurfaceObject, @function
 cudaCreateSurfaceObject:
-    leaq .Lname5(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateSurfaceObject__cu118@PLT
     .size cudaCreateSurfaceObject, .-cudaCreateSurfaceObject
     .globl cudaCreateTextureObject
     .type cudaCreateTextureObject, @function
 cudaCreateTextureObject:
-    leaq .Lname6(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateTextureObject__cu121@PLT
     .size cudaCreateTextureObject, .-cudaCreateTextureObject
     .globl cudaCtxResetPersistingL2Cache
     .type cudaCtxResetPersistingL2Cache, @function
@@ -200,10 +182,7 @@ cudaDeviceGetDefaultMemPool:
     .globl cudaDeviceGetGraphMemAttribute
     .type cudaDeviceGetGraphMemAttribute, @function
 cudaDeviceGetGraphMemAttribute:
-    leaq .Lname7(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceGetGraphMemAttribute@PLT
     .size cudaDeviceGetGraphMemAttribute, .-cudaDeviceGetGraphMemAttribute
     .globl cudaDeviceGetLimit
     .type cudaDeviceGetLimit, @function
@@ -218,7 +197,7 @@ cudaDeviceGetMemPool:
     .globl cudaDeviceGetNvSciSyncAttributes
     .type cudaDeviceGetNvSciSyncAttributes, @function
 cudaDeviceGetNvSciSyncAttributes:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -256,7 +235,7 @@ cudaDeviceGraphMemTrim:
     .globl cudaDeviceRegisterAsyncNotification
     .type cudaDeviceRegisterAsyncNotification, @function
 cudaDeviceRegisterAsyncNotification:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -274,10 +253,7 @@ cudaDeviceSetCacheConfig:
     .globl cudaDeviceSetGraphMemAttribute
     .type cudaDeviceSetGraphMemAttribute, @function
 cudaDeviceSetGraphMemAttribute:
-    leaq .Lname10(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceSetGraphMemAttribute@PLT
     .size cudaDeviceSetGraphMemAttribute, .-cudaDeviceSetGraphMemAttribute
     .globl cudaDeviceSetLimit
     .type cudaDeviceSetLimit, @function
@@ -312,7 +288,7 @@ cudaDriverGetVersion:
     .globl cudaEGLStreamConsumerAcquireFrame
     .type cudaEGLStreamConsumerAcquireFrame, @function
 cudaEGLStreamConsumerAcquireFrame:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -320,7 +296,7 @@ cudaEGLStreamConsumerAcquireFrame:
     .globl cudaEGLStreamConsumerConnect
     .type cudaEGLStreamConsumerConnect, @function
 cudaEGLStreamConsumerConnect:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -328,7 +304,7 @@ cudaEGLStreamConsumerConnect:
     .globl cudaEGLStreamConsumerConnectWithFlags
     .type cudaEGLStreamConsumerConnectWithFlags, @function
 cudaEGLStreamConsumerConnectWithFlags:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -336,7 +312,7 @@ cudaEGLStreamConsumerConnectWithFlags:
     .globl cudaEGLStreamConsumerDisconnect
     .type cudaEGLStreamConsumerDisconnect, @function
 cudaEGLStreamConsumerDisconnect:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -344,7 +320,7 @@ cudaEGLStreamConsumerDisconnect:
     .globl cudaEGLStreamConsumerReleaseFrame
     .type cudaEGLStreamConsumerReleaseFrame, @function
 cudaEGLStreamConsumerReleaseFrame:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -352,7 +328,7 @@ cudaEGLStreamConsumerReleaseFrame:
     .globl cudaEGLStreamProducerConnect
     .type cudaEGLStreamProducerConnect, @function
 cudaEGLStreamProducerConnect:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -360,7 +336,7 @@ cudaEGLStreamProducerConnect:
     .globl cudaEGLStreamProducerDisconnect
     .type cudaEGLStreamProducerDisconnect, @function
 cudaEGLStreamProducerDisconnect:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -368,7 +344,7 @@ cudaEGLStreamProducerDisconnect:
     .globl cudaEGLStreamProducerPresentFrame
     .type cudaEGLStreamProducerPresentFrame, @function
 cudaEGLStreamProducerPresentFrame:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -376,7 +352,7 @@ cudaEGLStreamProducerPresentFrame:
     .globl cudaEGLStreamProducerReturnFrame
     .type cudaEGLStreamProducerReturnFrame, @function
 cudaEGLStreamProducerReturnFrame:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -389,7 +365,7 @@ cudaEventCreate:
     .globl cudaEventCreateFromEGLSync
     .type cudaEventCreateFromEGLSync, @function
 cudaEventCreateFromEGLSync:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -447,7 +423,7 @@ cudaEventSynchronize:
     .globl cudaExternalMemoryGetMappedBuffer
     .type cudaExternalMemoryGetMappedBuffer, @function
 cudaExternalMemoryGetMappedBuffer:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -495,18 +471,12 @@ cudaFuncGetAttributes:
     .globl cudaFuncGetName
     .type cudaFuncGetName, @function
 cudaFuncGetName:
-    leaq .Lname22(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetName@PLT
     .size cudaFuncGetName, .-cudaFuncGetName
     .globl cudaFuncGetParamInfo
     .type cudaFuncGetParamInfo, @function
 cudaFuncGetParamInfo:
-    leaq .Lname23(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetParamInfo@PLT
     .size cudaFuncGetParamInfo, .-cudaFuncGetParamInfo
     .globl cudaFuncSetAttribute
     .type cudaFuncSetAttribute, @function
@@ -521,15 +491,12 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname24(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncSetSharedMemConfig@PLT
     .size cudaFuncSetSharedMemConfig, .-cudaFuncSetSharedMemConfig
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -537,7 +504,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -545,7 +512,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -553,7 +520,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -561,7 +528,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -569,7 +536,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,7 +544,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -585,7 +552,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -593,7 +560,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -601,10 +568,7 @@ cudaGLUnregisterBufferObject:
     .globl cudaGetChannelDesc
     .type cudaGetChannelDesc, @function
 cudaGetChannelDesc:
-    leaq .Lname34(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetChannelDesc@PLT
     .size cudaGetChannelDesc, .-cudaGetChannelDesc
     .globl cudaGetDevice
     .type cudaGetDevice, @function
@@ -624,7 +588,7 @@ cudaGetDeviceFlags:
     .globl cudaGetDeviceProperties
     .type cudaGetDeviceProperties, @function
 cudaGetDeviceProperties:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -667,7 +631,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -675,10 +639,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname37(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetFuncBySymbol@PLT
     .size cudaGetFuncBySymbol, .-cudaGetFuncBySymbol
     .globl cudaGetKernel
     .type cudaGetKernel, @function
@@ -698,10 +659,7 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu118@PLT
     .size cudaGetSurfaceObjectResourceDesc, .-cudaGetSurfaceObjectResourceDesc
     .globl cudaGetSymbolAddress
     .type cudaGetSymbolAddress, @function
@@ -716,79 +674,52 @@ cudaGetSymbolSize:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname39(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceDesc__cu118@PLT
     .size cudaGetTextureObjectResourceDesc, .-cudaGetTextureObjectResourceDesc
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu118@PLT
     .size cudaGetTextureObjectResourceViewDesc, .-cudaGetTextureObjectResourceViewDesc
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectTextureDesc__cu121@PLT
     .size cudaGetTextureObjectTextureDesc, .-cudaGetTextureObjectTextureDesc
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname42(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddChildGraphNode@PLT
     .size cudaGraphAddChildGraphNode, .-cudaGraphAddChildGraphNode
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname43(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddDependencies__cu118@PLT
     .size cudaGraphAddDependencies, .-cudaGraphAddDependencies
     .globl cudaGraphAddDependencies_v2
     .type cudaGraphAddDependencies_v2, @function
 cudaGraphAddDependencies_v2:
-    leaq .Lname44(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddDependencies_v2@PLT
     .size cudaGraphAddDependencies_v2, .-cudaGraphAddDependencies_v2
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEmptyNode@PLT
     .size cudaGraphAddEmptyNode, .-cudaGraphAddEmptyNode
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventRecordNode@PLT
     .size cudaGraphAddEventRecordNode, .-cudaGraphAddEventRecordNode
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventWaitNode@PLT
     .size cudaGraphAddEventWaitNode, .-cudaGraphAddEventWaitNode
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -796,7 +727,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -804,90 +735,57 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddHostNode@PLT
     .size cudaGraphAddHostNode, .-cudaGraphAddHostNode
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname51(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddKernelNode@PLT
     .size cudaGraphAddKernelNode, .-cudaGraphAddKernelNode
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname52(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemAllocNode__cu126@PLT
     .size cudaGraphAddMemAllocNode, .-cudaGraphAddMemAllocNode
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname53(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemFreeNode@PLT
     .size cudaGraphAddMemFreeNode, .-cudaGraphAddMemFreeNode
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname54(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode@PLT
     .size cudaGraphAddMemcpyNode, .-cudaGraphAddMemcpyNode
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname55(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode1D@PLT
     .size cudaGraphAddMemcpyNode1D, .-cudaGraphAddMemcpyNode1D
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname56(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol@PLT
     .size cudaGraphAddMemcpyNodeFromSymbol, .-cudaGraphAddMemcpyNodeFromSymbol
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname57(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol@PLT
     .size cudaGraphAddMemcpyNodeToSymbol, .-cudaGraphAddMemcpyNodeToSymbol
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname58(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemsetNode@PLT
     .size cudaGraphAddMemsetNode, .-cudaGraphAddMemsetNode
     .globl cudaGraphAddNode
     .type cudaGraphAddNode, @function
 cudaGraphAddNode:
-    leaq .Lname59(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddNode__cu126@PLT
     .size cudaGraphAddNode, .-cudaGraphAddNode
     .globl cudaGraphAddNode_v2
     .type cudaGraphAddNode_v2, @function
 cudaGraphAddNode_v2:
-    leaq .Lname60(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddNode_v2@PLT
     .size cudaGraphAddNode_v2, .-cudaGraphAddNode_v2
     .globl cudaGraphChildGraphNodeGetGraph
     .type cudaGraphChildGraphNodeGetGraph, @function
@@ -912,10 +810,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname61(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphDebugDotPrint@PLT
     .size cudaGraphDebugDotPrint, .-cudaGraphDebugDotPrint
     .globl cudaGraphDestroy
     .type cudaGraphDestroy, @function
@@ -970,7 +865,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -978,7 +873,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -991,79 +886,52 @@ cudaGraphExecGetFlags:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname64(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecHostNodeSetParams@PLT
     .size cudaGraphExecHostNodeSetParams, .-cudaGraphExecHostNodeSetParams
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname65(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecKernelNodeSetParams@PLT
     .size cudaGraphExecKernelNodeSetParams, .-cudaGraphExecKernelNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname66(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams@PLT
     .size cudaGraphExecMemcpyNodeSetParams, .-cudaGraphExecMemcpyNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname67(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D@PLT
     .size cudaGraphExecMemcpyNodeSetParams1D, .-cudaGraphExecMemcpyNodeSetParams1D
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname68(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsFromSymbol, .-cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname69(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsToSymbol, .-cudaGraphExecMemcpyNodeSetParamsToSymbol
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname70(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemsetNodeSetParams@PLT
     .size cudaGraphExecMemsetNodeSetParams, .-cudaGraphExecMemsetNodeSetParams
     .globl cudaGraphExecNodeSetParams
     .type cudaGraphExecNodeSetParams, @function
 cudaGraphExecNodeSetParams:
-    leaq .Lname71(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecNodeSetParams@PLT
     .size cudaGraphExecNodeSetParams, .-cudaGraphExecNodeSetParams
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
 cudaGraphExecUpdate:
-    leaq .Lname72(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecUpdate__cu121@PLT
     .size cudaGraphExecUpdate, .-cudaGraphExecUpdate
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1071,7 +939,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1079,7 +947,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1087,7 +955,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,10 +968,7 @@ cudaGraphGetEdges:
     .globl cudaGraphGetEdges_v2
     .type cudaGraphGetEdges_v2, @function
 cudaGraphGetEdges_v2:
-    leaq .Lname77(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphGetEdges_v2@PLT
     .size cudaGraphGetEdges_v2, .-cudaGraphGetEdges_v2
     .globl cudaGraphGetNodes
     .type cudaGraphGetNodes, @function
@@ -1118,18 +983,12 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname78(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeGetParams@PLT
     .size cudaGraphHostNodeGetParams, .-cudaGraphHostNodeGetParams
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname79(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeSetParams@PLT
     .size cudaGraphHostNodeSetParams, .-cudaGraphHostNodeSetParams
     .globl cudaGraphInstantiate
     .type cudaGraphInstantiate, @function
@@ -1144,18 +1003,12 @@ cudaGraphInstantiateWithFlags:
     .globl cudaGraphInstantiateWithParams
     .type cudaGraphInstantiateWithParams, @function
 cudaGraphInstantiateWithParams:
-    leaq .Lname80(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphInstantiateWithParams@PLT
     .size cudaGraphInstantiateWithParams, .-cudaGraphInstantiateWithParams
     .globl cudaGraphInstantiateWithParams_ptsz
     .type cudaGraphInstantiateWithParams_ptsz, @function
 cudaGraphInstantiateWithParams_ptsz:
-    leaq .Lname81(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphInstantiateWithParams_ptsz@PLT
     .size cudaGraphInstantiateWithParams_ptsz, .-cudaGraphInstantiateWithParams_ptsz
     .globl cudaGraphKernelNodeCopyAttributes
     .type cudaGraphKernelNodeCopyAttributes, @function
@@ -1165,34 +1018,22 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname82(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu128@PLT
     .size cudaGraphKernelNodeGetAttribute, .-cudaGraphKernelNodeGetAttribute
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname83(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetParams@PLT
     .size cudaGraphKernelNodeGetParams, .-cudaGraphKernelNodeGetParams
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname84(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu128@PLT
     .size cudaGraphKernelNodeSetAttribute, .-cudaGraphKernelNodeSetAttribute
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname85(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeSetParams@PLT
     .size cudaGraphKernelNodeSetParams, .-cudaGraphKernelNodeSetParams
     .globl cudaGraphLaunch
     .type cudaGraphLaunch, @function
@@ -1207,74 +1048,47 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname86(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu126@PLT
     .size cudaGraphMemAllocNodeGetParams, .-cudaGraphMemAllocNodeGetParams
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname87(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemFreeNodeGetParams@PLT
     .size cudaGraphMemFreeNodeGetParams, .-cudaGraphMemFreeNodeGetParams
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname88(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeGetParams@PLT
     .size cudaGraphMemcpyNodeGetParams, .-cudaGraphMemcpyNodeGetParams
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname89(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams@PLT
     .size cudaGraphMemcpyNodeSetParams, .-cudaGraphMemcpyNodeSetParams
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname90(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams1D@PLT
     .size cudaGraphMemcpyNodeSetParams1D, .-cudaGraphMemcpyNodeSetParams1D
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname91(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsFromSymbol, .-cudaGraphMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname92(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsToSymbol, .-cudaGraphMemcpyNodeSetParamsToSymbol
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname93(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeGetParams@PLT
     .size cudaGraphMemsetNodeGetParams, .-cudaGraphMemsetNodeGetParams
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname94(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeSetParams@PLT
     .size cudaGraphMemsetNodeSetParams, .-cudaGraphMemsetNodeSetParams
     .globl cudaGraphNodeFindInClone
     .type cudaGraphNodeFindInClone, @function
@@ -1284,18 +1098,12 @@ cudaGraphNodeFindInClone:
     .globl cudaGraphNodeGetDependencies
     .type cudaGraphNodeGetDependencies, @function
 cudaGraphNodeGetDependencies:
-    leaq .Lname95(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeGetDependencies__cu118@PLT
     .size cudaGraphNodeGetDependencies, .-cudaGraphNodeGetDependencies
     .globl cudaGraphNodeGetDependencies_v2
     .type cudaGraphNodeGetDependencies_v2, @function
 cudaGraphNodeGetDependencies_v2:
-    leaq .Lname96(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeGetDependencies_v2@PLT
     .size cudaGraphNodeGetDependencies_v2, .-cudaGraphNodeGetDependencies_v2
     .globl cudaGraphNodeGetDependentNodes
     .type cudaGraphNodeGetDependentNodes, @function
@@ -1305,10 +1113,7 @@ cudaGraphNodeGetDependentNodes:
     .globl cudaGraphNodeGetDependentNodes_v2
     .type cudaGraphNodeGetDependentNodes_v2, @function
 cudaGraphNodeGetDependentNodes_v2:
-    leaq .Lname97(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeGetDependentNodes_v2@PLT
     .size cudaGraphNodeGetDependentNodes_v2, .-cudaGraphNodeGetDependentNodes_v2
     .globl cudaGraphNodeGetEnabled
     .type cudaGraphNodeGetEnabled, @function
@@ -1328,10 +1133,7 @@ cudaGraphNodeSetEnabled:
     .globl cudaGraphNodeSetParams
     .type cudaGraphNodeSetParams, @function
 cudaGraphNodeSetParams:
-    leaq .Lname98(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeSetParams@PLT
     .size cudaGraphNodeSetParams, .-cudaGraphNodeSetParams
     .globl cudaGraphReleaseUserObject
     .type cudaGraphReleaseUserObject, @function
@@ -1341,18 +1143,12 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname99(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphRemoveDependencies__cu118@PLT
     .size cudaGraphRemoveDependencies, .-cudaGraphRemoveDependencies
     .globl cudaGraphRemoveDependencies_v2
     .type cudaGraphRemoveDependencies_v2, @function
 cudaGraphRemoveDependencies_v2:
-    leaq .Lname100(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphRemoveDependencies_v2@PLT
     .size cudaGraphRemoveDependencies_v2, .-cudaGraphRemoveDependencies_v2
     .globl cudaGraphRetainUserObject
     .type cudaGraphRetainUserObject, @function
@@ -1372,7 +1168,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1380,7 +1176,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1388,7 +1184,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1401,7 +1197,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1414,7 +1210,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1442,7 +1238,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1450,7 +1246,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1483,7 +1279,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1491,7 +1287,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1504,7 +1300,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1512,7 +1308,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1520,7 +1316,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1533,7 +1329,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1551,7 +1347,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,10 +1395,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname115(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryGetGlobal@PLT
     .size cudaLibraryGetGlobal, .-cudaLibraryGetGlobal
     .globl cudaLibraryGetKernel
     .type cudaLibraryGetKernel, @function
@@ -1617,7 +1410,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1625,7 +1418,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1633,18 +1426,12 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname118(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryLoadData@PLT
     .size cudaLibraryLoadData, .-cudaLibraryLoadData
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname119(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryLoadFromFile@PLT
     .size cudaLibraryLoadFromFile, .-cudaLibraryLoadFromFile
     .globl cudaLibraryUnload
     .type cudaLibraryUnload, @function
@@ -1659,10 +1446,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname120(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMalloc3D@PLT
     .size cudaMalloc3D, .-cudaMalloc3D
     .globl cudaMalloc3DArray
     .type cudaMalloc3DArray, @function
@@ -1687,18 +1471,12 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname121(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync@PLT
     .size cudaMallocFromPoolAsync, .-cudaMallocFromPoolAsync
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname122(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync_ptsz@PLT
     .size cudaMallocFromPoolAsync_ptsz, .-cudaMallocFromPoolAsync_ptsz
     .globl cudaMallocHost
     .type cudaMallocHost, @function
@@ -1708,7 +1486,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1716,10 +1494,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname124(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocMipmappedArray@PLT
     .size cudaMallocMipmappedArray, .-cudaMallocMipmappedArray
     .globl cudaMallocPitch
     .type cudaMallocPitch, @function
@@ -1729,18 +1504,12 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname125(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemAdvise__cu118@PLT
     .size cudaMemAdvise, .-cudaMemAdvise
     .globl cudaMemAdvise_v2
     .type cudaMemAdvise_v2, @function
 cudaMemAdvise_v2:
-    leaq .Lname126(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemAdvise_v2@PLT
     .size cudaMemAdvise_v2, .-cudaMemAdvise_v2
     .globl cudaMemGetInfo
     .type cudaMemGetInfo, @function
@@ -1750,10 +1519,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolCreate__cu126@PLT
     .size cudaMemPoolCreate, .-cudaMemPoolCreate
     .globl cudaMemPoolDestroy
     .type cudaMemPoolDestroy, @function
@@ -1763,7 +1529,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1771,7 +1537,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1779,10 +1545,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolGetAccess@PLT
     .size cudaMemPoolGetAccess, .-cudaMemPoolGetAccess
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
@@ -1792,7 +1555,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1800,7 +1563,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,50 +1586,32 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname133(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync__cu118@PLT
     .size cudaMemPrefetchAsync, .-cudaMemPrefetchAsync
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname134(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu118@PLT
     .size cudaMemPrefetchAsync_ptsz, .-cudaMemPrefetchAsync_ptsz
     .globl cudaMemPrefetchAsync_v2
     .type cudaMemPrefetchAsync_v2, @function
 cudaMemPrefetchAsync_v2:
-    leaq .Lname135(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync_v2@PLT
     .size cudaMemPrefetchAsync_v2, .-cudaMemPrefetchAsync_v2
     .globl cudaMemPrefetchAsync_v2_ptsz
     .type cudaMemPrefetchAsync_v2_ptsz, @function
 cudaMemPrefetchAsync_v2_ptsz:
-    leaq .Lname136(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync_v2_ptsz@PLT
     .size cudaMemPrefetchAsync_v2_ptsz, .-cudaMemPrefetchAsync_v2_ptsz
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname137(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttribute@PLT
     .size cudaMemRangeGetAttribute, .-cudaMemRangeGetAttribute
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttributes@PLT
     .size cudaMemRangeGetAttributes, .-cudaMemRangeGetAttributes
     .globl cudaMemcpy
     .type cudaMemcpy, @function
@@ -1901,66 +1646,42 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname139(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray@PLT
     .size cudaMemcpy2DFromArray, .-cudaMemcpy2DFromArray
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname140(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync@PLT
     .size cudaMemcpy2DFromArrayAsync, .-cudaMemcpy2DFromArrayAsync
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname141(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz@PLT
     .size cudaMemcpy2DFromArrayAsync_ptsz, .-cudaMemcpy2DFromArrayAsync_ptsz
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname142(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray_ptds@PLT
     .size cudaMemcpy2DFromArray_ptds, .-cudaMemcpy2DFromArray_ptds
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname143(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray@PLT
     .size cudaMemcpy2DToArray, .-cudaMemcpy2DToArray
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname144(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync@PLT
     .size cudaMemcpy2DToArrayAsync, .-cudaMemcpy2DToArrayAsync
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname145(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz@PLT
     .size cudaMemcpy2DToArrayAsync_ptsz, .-cudaMemcpy2DToArrayAsync_ptsz
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname146(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray_ptds@PLT
     .size cudaMemcpy2DToArray_ptds, .-cudaMemcpy2DToArray_ptds
     .globl cudaMemcpy2D_ptds
     .type cudaMemcpy2D_ptds, @function
@@ -1970,82 +1691,52 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname147(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D@PLT
     .size cudaMemcpy3D, .-cudaMemcpy3D
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname148(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync@PLT
     .size cudaMemcpy3DAsync, .-cudaMemcpy3DAsync
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname149(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync_ptsz@PLT
     .size cudaMemcpy3DAsync_ptsz, .-cudaMemcpy3DAsync_ptsz
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname150(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DBatchAsync__cu128@PLT
     .size cudaMemcpy3DBatchAsync, .-cudaMemcpy3DBatchAsync
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname151(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu128@PLT
     .size cudaMemcpy3DBatchAsync_ptsz, .-cudaMemcpy3DBatchAsync_ptsz
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname152(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer@PLT
     .size cudaMemcpy3DPeer, .-cudaMemcpy3DPeer
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname153(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync@PLT
     .size cudaMemcpy3DPeerAsync, .-cudaMemcpy3DPeerAsync
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname154(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz@PLT
     .size cudaMemcpy3DPeerAsync_ptsz, .-cudaMemcpy3DPeerAsync_ptsz
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname155(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer_ptds@PLT
     .size cudaMemcpy3DPeer_ptds, .-cudaMemcpy3DPeer_ptds
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname156(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D_ptds@PLT
     .size cudaMemcpy3D_ptds, .-cudaMemcpy3D_ptds
     .globl cudaMemcpyArrayToArray
     .type cudaMemcpyArrayToArray, @function
@@ -2070,50 +1761,32 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname157(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyBatchAsync__cu128@PLT
     .size cudaMemcpyBatchAsync, .-cudaMemcpyBatchAsync
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname158(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu128@PLT
     .size cudaMemcpyBatchAsync_ptsz, .-cudaMemcpyBatchAsync_ptsz
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname159(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray@PLT
     .size cudaMemcpyFromArray, .-cudaMemcpyFromArray
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname160(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync@PLT
     .size cudaMemcpyFromArrayAsync, .-cudaMemcpyFromArrayAsync
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname161(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz@PLT
     .size cudaMemcpyFromArrayAsync_ptsz, .-cudaMemcpyFromArrayAsync_ptsz
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname162(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray_ptds@PLT
     .size cudaMemcpyFromArray_ptds, .-cudaMemcpyFromArray_ptds
     .globl cudaMemcpyFromSymbol
     .type cudaMemcpyFromSymbol, @function
@@ -2138,10 +1811,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname163(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyPeer@PLT
     .size cudaMemcpyPeer, .-cudaMemcpyPeer
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
@@ -2151,34 +1821,22 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname164(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray@PLT
     .size cudaMemcpyToArray, .-cudaMemcpyToArray
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname165(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync@PLT
     .size cudaMemcpyToArrayAsync, .-cudaMemcpyToArrayAsync
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname166(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync_ptsz@PLT
     .size cudaMemcpyToArrayAsync_ptsz, .-cudaMemcpyToArrayAsync_ptsz
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname167(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray_ptds@PLT
     .size cudaMemcpyToArray_ptds, .-cudaMemcpyToArray_ptds
     .globl cudaMemcpyToSymbol
     .type cudaMemcpyToSymbol, @function
@@ -2233,34 +1891,22 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname168(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset3D@PLT
     .size cudaMemset3D, .-cudaMemset3D
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname169(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset3DAsync@PLT
     .size cudaMemset3DAsync, .-cudaMemset3DAsync
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname170(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset3DAsync_ptsz@PLT
     .size cudaMemset3DAsync_ptsz, .-cudaMemset3DAsync_ptsz
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname171(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset3D_ptds@PLT
     .size cudaMemset3D_ptds, .-cudaMemset3D_ptds
     .globl cudaMemsetAsync
     .type cudaMemsetAsync, @function
@@ -2280,26 +1926,17 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname172(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetMemoryRequirements@PLT
     .size cudaMipmappedArrayGetMemoryRequirements, .-cudaMipmappedArrayGetMemoryRequirements
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname173(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetSparseProperties@PLT
     .size cudaMipmappedArrayGetSparseProperties, .-cudaMipmappedArrayGetSparseProperties
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname174(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBlock@PLT
     .size cudaOccupancyAvailableDynamicSMemPerBlock, .-cudaOccupancyAvailableDynamicSMemPerBlock
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessor
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessor, @function
@@ -2314,7 +1951,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2322,7 +1959,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2340,18 +1977,12 @@ cudaPointerGetAttributes:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname177(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaProfilerStart@PLT
     .size cudaProfilerStart, .-cudaProfilerStart
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname178(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaProfilerStop@PLT
     .size cudaProfilerStop, .-cudaProfilerStop
     .globl cudaRuntimeGetVersion
     .type cudaRuntimeGetVersion, @function
@@ -2381,15 +2012,12 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname179(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaSetValidDevices@PLT
     .size cudaSetValidDevices, .-cudaSetValidDevices
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2397,7 +2025,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2405,7 +2033,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2413,7 +2041,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2431,18 +2059,12 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname184(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync@PLT
     .size cudaStreamAttachMemAsync, .-cudaStreamAttachMemAsync
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname185(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync_ptsz@PLT
     .size cudaStreamAttachMemAsync_ptsz, .-cudaStreamAttachMemAsync_ptsz
     .globl cudaStreamBeginCapture
     .type cudaStreamBeginCapture, @function
@@ -2452,18 +2074,12 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname186(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamBeginCaptureToGraph@PLT
     .size cudaStreamBeginCaptureToGraph, .-cudaStreamBeginCaptureToGraph
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname187(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamBeginCaptureToGraph_ptsz@PLT
     .size cudaStreamBeginCaptureToGraph_ptsz, .-cudaStreamBeginCaptureToGraph_ptsz
     .globl cudaStreamBeginCapture_ptsz
     .type cudaStreamBeginCapture_ptsz, @function
@@ -2513,23 +2129,17 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname188(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute__cu128@PLT
     .size cudaStreamGetAttribute, .-cudaStreamGetAttribute
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname189(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute_ptsz__cu128@PLT
     .size cudaStreamGetAttribute_ptsz, .-cudaStreamGetAttribute_ptsz
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2537,7 +2147,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2545,34 +2155,22 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname192(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetCaptureInfo_v2@PLT
     .size cudaStreamGetCaptureInfo_v2, .-cudaStreamGetCaptureInfo_v2
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname193(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetCaptureInfo_v2_ptsz@PLT
     .size cudaStreamGetCaptureInfo_v2_ptsz, .-cudaStreamGetCaptureInfo_v2_ptsz
     .globl cudaStreamGetCaptureInfo_v3
     .type cudaStreamGetCaptureInfo_v3, @function
 cudaStreamGetCaptureInfo_v3:
-    leaq .Lname194(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetCaptureInfo_v3@PLT
     .size cudaStreamGetCaptureInfo_v3, .-cudaStreamGetCaptureInfo_v3
     .globl cudaStreamGetCaptureInfo_v3_ptsz
     .type cudaStreamGetCaptureInfo_v3_ptsz, @function
 cudaStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname195(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetCaptureInfo_v3_ptsz@PLT
     .size cudaStreamGetCaptureInfo_v3_ptsz, .-cudaStreamGetCaptureInfo_v3_ptsz
     .globl cudaStreamGetDevice
     .type cudaStreamGetDevice, @function
@@ -2637,18 +2235,12 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname196(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamSetAttribute__cu128@PLT
     .size cudaStreamSetAttribute, .-cudaStreamSetAttribute
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname197(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamSetAttribute_ptsz__cu128@PLT
     .size cudaStreamSetAttribute_ptsz, .-cudaStreamSetAttribute_ptsz
     .globl cudaStreamSynchronize
     .type cudaStreamSynchronize, @function
@@ -2673,18 +2265,12 @@ cudaStreamUpdateCaptureDependencies_ptsz:
     .globl cudaStreamUpdateCaptureDependencies_v2
     .type cudaStreamUpdateCaptureDependencies_v2, @function
 cudaStreamUpdateCaptureDependencies_v2:
-    leaq .Lname198(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamUpdateCaptureDependencies_v2@PLT
     .size cudaStreamUpdateCaptureDependencies_v2, .-cudaStreamUpdateCaptureDependencies_v2
     .globl cudaStreamUpdateCaptureDependencies_v2_ptsz
     .type cudaStreamUpdateCaptureDependencies_v2_ptsz, @function
 cudaStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname199(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamUpdateCaptureDependencies_v2_ptsz@PLT
     .size cudaStreamUpdateCaptureDependencies_v2_ptsz, .-cudaStreamUpdateCaptureDependencies_v2_ptsz
     .globl cudaStreamWaitEvent
     .type cudaStreamWaitEvent, @function
@@ -2734,7 +2320,7 @@ cudaThreadSynchronize:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2752,7 +2338,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2760,7 +2346,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2768,7 +2354,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2776,7 +2362,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2784,7 +2370,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2792,7 +2378,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2801,415 +2387,139 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname0:
     .asciz "__cudaRegisterUnifiedTable"
 .Lname1:
-    .asciz "cudaArrayGetInfo"
-.Lname2:
-    .asciz "cudaArrayGetMemoryRequirements"
-.Lname3:
-    .asciz "cudaArrayGetSparseProperties"
-.Lname4:
-    .asciz "cudaCreateChannelDesc"
-.Lname5:
-    .asciz "cudaCreateSurfaceObject"
-.Lname6:
-    .asciz "cudaCreateTextureObject"
-.Lname7:
-    .asciz "cudaDeviceGetGraphMemAttribute"
-.Lname8:
     .asciz "cudaDeviceGetNvSciSyncAttributes"
-.Lname9:
+.Lname2:
     .asciz "cudaDeviceRegisterAsyncNotification"
-.Lname10:
-    .asciz "cudaDeviceSetGraphMemAttribute"
-.Lname11:
+.Lname3:
     .asciz "cudaEGLStreamConsumerAcquireFrame"
-.Lname12:
+.Lname4:
     .asciz "cudaEGLStreamConsumerConnect"
-.Lname13:
+.Lname5:
     .asciz "cudaEGLStreamConsumerConnectWithFlags"
-.Lname14:
+.Lname6:
     .asciz "cudaEGLStreamConsumerDisconnect"
-.Lname15:
+.Lname7:
     .asciz "cudaEGLStreamConsumerReleaseFrame"
-.Lname16:
+.Lname8:
     .asciz "cudaEGLStreamProducerConnect"
-.Lname17:
+.Lname9:
     .asciz "cudaEGLStreamProducerDisconnect"
-.Lname18:
+.Lname10:
     .asciz "cudaEGLStreamProducerPresentFrame"
-.Lname19:
+.Lname11:
     .asciz "cudaEGLStreamProducerReturnFrame"
-.Lname20:
+.Lname12:
     .asciz "cudaEventCreateFromEGLSync"
-.Lname21:
+.Lname13:
     .asciz "cudaExternalMemoryGetMappedBuffer"
-.Lname22:
-    .asciz "cudaFuncGetName"
-.Lname23:
-    .asciz "cudaFuncGetParamInfo"
-.Lname24:
-    .asciz "cudaFuncSetSharedMemConfig"
-.Lname25:
+.Lname14:
     .asciz "cudaGLGetDevices"
-.Lname26:
+.Lname15:
     .asciz "cudaGLMapBufferObject"
-.Lname27:
+.Lname16:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname28:
+.Lname17:
     .asciz "cudaGLRegisterBufferObject"
-.Lname29:
+.Lname18:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname30:
+.Lname19:
     .asciz "cudaGLSetGLDevice"
-.Lname31:
+.Lname20:
     .asciz "cudaGLUnmapBufferObject"
-.Lname32:
+.Lname21:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname33:
+.Lname22:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname34:
-    .asciz "cudaGetChannelDesc"
-.Lname35:
+.Lname23:
     .asciz "cudaGetDeviceProperties"
-.Lname36:
+.Lname24:
     .asciz "cudaGetExportTable"
-.Lname37:
-    .asciz "cudaGetFuncBySymbol"
-.Lname38:
-    .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname39:
-    .asciz "cudaGetTextureObjectResourceDesc"
-.Lname40:
-    .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname41:
-    .asciz "cudaGetTextureObjectTextureDesc"
-.Lname42:
-    .asciz "cudaGraphAddChildGraphNode"
-.Lname43:
-    .asciz "cudaGraphAddDependencies"
-.Lname44:
-    .asciz "cudaGraphAddDependencies_v2"
-.Lname45:
-    .asciz "cudaGraphAddEmptyNode"
-.Lname46:
-    .asciz "cudaGraphAddEventRecordNode"
-.Lname47:
-    .asciz "cudaGraphAddEventWaitNode"
-.Lname48:
+.Lname25:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname49:
+.Lname26:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname50:
-    .asciz "cudaGraphAddHostNode"
-.Lname51:
-    .asciz "cudaGraphAddKernelNode"
-.Lname52:
-    .asciz "cudaGraphAddMemAllocNode"
-.Lname53:
-    .asciz "cudaGraphAddMemFreeNode"
-.Lname54:
-    .asciz "cudaGraphAddMemcpyNode"
-.Lname55:
-    .asciz "cudaGraphAddMemcpyNode1D"
-.Lname56:
-    .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname57:
-    .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname58:
-    .asciz "cudaGraphAddMemsetNode"
-.Lname59:
-    .asciz "cudaGraphAddNode"
-.Lname60:
-    .asciz "cudaGraphAddNode_v2"
-.Lname61:
-    .asciz "cudaGraphDebugDotPrint"
-.Lname62:
+.Lname27:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname63:
+.Lname28:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname64:
-    .asciz "cudaGraphExecHostNodeSetParams"
-.Lname65:
-    .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname66:
-    .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname67:
-    .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname68:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname69:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname70:
-    .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname71:
-    .asciz "cudaGraphExecNodeSetParams"
-.Lname72:
-    .asciz "cudaGraphExecUpdate"
-.Lname73:
+.Lname29:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname74:
+.Lname30:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname75:
+.Lname31:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname76:
+.Lname32:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname77:
-    .asciz "cudaGraphGetEdges_v2"
-.Lname78:
-    .asciz "cudaGraphHostNodeGetParams"
-.Lname79:
-    .asciz "cudaGraphHostNodeSetParams"
-.Lname80:
-    .asciz "cudaGraphInstantiateWithParams"
-.Lname81:
-    .asciz "cudaGraphInstantiateWithParams_ptsz"
-.Lname82:
-    .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname83:
-    .asciz "cudaGraphKernelNodeGetParams"
-.Lname84:
-    .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname85:
-    .asciz "cudaGraphKernelNodeSetParams"
-.Lname86:
-    .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname87:
-    .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname88:
-    .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname89:
-    .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname90:
-    .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname91:
-    .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname92:
-    .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname93:
-    .asciz "cudaGraphMemsetNodeGetParams"
-.Lname94:
-    .asciz "cudaGraphMemsetNodeSetParams"
-.Lname95:
-    .asciz "cudaGraphNodeGetDependencies"
-.Lname96:
-    .asciz "cudaGraphNodeGetDependencies_v2"
-.Lname97:
-    .asciz "cudaGraphNodeGetDependentNodes_v2"
-.Lname98:
-    .asciz "cudaGraphNodeSetParams"
-.Lname99:
-    .asciz "cudaGraphRemoveDependencies"
-.Lname100:
-    .asciz "cudaGraphRemoveDependencies_v2"
-.Lname101:
+.Lname33:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname102:
+.Lname34:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname103:
+.Lname35:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname104:
+.Lname36:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname105:
+.Lname37:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname106:
+.Lname38:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname107:
+.Lname39:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname108:
+.Lname40:
     .asciz "cudaImportExternalMemory"
-.Lname109:
+.Lname41:
     .asciz "cudaImportExternalSemaphore"
-.Lname110:
+.Lname42:
     .asciz "cudaIpcCloseMemHandle"
-.Lname111:
+.Lname43:
     .asciz "cudaIpcGetEventHandle"
-.Lname112:
+.Lname44:
     .asciz "cudaIpcGetMemHandle"
-.Lname113:
+.Lname45:
     .asciz "cudaIpcOpenMemHandle"
-.Lname114:
+.Lname46:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname115:
-    .asciz "cudaLibraryGetGlobal"
-.Lname116:
+.Lname47:
     .asciz "cudaLibraryGetManaged"
-.Lname117:
+.Lname48:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname118:
-    .asciz "cudaLibraryLoadData"
-.Lname119:
-    .asciz "cudaLibraryLoadFromFile"
-.Lname120:
-    .asciz "cudaMalloc3D"
-.Lname121:
-    .asciz "cudaMallocFromPoolAsync"
-.Lname122:
-    .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname123:
+.Lname49:
     .asciz "cudaMallocManaged"
-.Lname124:
-    .asciz "cudaMallocMipmappedArray"
-.Lname125:
-    .asciz "cudaMemAdvise"
-.Lname126:
-    .asciz "cudaMemAdvise_v2"
-.Lname127:
-    .asciz "cudaMemPoolCreate"
-.Lname128:
+.Lname50:
     .asciz "cudaMemPoolExportPointer"
-.Lname129:
+.Lname51:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname130:
-    .asciz "cudaMemPoolGetAccess"
-.Lname131:
+.Lname52:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname132:
+.Lname53:
     .asciz "cudaMemPoolImportPointer"
-.Lname133:
-    .asciz "cudaMemPrefetchAsync"
-.Lname134:
-    .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname135:
-    .asciz "cudaMemPrefetchAsync_v2"
-.Lname136:
-    .asciz "cudaMemPrefetchAsync_v2_ptsz"
-.Lname137:
-    .asciz "cudaMemRangeGetAttribute"
-.Lname138:
-    .asciz "cudaMemRangeGetAttributes"
-.Lname139:
-    .asciz "cudaMemcpy2DFromArray"
-.Lname140:
-    .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname141:
-    .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname142:
-    .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname143:
-    .asciz "cudaMemcpy2DToArray"
-.Lname144:
-    .asciz "cudaMemcpy2DToArrayAsync"
-.Lname145:
-    .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname146:
-    .asciz "cudaMemcpy2DToArray_ptds"
-.Lname147:
-    .asciz "cudaMemcpy3D"
-.Lname148:
-    .asciz "cudaMemcpy3DAsync"
-.Lname149:
-    .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname150:
-    .asciz "cudaMemcpy3DBatchAsync"
-.Lname151:
-    .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname152:
-    .asciz "cudaMemcpy3DPeer"
-.Lname153:
-    .asciz "cudaMemcpy3DPeerAsync"
-.Lname154:
-    .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname155:
-    .asciz "cudaMemcpy3DPeer_ptds"
-.Lname156:
-    .asciz "cudaMemcpy3D_ptds"
-.Lname157:
-    .asciz "cudaMemcpyBatchAsync"
-.Lname158:
-    .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname159:
-    .asciz "cudaMemcpyFromArray"
-.Lname160:
-    .asciz "cudaMemcpyFromArrayAsync"
-.Lname161:
-    .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname162:
-    .asciz "cudaMemcpyFromArray_ptds"
-.Lname163:
-    .asciz "cudaMemcpyPeer"
-.Lname164:
-    .asciz "cudaMemcpyToArray"
-.Lname165:
-    .asciz "cudaMemcpyToArrayAsync"
-.Lname166:
-    .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname167:
-    .asciz "cudaMemcpyToArray_ptds"
-.Lname168:
-    .asciz "cudaMemset3D"
-.Lname169:
-    .asciz "cudaMemset3DAsync"
-.Lname170:
-    .asciz "cudaMemset3DAsync_ptsz"
-.Lname171:
-    .asciz "cudaMemset3D_ptds"
-.Lname172:
-    .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname173:
-    .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname174:
-    .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname175:
+.Lname54:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname176:
+.Lname55:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname177:
-    .asciz "cudaProfilerStart"
-.Lname178:
-    .asciz "cudaProfilerStop"
-.Lname179:
-    .asciz "cudaSetValidDevices"
-.Lname180:
+.Lname56:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname181:
+.Lname57:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname182:
+.Lname58:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname183:
+.Lname59:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname184:
-    .asciz "cudaStreamAttachMemAsync"
-.Lname185:
-    .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname186:
-    .asciz "cudaStreamBeginCaptureToGraph"
-.Lname187:
-    .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname188:
-    .asciz "cudaStreamGetAttribute"
-.Lname189:
-    .asciz "cudaStreamGetAttribute_ptsz"
-.Lname190:
+.Lname60:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname191:
+.Lname61:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname192:
-    .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname193:
-    .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname194:
-    .asciz "cudaStreamGetCaptureInfo_v3"
-.Lname195:
-    .asciz "cudaStreamGetCaptureInfo_v3_ptsz"
-.Lname196:
-    .asciz "cudaStreamSetAttribute"
-.Lname197:
-    .asciz "cudaStreamSetAttribute_ptsz"
-.Lname198:
-    .asciz "cudaStreamUpdateCaptureDependencies_v2"
-.Lname199:
-    .asciz "cudaStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname200:
+.Lname62:
     .asciz "cudaUserObjectCreate"
-.Lname201:
+.Lname63:
     .asciz "cudaVDPAUGetDevice"
-.Lname202:
+.Lname64:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname203:
+.Lname65:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname204:
+.Lname66:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname205:
+.Lname67:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname206:
+.Lname68:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -23,7 +23,8 @@ if [[ $CUDART == shared ]]; then HOST_CUDART=(-lcudart); else HOST_CUDART=(-lcud
 
 NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_events pinned_async
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
-       launch_ex launch_default launch_legacy)
+       launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
+       driver_graphs)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 
@@ -42,6 +43,11 @@ recipe() {
         g++ "$obj/main.o" "$obj/device_fn.o" "$obj/dlink.o" -L"$CUDA_HOME/lib64" \
           -Wl,-rpath,"$CUDA_HOME/lib64" -lcudadevrt "${HOST_CUDART[@]}" -o "$out" ;;
     driver_ptx)     nv -cudart none src/driver_ptx.cpp -o "$out" -lcuda ;;
+    driver_graphs)  nv -cudart none src/driver_graphs.cpp -o "$out" -lcuda ;;
+    # Host code in plain C++ (main.cpp, checked by check.sh without nvcc), kernels in kernels.cu.
+    textures|copies_3d|graph_build|mem_pools|peer_functions)
+                    nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations "src/$name/main.cpp" "src/$name/kernels.cu" \
+                      -o "$out" ;;
     threads)        nv "${LINK[@]}" -Xcompiler -pthread src/threads.cu -o "$out" ;;
     compress_zstd)  nv "${LINK[@]}" -Xfatbin -compress-all src/compress.cu -o "$out" ;;
     compress_lz4)   nv "${LINK[@]}" -Xfatbin -compress-all --compress-mode=speed src/compress.cu -o "$out" ;;

@@ -312,6 +312,12 @@ fn pointer_params<'a>(params: &'a [(u32, u32)], packed: &'a [u8]) -> impl Iterat
     })
 }
 
+/// A pointer-sized parameter may point into the program's pinned memory, which the kernel
+/// then reads directly: the server's mirror must hold it first.
+pub fn prepare_mirrors(conn: &Conn, params: &[(u32, u32)], packed: &[u8]) {
+    crate::mirror::prepare(conn, pointer_params(params, packed));
+}
+
 /// Everything about one launch but the function.
 pub struct LaunchShape {
     pub grid: [u32; 3],

@@ -37,6 +37,10 @@ pub struct Client {
     pub cudnn_types: Table<u64, u32>,
     /// cuDNN: the stream last set on each handle.
     pub cudnn_streams: Table<u64, u64>,
+    /// Graph nodes the program made through the client: what it set, for GetParams.
+    pub graph_nodes: Table<u64, crate::custom::graphs::NodeRecord>,
+    /// Function and kernel names the server gave (cuFuncGetName), kept for the process.
+    pub function_names: Table<u64, &'static std::ffi::CStr>,
 }
 
 pub static CLIENT: Client = Client {
@@ -46,6 +50,8 @@ pub static CLIENT: Client = Client {
     primary: Table::new(),
     cudnn_types: Table::new(),
     cudnn_streams: Table::new(),
+    graph_nodes: Table::new(),
+    function_names: Table::new(),
 };
 
 /// A table of values by key behind one lock.

@@ -36,6 +36,8 @@ pub enum Len {
     Lit(u64),
     Param(u8),
     Add(&'static Len, &'static Len),
+    /// None (no length) where it would be negative.
+    Sub(&'static Len, &'static Len),
     Mul(&'static Len, &'static Len),
     /// Element size by the enum value of parameter `.0` (None outside the table).
     Table(u8, &'static [u32]),
@@ -48,6 +50,7 @@ impl Len {
             Len::Lit(n) => Some(n),
             Len::Param(i) => args.get(usize::from(i)).copied(),
             Len::Add(a, b) => a.eval(args)?.checked_add(b.eval(args)?),
+            Len::Sub(a, b) => a.eval(args)?.checked_sub(b.eval(args)?),
             Len::Mul(a, b) => a.eval(args)?.checked_mul(b.eval(args)?),
             Len::Table(i, sizes) => {
                 let v = usize::try_from(*args.get(usize::from(i))?).ok()?;
@@ -90,6 +93,102 @@ pub enum Wire {
     /// come back (Out) like a one-element buffer; in device mode the argument is a device
     /// address and its length on the wire is [`DEVICE_LEN`].
     Scalar { dir: Dir, bytes: u32, mode: u8 },
+}
+
+/// A field of a record: where it lies in the layout of one CUDA version, and the values it
+/// holds that matter to a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldIs {
+    pub offset: u32,
+    /// 1, 2, 4 or 8 bytes, little-endian.
+    pub size: u8,
+    pub values: &'static [u64],
+}
+
+impl FieldIs {
+    /// The field's value in `record`; None when the record is too short.
+    pub fn read(&self, record: &[u8]) -> Option<u64> {
+        let start = self.offset as usize;
+        let bytes = record.get(start..start.checked_add(usize::from(self.size))?)?;
+        let mut word = [0u8; 8];
+        word.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(u64::from_le_bytes(word))
+    }
+
+    /// Whether the field of `record` holds one of the values.
+    pub fn holds(&self, record: &[u8]) -> bool {
+        self.read(record).is_some_and(|v| self.values.contains(&v))
+    }
+}
+
+/// A handle inside a record (8 bytes at `offset`), of `kind`; where `when` is set, the field
+/// is a handle only while that other field holds one of its values (a union's member).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldHandle {
+    pub offset: u32,
+    pub kind: HandleKind,
+    pub when: Option<FieldIs>,
+}
+
+/// What the worker checks in an input record of one type at one CUDA version: its handles
+/// (checked against the session's tables and mapped, as handle arguments are) and fields
+/// restricted to some values (specs' `[record.NAME]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordChecks {
+    pub size: u32,
+    pub handles: &'static [FieldHandle],
+    pub allow: &'static [FieldIs],
+}
+
+impl RecordChecks {
+    /// Check every record of `bytes` (whole records, back to back) and map its handles in
+    /// place with `resolve(kind, value)` (None: not a handle of the session).
+    pub fn apply(
+        &self,
+        bytes: &mut [u8],
+        mut resolve: impl FnMut(HandleKind, u64) -> Option<u64>,
+    ) -> Result<(), RecordRefused> {
+        let size = self.size as usize;
+        if size == 0 || !bytes.len().is_multiple_of(size) {
+            return Err(RecordRefused::Value(format!("{} bytes are no whole records of {size}", bytes.len())));
+        }
+        for (at, record) in bytes.chunks_exact_mut(size).enumerate() {
+            for field in self.allow {
+                if !field.holds(record) {
+                    let value = field.read(record).unwrap_or(0);
+                    let why = format!("record {at}: the field at {} holds {value}, which is not allowed", field.offset);
+                    return Err(RecordRefused::Value(why));
+                }
+            }
+            for h in self.handles {
+                if h.when.is_some_and(|w| !w.holds(record)) {
+                    continue;
+                }
+                let start = h.offset as usize;
+                let Some(field) = record.get_mut(start..start + 8) else {
+                    return Err(RecordRefused::Value(format!("record {at}: no field at {start}")));
+                };
+                let mut word = [0u8; 8];
+                word.copy_from_slice(field);
+                let value = u64::from_le_bytes(word);
+                let Some(real) = resolve(h.kind, value) else {
+                    let why = format!("record {at}: {value:#x} at {start} is not a handle of this session");
+                    return Err(RecordRefused::Handle(why));
+                };
+                field.copy_from_slice(&real.to_le_bytes());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why [`RecordChecks::apply`] refused records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordRefused {
+    /// A handle field holds no handle of the session.
+    Handle(String),
+    /// A restricted field holds another value, or the bytes are no whole records.
+    Value(String),
 }
 
 /// Length on the wire of a [`Wire::Scalar`] passed as a device address.
@@ -201,6 +300,45 @@ mod tests {
         assert_eq!(PRODUCT.eval(&[3, 5]), Some(35));
         assert_eq!(PRODUCT.eval(&[3]), None);
         assert_eq!(PRODUCT.eval(&[u64::MAX, 2]), None);
+    }
+
+    #[test]
+    fn subtraction_refuses_negative_lengths() {
+        static RANK: Len = Len::Param(0);
+        static ONE: Len = Len::Lit(1);
+        static STRIDES: Len = Len::Sub(&RANK, &ONE);
+        assert_eq!(STRIDES.eval(&[3]), Some(2));
+        assert_eq!(STRIDES.eval(&[0]), None);
+    }
+
+    #[test]
+    fn record_checks_map_handles_where_the_union_holds_them() {
+        use super::{FieldHandle, FieldIs, RecordChecks};
+        // A resource descriptor: type at 0 (4 bytes), a handle or a device pointer at 8.
+        static ARRAY: FieldIs = FieldIs { offset: 0, size: 4, values: &[0] };
+        static CHECKS: RecordChecks = RecordChecks {
+            size: 16,
+            handles: &[FieldHandle { offset: 8, kind: 3, when: Some(ARRAY) }],
+            allow: &[FieldIs { offset: 0, size: 4, values: &[0, 2] }],
+        };
+        let record = |ty: u32, value: u64| {
+            let mut r = vec![0u8; 16];
+            r[..4].copy_from_slice(&ty.to_le_bytes());
+            r[8..].copy_from_slice(&value.to_le_bytes());
+            r
+        };
+        let resolve = |kind: u16, v: u64| (kind == 3 && v == 0x77).then_some(0x99);
+        let mut array = record(0, 0x77);
+        CHECKS.apply(&mut array, resolve).unwrap();
+        assert_eq!(array, record(0, 0x99), "the handle is mapped in place");
+        let mut linear = record(2, 0x7e00_0000_0000);
+        CHECKS.apply(&mut linear, resolve).unwrap();
+        assert_eq!(linear, record(2, 0x7e00_0000_0000), "a device pointer is left alone");
+        assert!(CHECKS.apply(&mut record(0, 0x55), resolve).is_err(), "a foreign handle");
+        assert!(CHECKS.apply(&mut record(1, 0), resolve).is_err(), "a type the spec does not allow");
+        let mut two = [record(0, 0x77), record(2, 5)].concat();
+        CHECKS.apply(&mut two, resolve).unwrap();
+        assert!(CHECKS.apply(&mut two[..20], resolve).is_err(), "a torn record");
     }
 
     #[test]

@@ -208,6 +208,99 @@ pub enum Service {
     /// Replay a graph in a loop on the server until a device flag says stop; answered by
     /// `Looped`, with `Kind::Progress` frames on the way.
     GraphLoop(GraphLoop),
+    /// The name of a function (`kernel`: of a CUkernel) of this session, as cuFuncGetName
+    /// and cuKernelGetName give it; answered by `Name`.
+    FunctionName { handle: u64, kernel: bool },
+    /// Nodes of a graph, of a node's edges, or of a capture's frontier: arrays whose
+    /// elements are handles the worker makes known to the session; answered by `Nodes`.
+    GraphList(GraphList),
+    /// Make or change a graph node whose parameters only the worker can lay out (a kernel's
+    /// packed parameters are in the bulk section); answered by `Node`.
+    GraphNode(GraphNode),
+    /// A graph as Graphviz text (cuGraphDebugDotPrint's file, written on the server), with
+    /// cuGraphDebugDotPrint's flags; answered by `Name`.
+    GraphDot { graph: u64, flags: u32 },
+    /// Link inputs with the server's JIT linker (the client keeps cuLink state and sends
+    /// everything a link needs at once); answered by `Linked`.
+    Link(LinkRequest),
+}
+
+/// A JIT link: numeric options (CUjit_option, value) and inputs (CUjitInputType, name,
+/// bytes).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct LinkRequest {
+    pub options: Vec<(u32, u64)>,
+    pub inputs: Vec<(u32, String, Vec<u8>)>,
+}
+
+/// What a JIT link produced: `status` in the driver's codes (of the first failing call), the
+/// linked image, the info and error logs, the wall time in milliseconds.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct LinkResult {
+    pub status: i64,
+    pub image: Vec<u8>,
+    pub info_log: Vec<u8>,
+    pub error_log: Vec<u8>,
+    pub wall_ms: f32,
+}
+
+/// Which node arrays a `GraphList` asks for.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphList {
+    /// Every node of a graph.
+    Nodes { graph: u64 },
+    /// The nodes of a graph without dependencies.
+    RootNodes { graph: u64 },
+    /// Every edge of a graph: `nodes` are the sources, `peers` the destinations.
+    Edges { graph: u64 },
+    /// A node's dependencies.
+    Dependencies { node: u64 },
+    /// The nodes that depend on a node.
+    Dependents { node: u64 },
+    /// The frontier of the capture on a stream (the nodes its next operation depends on),
+    /// with the capture's status, id and graph.
+    Capture { stream: u64 },
+}
+
+/// One graph node to make (`Add`) or change (`Set`, or `ExecSet` in an executable graph).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct GraphNode {
+    pub target: NodeTarget,
+    pub params: NodeParams,
+    pub api: Api,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum NodeTarget {
+    /// A new node of `graph` after `dependencies`; `edge_data` is empty or one 8-byte
+    /// cudaGraphEdgeData per dependency.
+    Add {
+        graph: u64,
+        dependencies: Vec<u64>,
+        edge_data: Vec<u64>,
+    },
+    Set {
+        node: u64,
+    },
+    ExecSet {
+        exec: u64,
+        node: u64,
+    },
+}
+
+/// What a node does.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum NodeParams {
+    /// Launch `function` (of this session); its parameters, packed by its layout, are the
+    /// bulk section.
+    Kernel { function: u64, grid: [u32; 3], block: [u32; 3], shared_mem: u32 },
+    /// A conditional node: `size` body graphs come back in `Node::graphs`.
+    Conditional { handle: u64, kind: u32, size: u32 },
+    /// Run the client's host function `id` each time the graph reaches the node.
+    Host { id: u64 },
+    /// Allocate `bytesize` bytes from a pool of these properties; the address comes back in
+    /// `Node::address`. `access`: (location type, location id, flags) per access descriptor.
+    MemAlloc { alloc_type: u32, location: (u32, i32), max_size: u64, access: Vec<(u32, i32, u32)>, bytesize: u64 },
 }
 
 /// A graph-replay loop that runs on the server without a round trip per step: launch `exec`
@@ -302,6 +395,23 @@ pub enum ServiceReply {
     Error {
         status: i64,
         message: String,
+    },
+    Name(String),
+    Linked(LinkResult),
+    /// A `GraphList`'s arrays: `edge_data` is empty where every edge has default data;
+    /// `capture` holds (status, id, graph) for a capture's frontier.
+    Nodes {
+        nodes: Vec<u64>,
+        peers: Vec<u64>,
+        edge_data: Vec<u64>,
+        capture: Option<(u32, u64, u64)>,
+    },
+    /// A node was made or changed: the node (`Add`), a conditional node's body graphs, a
+    /// memory allocation node's address.
+    Node {
+        node: u64,
+        graphs: Vec<u64>,
+        address: u64,
     },
 }
 

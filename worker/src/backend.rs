@@ -1,7 +1,9 @@
 //! What executes calls on the server.
 
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::{CompileRequest, CompileResult, Device, GraphLoop, KernelInfo, Launch};
+use chidori_protocol::messages::{
+    CompileRequest, CompileResult, Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LinkRequest, LinkResult,
+};
 
 /// A host function installed on a stream: called when the stream reaches it with the
 /// stream's status and whether it was captured into a graph (then it is called again on
@@ -57,10 +59,50 @@ pub trait Backend: Send + Sync + 'static {
     fn map_host(&self, base: u64, len: u64) -> Result<(), String>;
     /// Undo [`Backend::map_host`] before the worker unmaps the memory.
     fn unmap_host(&self, base: u64);
+    /// The name of a function (`kernel`: a CUkernel) of this session. Err: (driver status,
+    /// message).
+    fn function_name(&self, handle: u64, kernel: bool) -> Result<String, (i64, String)>;
+    /// The node arrays `query` asks for (its handles already the backend's own).
+    fn graph_list(&self, query: &GraphList) -> Result<NodeList, (i64, String)>;
+    /// Make or change the node `request` describes (its handles already the backend's own).
+    /// For a kernel node, `params` holds the parameters packed by `layout`; for a host node,
+    /// `host` is the function to run each time a graph reaches it.
+    ///
+    /// # Safety
+    /// A kernel node's function must be one of this session's, `layout` its parameter layout
+    /// and `params` cover it.
+    unsafe fn graph_node(
+        &self,
+        request: &GraphNode,
+        params: &mut [u8],
+        layout: &[(u32, u32)],
+        host: Option<HostFn>,
+    ) -> Result<NodeMade, (i64, String)>;
+    /// A graph (the backend's own handle) as Graphviz text.
+    fn graph_dot(&self, graph: u64, flags: u32) -> Result<String, (i64, String)>;
+    /// Link with the JIT linker. Err: (driver status, message) when there is no linker.
+    fn link(&self, request: &LinkRequest) -> Result<LinkResult, (i64, String)>;
     /// Run a graph-replay loop (`request` with its `exec` and `stream` already the backend's
     /// own handles). `progress(steps, bytes)` receives the output of completed steps, in
     /// order, as the loop goes. Returns what `ServiceReply::Looped` reports.
     fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd;
+}
+
+/// The answer to a [`GraphList`]: see `ServiceReply::Nodes`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeList {
+    pub nodes: Vec<u64>,
+    pub peers: Vec<u64>,
+    pub edge_data: Vec<u64>,
+    pub capture: Option<(u32, u64, u64)>,
+}
+
+/// What [`Backend::graph_node`] made: see `ServiceReply::Node`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeMade {
+    pub node: u64,
+    pub graphs: Vec<u64>,
+    pub address: u64,
 }
 
 /// How a graph-replay loop ended.

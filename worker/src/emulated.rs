@@ -9,10 +9,15 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use chidori_protocol::desc::{CallDesc, Wire};
-use chidori_protocol::messages::{Device, GraphLoop, KernelInfo, Launch};
+use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch};
 
-use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, run_loop};
+use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
+
+mod api;
+mod graphs;
+
 use crate::profile::Profile;
+use graphs::Op;
 
 /// Status values shared by the runtime and the driver for what the emulation reports.
 const SUCCESS: u64 = 0;
@@ -36,11 +41,20 @@ struct State {
     allocations: BTreeMap<u64, Vec<u8>>,
     /// Host memory of the worker the GPU may address (map_host): base → length.
     mapped: BTreeMap<u64, u64>,
-    /// Streams being captured, with the operations recorded so far; graphs and their
-    /// executable instances, as those operations.
-    capturing: HashMap<u64, Vec<GraphOp>>,
-    graphs: HashMap<u64, Vec<GraphOp>>,
-    execs: HashMap<u64, Vec<GraphOp>>,
+    /// Graphs, made by capture or call by call, and their executable instances.
+    graphs: graphs::Graphs,
+    /// Arrays (their bytes are an allocation at the handle's address), texture and surface
+    /// objects, memory pools, stream attributes.
+    arrays: HashMap<u64, api::ArrayInfo>,
+    objects: HashMap<u64, Vec<u8>>,
+    pools: HashMap<u64, api::Pool>,
+    /// The pool of each allocation made from one.
+    pool_of: HashMap<u64, (u64, u64)>,
+    current_pool: u64,
+    stream_attributes: HashMap<(u64, u32), Vec<u8>>,
+    next_object: u64,
+    primary_context: Option<u64>,
+    current_context: Option<u64>,
     next: u64,
     used: u64,
     streams: HashSet<u64>,
@@ -188,31 +202,49 @@ impl Emulated {
         h
     }
 
+    /// The device's primary context (made on first use).
+    fn primary_context(&self) -> u64 {
+        let mut s = self.state();
+        if let Some(p) = s.primary_context {
+            return p;
+        }
+        let p = s.handle();
+        s.contexts.insert(p);
+        s.primary_context = Some(p);
+        p
+    }
+
     fn stream_ok(&self, stream: u64) -> bool {
         stream <= 2 || self.state().streams.contains(&stream)
     }
 
     /// Record `op` if `stream` is being captured: Some(status) when it was (or could not
     /// be), None when the stream runs it now.
-    fn captured(&self, stream: u64, op: Option<GraphOp>) -> Option<u64> {
+    fn captured(&self, stream: u64, op: Option<(u32, Op)>) -> Option<u64> {
         let mut s = self.state();
-        let ops = s.capturing.get_mut(&stream)?;
+        s.graphs.capturing(stream)?;
         Some(match op {
-            Some(op) => {
-                ops.push(op);
-                SUCCESS
-            }
+            Some((kind, op)) => s.graphs.record(stream, kind, op).unwrap_or(INVALID_VALUE),
             None => CAPTURE_UNSUPPORTED,
         })
     }
 
-    fn replay(&self, ops: &[GraphOp]) -> u64 {
+    /// Run a graph's operations, in order.
+    fn replay(&self, ops: &[Op]) -> u64 {
         for op in ops {
-            // SAFETY: both sides of a recorded copy are device addresses, looked up in the
-            // allocation map.
-            let status = match *op {
-                GraphOp::Copy { dst, src, len } => unsafe { self.copy(dst, true, src, true, len) },
-                GraphOp::Memset { dst, value, len } => self.memset(dst, value, len, 1),
+            let status = match op {
+                // SAFETY: both sides of a graph's copy are device addresses, looked up in
+                // the allocation map.
+                Op::Copy { dst, src, len } => unsafe { self.copy(*dst, true, *src, true, *len) },
+                Op::Memset { dst, pitch, value, elem, width, height } => {
+                    self.memset_2d(*dst, *pitch, *value, *elem, *width, *height)
+                }
+                Op::Region { dst, src, width, height, depth } => self.copy_region(*dst, *src, *width, *height, *depth),
+                Op::Host(f) => {
+                    f(0, true);
+                    SUCCESS
+                }
+                Op::Nothing | Op::Child(_) => SUCCESS,
             };
             if status != SUCCESS {
                 return status;
@@ -220,13 +252,44 @@ impl Emulated {
         }
         SUCCESS
     }
-}
 
-/// What a captured graph of the emulated backend does: device-side copies and memsets.
-#[derive(Clone, Copy, Debug)]
-enum GraphOp {
-    Copy { dst: u64, src: u64, len: u64 },
-    Memset { dst: u64, value: u8, len: u64 },
+    /// `height` rows of `width` elements of `elem` bytes set to `value`, `pitch` bytes apart.
+    fn memset_2d(&self, dst: u64, pitch: u64, value: u32, elem: u32, width: u64, height: u64) -> u64 {
+        let elem = u64::from(elem);
+        if !matches!(elem, 1 | 2 | 4) {
+            return INVALID_VALUE;
+        }
+        let Some(row) = width.checked_mul(elem) else { return INVALID_VALUE };
+        let mut s = self.state();
+        for r in 0..height.max(1) {
+            let Some(at) = r.checked_mul(pitch).and_then(|o| dst.checked_add(o)) else { return INVALID_VALUE };
+            let Some(bytes) = s.find(at, row) else { return INVALID_VALUE };
+            for chunk in bytes.chunks_exact_mut(elem as usize) {
+                chunk.copy_from_slice(&value.to_le_bytes()[..elem as usize]);
+            }
+        }
+        SUCCESS
+    }
+
+    /// `depth` slices of `height` rows of `width` bytes between device regions.
+    fn copy_region(&self, dst: graphs::Region, src: graphs::Region, width: u64, height: u64, depth: u64) -> u64 {
+        for z in 0..depth.max(1) {
+            for y in 0..height.max(1) {
+                let at = |r: &graphs::Region| {
+                    z.checked_mul(r.slice)
+                        .and_then(|o| o.checked_add(y.checked_mul(r.pitch)?))
+                        .and_then(|o| r.addr.checked_add(o))
+                };
+                let (Some(d), Some(s)) = (at(&dst), at(&src)) else { return INVALID_VALUE };
+                // SAFETY: both sides are device addresses, looked up in the allocation map.
+                let status = unsafe { self.copy(d, true, s, true, width) };
+                if status != SUCCESS {
+                    return status;
+                }
+            }
+        }
+        SUCCESS
+    }
 }
 
 /// cudaErrorStreamCaptureUnsupported: what the emulated backend cannot record.
@@ -279,6 +342,11 @@ impl Backend for Emulated {
     unsafe fn invoke(&self, desc: &'static CallDesc, a: &[u64]) -> Result<u64, String> {
         let name = desc.name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
         let device = |i: usize| matches!(desc.params.get(i), Some(Wire::Device));
+        // Arrays, 3D memory, pools, texture objects, stream attributes and graphs.
+        // SAFETY: as below.
+        if let Some(status) = unsafe { self.invoke_more(desc, name, a) } {
+            return Ok(status);
+        }
         // SAFETY (all arms): out-parameters are worker buffers sized by the descriptor;
         // device addresses are only looked up in the allocation map, never dereferenced.
         let status = unsafe {
@@ -316,74 +384,29 @@ impl Backend for Emulated {
                 ("cudart", "cudaMemcpyAsync")
                     if let Some(status) = self.captured(
                         a[4],
-                        (device(0) && device(1)).then_some(GraphOp::Copy { dst: a[0], src: a[1], len: a[2] }),
+                        (device(0) && device(1))
+                            .then_some((graphs::kind::MEMCPY, Op::Copy { dst: a[0], src: a[1], len: a[2] })),
                     ) =>
                 {
                     status
                 }
                 ("cudart", "cudaMemsetAsync")
-                    if let Some(status) =
-                        self.captured(a[3], Some(GraphOp::Memset { dst: a[0], value: a[1] as u8, len: a[2] })) =>
+                    if let Some(status) = self.captured(
+                        a[3],
+                        Some((
+                            graphs::kind::MEMSET,
+                            Op::Memset {
+                                dst: a[0],
+                                pitch: a[2],
+                                value: a[1] as u8 as u32,
+                                elem: 1,
+                                width: a[2],
+                                height: 1,
+                            },
+                        )),
+                    ) =>
                 {
                     status
-                }
-                ("cudart", "cudaStreamBeginCapture") => {
-                    if a[0] <= 2 || !self.stream_ok(a[0]) {
-                        // The legacy stream cannot be captured (cudaErrorStreamCaptureUnsupported).
-                        CAPTURE_UNSUPPORTED
-                    } else {
-                        self.state().capturing.insert(a[0], Vec::new());
-                        SUCCESS
-                    }
-                }
-                ("cudart", "cudaStreamEndCapture") => {
-                    let ops = self.state().capturing.remove(&a[0]);
-                    match ops {
-                        Some(ops) => {
-                            let mut s = self.state();
-                            let h = s.handle();
-                            s.graphs.insert(h, ops);
-                            drop(s);
-                            put_u64(a[1], h);
-                            SUCCESS
-                        }
-                        // cudaErrorIllegalState: the stream was not capturing.
-                        None => 401,
-                    }
-                }
-                ("cudart", "cudaGraphInstantiate" | "cudaGraphInstantiateWithFlags") => {
-                    let mut s = self.state();
-                    match s.graphs.get(&a[1]).cloned() {
-                        Some(ops) => {
-                            let h = s.handle();
-                            s.execs.insert(h, ops);
-                            drop(s);
-                            put_u64(a[0], h);
-                            SUCCESS
-                        }
-                        None => INVALID_VALUE,
-                    }
-                }
-                ("cudart", "cudaGraphLaunch") => {
-                    let ops = self.state().execs.get(&a[0]).cloned();
-                    match ops {
-                        Some(ops) if self.stream_ok(a[1]) => self.replay(&ops),
-                        _ => INVALID_HANDLE,
-                    }
-                }
-                ("cudart", "cudaGraphDestroy") => {
-                    if self.state().graphs.remove(&a[0]).is_some() {
-                        SUCCESS
-                    } else {
-                        INVALID_VALUE
-                    }
-                }
-                ("cudart", "cudaGraphExecDestroy") => {
-                    if self.state().execs.remove(&a[0]).is_some() {
-                        SUCCESS
-                    } else {
-                        INVALID_VALUE
-                    }
                 }
                 ("cudart", "cudaMemcpy" | "cudaMemcpyAsync") => {
                     if !self.stream_ok(if name == "cudaMemcpyAsync" { a[4] } else { 0 }) {
@@ -491,11 +514,39 @@ impl Backend for Emulated {
                 }
                 ("cudart", "cudaDeviceSynchronize" | "cudaSetDevice" | "cudaDeviceReset" | "cudaFree0")
                 | ("driver", "cuInit" | "cuCtxSynchronize") => SUCCESS,
-                ("driver", "cuDevicePrimaryCtxRetain" | "cuCtxCreate_v2") => {
-                    put_u64(a[0], self.new_handle(HandleSet::Context));
+                ("driver", "cuDevicePrimaryCtxRetain") => {
+                    put_u64(a[0], self.primary_context());
                     SUCCESS
                 }
-                ("driver", "cuCtxSetCurrent" | "cuCtxPushCurrent_v2" | "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
+                // A new context becomes the thread's current one (one current context for
+                // the emulation: its threads share it).
+                ("driver", "cuCtxCreate_v2" | "cuCtxCreate_v3") => {
+                    let ctx = self.new_handle(HandleSet::Context);
+                    self.state().current_context = Some(ctx);
+                    put_u64(a[0], ctx);
+                    SUCCESS
+                }
+                ("driver", "cuCtxSetCurrent" | "cuCtxPushCurrent_v2") => {
+                    let mut s = self.state();
+                    if a[0] != 0 && !s.contexts.contains(&a[0]) {
+                        INVALID_HANDLE
+                    } else {
+                        s.current_context = (a[0] != 0).then_some(a[0]);
+                        SUCCESS
+                    }
+                }
+                ("driver", "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
+                ("driver", "cuCtxDestroy_v2") => {
+                    let mut s = self.state();
+                    if !s.contexts.remove(&a[0]) {
+                        INVALID_HANDLE
+                    } else {
+                        if s.current_context == Some(a[0]) {
+                            s.current_context = None;
+                        }
+                        SUCCESS
+                    }
+                }
                 ("cudart", "cudaDeviceGetStreamPriorityRange") | ("driver", "cuCtxGetStreamPriorityRange") => {
                     // (least, greatest) of every GPU since Volta.
                     if a[0] != 0 {
@@ -670,18 +721,10 @@ impl Backend for Emulated {
                     }
                 }
                 ("driver", "cuCtxGetCurrent") => {
-                    // The primary context, which the real worker creates when the session
-                    // starts, unless the program made one of its own.
-                    let mut s = self.state();
-                    let ctx = match s.contexts.iter().next().copied() {
-                        Some(c) => c,
-                        None => {
-                            let c = s.handle();
-                            s.contexts.insert(c);
-                            c
-                        }
-                    };
-                    put_u64(a[0], ctx);
+                    // The primary context, which the real worker makes current when the
+                    // session starts, unless the program made one of its own current.
+                    let current = self.state().current_context;
+                    put_u64(a[0], current.unwrap_or_else(|| self.primary_context()));
                     SUCCESS
                 }
                 _ => {
@@ -693,6 +736,35 @@ impl Backend for Emulated {
             }
         };
         Ok(status)
+    }
+
+    fn function_name(&self, _handle: u64, _kernel: bool) -> Result<String, (i64, String)> {
+        Err((NOT_SUPPORTED, "the emulated backend has no functions".into()))
+    }
+
+    fn graph_list(&self, query: &GraphList) -> Result<NodeList, (i64, String)> {
+        self.list(query)
+    }
+
+    fn graph_dot(&self, graph: u64, _flags: u32) -> Result<String, (i64, String)> {
+        self.dot(graph)
+    }
+
+    fn link(
+        &self,
+        _request: &chidori_protocol::messages::LinkRequest,
+    ) -> Result<chidori_protocol::messages::LinkResult, (i64, String)> {
+        Err((NOT_SUPPORTED, "the emulated backend has no JIT linker".into()))
+    }
+
+    unsafe fn graph_node(
+        &self,
+        request: &GraphNode,
+        _params: &mut [u8],
+        _layout: &[(u32, u32)],
+        host: Option<HostFn>,
+    ) -> Result<NodeMade, (i64, String)> {
+        self.node(request, host)
     }
 
     fn load_module(&self, _image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)> {
@@ -717,7 +789,7 @@ impl Backend for Emulated {
     }
 
     fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd {
-        let Some(ops) = self.state().execs.get(&request.exec).cloned() else {
+        let Some(ops) = self.state().graphs.ops(request.exec) else {
             return LoopEnd { steps: 0, stopped_at: None, status: INVALID_HANDLE as i64 };
         };
         let mut device = EmulatedLoop { backend: self, request, ops, slots: Default::default() };
@@ -744,7 +816,7 @@ impl Backend for Emulated {
 struct EmulatedLoop<'a> {
     backend: &'a Emulated,
     request: &'a GraphLoop,
-    ops: Vec<GraphOp>,
+    ops: Vec<Op>,
     slots: [(u32, Vec<u8>); LOOP_SLOTS],
 }
 

@@ -28,6 +28,7 @@ pub mod mirror;
 pub mod nvrtc;
 pub mod profile;
 pub mod real;
+pub mod records;
 pub mod resume;
 pub mod session;
 pub mod supervisor;

@@ -100,6 +100,11 @@ pub enum Size {
     },
     /// An output (a module global's size).
     Out(usize),
+    /// A 3D allocation (`cudaMalloc3D`): the pitch written into the output pitched pointer
+    /// (its second word) times the height and depth of the by-value extent `extent`.
+    Pitched3D {
+        extent: usize,
+    },
 }
 
 /// What a call does to the session's memory.
@@ -137,6 +142,7 @@ pub fn effect(name: &str) -> Effect {
         "cudaMallocPitch" | "cuMemAllocPitch" | "cuMemAllocPitch_v2" => {
             alloc(Size::Pitch { pitch: 1, width: 2, height: 3 })
         }
+        "cudaMalloc3D" => alloc(Size::Pitched3D { extent: 1 }),
         "cuMemAddressReserve" => Effect::Alloc { out: 0, size: Size::Param(1), origin: Origin::Reserved },
         "cuModuleGetGlobal" | "cuModuleGetGlobal_v2" | "cuLibraryGetGlobal" => {
             Effect::Alloc { out: 0, size: Size::Out(1), origin: Origin::Global }

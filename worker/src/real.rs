@@ -9,9 +9,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::VARIANTS;
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::{Device, GraphLoop, KernelInfo, Launch};
+use chidori_protocol::messages::{
+    Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LinkRequest, LinkResult, NodeParams, NodeTarget,
+};
 
-use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, run_loop};
+use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
 use crate::loader::{self, Library};
 
 pub struct Real {
@@ -577,6 +579,199 @@ impl Backend for Real {
             .ok_or_else(|| format!("no trampoline for {}", desc.name))
     }
 
+    fn function_name(&self, handle: u64, kernel: bool) -> Result<String, (i64, String)> {
+        let name = if kernel { "cuKernelGetName" } else { "cuFuncGetName" };
+        let f: unsafe extern "C" fn(*mut *const i8, u64) -> i32 = self.driver_fn(name)?;
+        let mut p = std::ptr::null();
+        // SAFETY: a function of the session and a local out-pointer.
+        rc(unsafe { f(&mut p, handle) }, name)?;
+        Ok(cstr(p))
+    }
+
+    fn graph_list(&self, query: &GraphList) -> Result<NodeList, (i64, String)> {
+        self.listed(query)
+    }
+
+    fn graph_dot(&self, graph: u64, flags: u32) -> Result<String, (i64, String)> {
+        let f: unsafe extern "C" fn(u64, *const i8, u32) -> i32 = self.driver_fn("cuGraphDebugDotPrint")?;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("chidori-graph-{}-{n}.dot", std::process::id()));
+        let c_path = std::ffi::CString::new(path.to_string_lossy().into_owned())
+            .map_err(|_| (1, "a temporary path with a NUL".to_owned()))?;
+        // SAFETY: a graph of the session and a NUL-terminated path the worker owns.
+        let status = unsafe { f(graph, c_path.as_ptr(), flags) };
+        let text = std::fs::read_to_string(&path);
+        let _ = std::fs::remove_file(&path);
+        rc(status, "cuGraphDebugDotPrint")?;
+        text.map_err(|e| (999, format!("reading the graph's dot file: {e}")))
+    }
+
+    fn link(&self, request: &LinkRequest) -> Result<LinkResult, (i64, String)> {
+        link::run(self, request)
+    }
+
+    unsafe fn graph_node(
+        &self,
+        request: &GraphNode,
+        params: &mut [u8],
+        layout: &[(u32, u32)],
+        host: Option<HostFn>,
+    ) -> Result<NodeMade, (i64, String)> {
+        let _ = layout;
+        let mut made = NodeMade::default();
+        let (graph, deps, edges) = match &request.target {
+            NodeTarget::Add { graph, dependencies, edge_data } => {
+                (*graph, dependencies.as_slice(), edge_data.as_slice())
+            }
+            _ => (0, &[][..], &[][..]),
+        };
+        // A kernel's parameters travel as one buffer, as a launch's do.
+        let mut size = params.len();
+        let mut extra = [
+            LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
+            params.as_mut_ptr().cast(),
+            LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
+            (&mut size as *mut usize).cast(),
+            LAUNCH_PARAM_END as *mut c_void,
+        ];
+        // The parameters as the driver left them (a conditional node's body graphs are an
+        // array it points to from them).
+        let add_v2 = |kind: u32, bytes: &[u8], node: &mut u64| -> Result<[u8; 232], (i64, String)> {
+            let f: NodeV2Fn = self.driver_fn("cuGraphAddNode_v2")?;
+            let mut p = NodeParamsUnion { kind, reserved0: [0; 3], params: [0; 232], reserved2: 0 };
+            p.params[..bytes.len()].copy_from_slice(bytes);
+            let edge_ptr = if edges.is_empty() { std::ptr::null() } else { edges.as_ptr() };
+            // SAFETY: handles of the session, arrays of deps.len() elements, parameters laid
+            // out for `kind`.
+            rc(unsafe { f(node, graph, deps.as_ptr(), edge_ptr, deps.len(), &mut p) }, "cuGraphAddNode_v2")?;
+            Ok(p.params)
+        };
+        match &request.params {
+            NodeParams::Kernel { function, grid, block, shared_mem } => {
+                let p = KernelNodeParams {
+                    func: *function,
+                    grid: *grid,
+                    block: *block,
+                    shared_mem: *shared_mem,
+                    kernel_params: std::ptr::null_mut(),
+                    extra: extra.as_mut_ptr(),
+                    kern: 0,
+                    ctx: 0,
+                };
+                let raw = (&p as *const KernelNodeParams).cast::<c_void>();
+                match &request.target {
+                    NodeTarget::Add { .. } if !edges.is_empty() => {
+                        // SAFETY: the record's bytes, read as bytes.
+                        let bytes =
+                            unsafe { std::slice::from_raw_parts(raw.cast::<u8>(), size_of::<KernelNodeParams>()) };
+                        let mut node = 0u64;
+                        add_v2(NODE_KERNEL, bytes, &mut node)?;
+                        made.node = node;
+                    }
+                    NodeTarget::Add { .. } => {
+                        let f: NodeFn = self.driver_fn("cuGraphAddKernelNode_v2")?;
+                        // SAFETY: handles of the session; the driver copies the parameters.
+                        rc(
+                            unsafe { f(&mut made.node, graph, deps.as_ptr(), deps.len(), raw) },
+                            "cuGraphAddKernelNode_v2",
+                        )?;
+                    }
+                    NodeTarget::Set { node } => {
+                        let f: SetFn = self.driver_fn("cuGraphKernelNodeSetParams_v2")?;
+                        // SAFETY: as above.
+                        rc(unsafe { f(*node, raw) }, "cuGraphKernelNodeSetParams_v2")?;
+                    }
+                    NodeTarget::ExecSet { exec, node } => {
+                        let f: ExecSetFn = self.driver_fn("cuGraphExecKernelNodeSetParams_v2")?;
+                        // SAFETY: as above.
+                        rc(unsafe { f(*exec, *node, raw) }, "cuGraphExecKernelNodeSetParams_v2")?;
+                    }
+                }
+            }
+            NodeParams::Host { .. } => {
+                let host = host.ok_or((1, "a host node without its function".to_owned()))?;
+                // The node runs on every replay: the closure lives as long as the session.
+                let ctx = Box::into_raw(Box::new(HostCtx { keep: true, host })) as *mut c_void;
+                let p = HostNodeParams { f: host_trampoline, user_data: ctx };
+                let raw = (&p as *const HostNodeParams).cast::<c_void>();
+                let status = match &request.target {
+                    NodeTarget::Add { .. } => {
+                        let f: NodeFn = self.driver_fn("cuGraphAddHostNode")?;
+                        // SAFETY: handles of the session; the trampoline owns `ctx`.
+                        unsafe { f(&mut made.node, graph, deps.as_ptr(), deps.len(), raw) }
+                    }
+                    NodeTarget::Set { node } => {
+                        let f: SetFn = self.driver_fn("cuGraphHostNodeSetParams")?;
+                        // SAFETY: as above.
+                        unsafe { f(*node, raw) }
+                    }
+                    NodeTarget::ExecSet { exec, node } => {
+                        let f: ExecSetFn = self.driver_fn("cuGraphExecHostNodeSetParams")?;
+                        // SAFETY: as above.
+                        unsafe { f(*exec, *node, raw) }
+                    }
+                };
+                if status != 0 {
+                    // SAFETY: ctx came from Box::into_raw above and the driver refused it.
+                    drop(unsafe { Box::from_raw(ctx as *mut HostCtx) });
+                }
+                rc(status, "a host node")?;
+            }
+            NodeParams::Conditional { handle, kind, size } => {
+                if !matches!(request.target, NodeTarget::Add { .. }) {
+                    return Err((NOT_SUPPORTED_RT, "a conditional node's parameters cannot change".into()));
+                }
+                let ctx = self.current_context()?;
+                // CUDA_CONDITIONAL_NODE_PARAMS: handle, type, size, phGraph_out (which the
+                // driver sets to an array of its own), ctx.
+                let mut bytes = Vec::with_capacity(32);
+                bytes.extend_from_slice(&handle.to_le_bytes());
+                bytes.extend_from_slice(&kind.to_le_bytes());
+                bytes.extend_from_slice(&size.to_le_bytes());
+                bytes.extend_from_slice(&0u64.to_le_bytes());
+                bytes.extend_from_slice(&ctx.to_le_bytes());
+                let mut node = 0u64;
+                let after = add_v2(NODE_CONDITIONAL, &bytes, &mut node)?;
+                let mut at = [0u8; 8];
+                at.copy_from_slice(&after[16..24]);
+                let bodies = u64::from_le_bytes(at) as *const u64;
+                if bodies.is_null() {
+                    return Err((1, "the driver made a conditional node without body graphs".into()));
+                }
+                made.node = node;
+                // SAFETY: the driver's array of `size` body graphs, valid while the node is.
+                made.graphs = unsafe { std::slice::from_raw_parts(bodies, *size as usize) }.to_vec();
+            }
+            NodeParams::MemAlloc { alloc_type, location, max_size, access, bytesize } => {
+                if !matches!(request.target, NodeTarget::Add { .. }) || !edges.is_empty() {
+                    return Err((NOT_SUPPORTED_RT, "a memory allocation node is only made, without edge data".into()));
+                }
+                let descs: Vec<[i32; 3]> =
+                    access.iter().map(|(t, id, flags)| [*t as i32, *id, *flags as i32]).collect();
+                let mut p = MemAllocNodeParams {
+                    alloc_type: *alloc_type,
+                    handle_types: 0,
+                    location: [location.0 as i32, location.1],
+                    win32_security_attributes: std::ptr::null_mut(),
+                    max_size: *max_size as usize,
+                    usage: 0,
+                    reserved: [0; 54],
+                    access_descs: descs.as_ptr(),
+                    access_desc_count: descs.len(),
+                    bytesize: *bytesize as usize,
+                    dptr: 0,
+                };
+                let f: unsafe extern "C" fn(*mut u64, u64, *const u64, usize, *mut MemAllocNodeParams) -> i32 =
+                    self.driver_fn("cuGraphAddMemAllocNode")?;
+                // SAFETY: handles of the session; the access descriptors outlive the call.
+                rc(unsafe { f(&mut made.node, graph, deps.as_ptr(), deps.len(), &mut p) }, "cuGraphAddMemAllocNode")?;
+                made.address = p.dptr;
+            }
+        }
+        Ok(made)
+    }
+
     fn host_fn(&self, desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String> {
         // Enqueued while the stream is capturing, the function becomes a host node of a
         // graph and runs on every replay: it must outlive this call (it is kept until the
@@ -586,9 +781,11 @@ impl Backend for Real {
         let ctx = Box::into_raw(Box::new(HostCtx { keep, host })) as *mut c_void;
         let base = desc.name.trim_end_matches("_ptsz");
         let status = match base {
-            "cudaStreamAddCallback" => {
-                let f = self.cudart.symbol(desc.name).ok_or("no cudaStreamAddCallback")?;
-                // SAFETY: the documented signature; the trampoline owns `ctx` from here on.
+            "cudaStreamAddCallback" | "cuStreamAddCallback" => {
+                let lib = if desc.library == "driver" { &self.driver } else { &self.cudart };
+                let f = lib.symbol(desc.name).ok_or_else(|| format!("no {}", desc.name))?;
+                // SAFETY: the documented signature, the runtime's and the driver's alike; the
+                // trampoline owns `ctx` from here on.
                 let f: unsafe extern "C" fn(u64, unsafe extern "C" fn(u64, u32, *mut c_void), *mut c_void, u32) -> u32 =
                     unsafe { std::mem::transmute(f) };
                 unsafe { f(stream, stream_callback, ctx, 0) }
@@ -611,7 +808,179 @@ impl Backend for Real {
     }
 }
 
+/// CUDA_KERNEL_NODE_PARAMS (v2 and v3: 72 bytes from CUDA 12.0 to 13.1).
+#[repr(C)]
+struct KernelNodeParams {
+    func: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    kern: u64,
+    ctx: u64,
+}
+
+/// CUDA_HOST_NODE_PARAMS.
+#[repr(C)]
+struct HostNodeParams {
+    f: unsafe extern "C" fn(*mut c_void),
+    user_data: *mut c_void,
+}
+
+/// CUDA_MEM_ALLOC_NODE_PARAMS: a CUmemPoolProps (88 bytes), the access descriptors, the
+/// size, and the address the driver writes.
+#[repr(C)]
+struct MemAllocNodeParams {
+    alloc_type: u32,
+    handle_types: u32,
+    location: [i32; 2],
+    win32_security_attributes: *mut c_void,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
+    access_descs: *const [i32; 3],
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: u64,
+}
+
+/// CUgraphNodeParams: the type at 0, the type's parameters at 16, 256 bytes in all.
+#[repr(C, align(8))]
+struct NodeParamsUnion {
+    kind: u32,
+    reserved0: [u32; 3],
+    params: [u8; 232],
+    reserved2: i64,
+}
+
+const _: () = {
+    assert!(size_of::<KernelNodeParams>() == 72);
+    assert!(std::mem::offset_of!(KernelNodeParams, kernel_params) == 40);
+    assert!(size_of::<HostNodeParams>() == 16);
+    assert!(size_of::<MemAllocNodeParams>() == 120);
+    assert!(std::mem::offset_of!(MemAllocNodeParams, access_descs) == 88);
+    assert!(size_of::<NodeParamsUnion>() == 256);
+};
+
+/// CU_GRAPH_NODE_TYPE_KERNEL and _CONDITIONAL.
+const NODE_KERNEL: u32 = 0;
+const NODE_CONDITIONAL: u32 = 13;
+/// CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE.
+const LAUNCH_PARAM_END: usize = 0;
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+type NodeFn = unsafe extern "C" fn(*mut u64, u64, *const u64, usize, *const c_void) -> i32;
+type NodeV2Fn = unsafe extern "C" fn(*mut u64, u64, *const u64, *const u64, usize, *mut NodeParamsUnion) -> i32;
+type SetFn = unsafe extern "C" fn(u64, *const c_void) -> i32;
+type ExecSetFn = unsafe extern "C" fn(u64, u64, *const c_void) -> i32;
+type ListFn = unsafe extern "C" fn(u64, *mut u64, *mut usize) -> i32;
+type EdgeListFn = unsafe extern "C" fn(u64, *mut u64, *mut u64, *mut usize) -> i32;
+type EdgesFn = unsafe extern "C" fn(u64, *mut u64, *mut u64, *mut u64, *mut usize) -> i32;
+type CaptureInfoFn =
+    unsafe extern "C" fn(u64, *mut u32, *mut u64, *mut u64, *mut *const u64, *mut *const u64, *mut usize) -> i32;
+
+fn rc(status: i32, what: &str) -> Result<(), (i64, String)> {
+    if status == 0 { Ok(()) } else { Err((i64::from(status), format!("{what} failed with status {status}"))) }
+}
+
 impl Real {
+    /// A driver function by name, typed by the caller.
+    fn driver_fn<F: Copy>(&self, name: &str) -> Result<F, (i64, String)> {
+        symbol_as(&self.driver, name).map_err(|e| (NOT_SUPPORTED_RT, e.to_string()))
+    }
+
+    /// Ask a node-array function twice: for the count, then for the arrays.
+    fn listed(&self, query: &GraphList) -> Result<NodeList, (i64, String)> {
+        let mut out = NodeList::default();
+        match *query {
+            GraphList::Nodes { graph } | GraphList::RootNodes { graph } => {
+                let name =
+                    if matches!(query, GraphList::Nodes { .. }) { "cuGraphGetNodes" } else { "cuGraphGetRootNodes" };
+                let f: ListFn = self.driver_fn(name)?;
+                let mut n = 0usize;
+                // SAFETY (block): a graph of the session; the array holds n nodes.
+                unsafe {
+                    rc(f(graph, std::ptr::null_mut(), &mut n), name)?;
+                    out.nodes = vec![0; n];
+                    rc(f(graph, out.nodes.as_mut_ptr(), &mut n), name)?;
+                }
+                out.nodes.truncate(n);
+            }
+            GraphList::Edges { graph } => {
+                let f: EdgesFn = self.driver_fn("cuGraphGetEdges_v2")?;
+                let mut n = 0usize;
+                let null = std::ptr::null_mut();
+                // SAFETY (block): as above, three arrays of n elements.
+                unsafe {
+                    rc(f(graph, null, null, null, &mut n), "cuGraphGetEdges_v2")?;
+                    out.nodes = vec![0; n];
+                    out.peers = vec![0; n];
+                    out.edge_data = vec![0; n];
+                    let (from, to, data) = (out.nodes.as_mut_ptr(), out.peers.as_mut_ptr(), out.edge_data.as_mut_ptr());
+                    rc(f(graph, from, to, data, &mut n), "cuGraphGetEdges_v2")?;
+                }
+                out.nodes.truncate(n);
+                out.peers.truncate(n);
+                out.edge_data.truncate(n);
+            }
+            GraphList::Dependencies { node } | GraphList::Dependents { node } => {
+                let name = if matches!(query, GraphList::Dependencies { .. }) {
+                    "cuGraphNodeGetDependencies_v2"
+                } else {
+                    "cuGraphNodeGetDependentNodes_v2"
+                };
+                let f: EdgeListFn = self.driver_fn(name)?;
+                let mut n = 0usize;
+                let null = std::ptr::null_mut();
+                // SAFETY (block): a node of the session; two arrays of n elements.
+                unsafe {
+                    rc(f(node, null, null, &mut n), name)?;
+                    out.nodes = vec![0; n];
+                    out.edge_data = vec![0; n];
+                    rc(f(node, out.nodes.as_mut_ptr(), out.edge_data.as_mut_ptr(), &mut n), name)?;
+                }
+                out.nodes.truncate(n);
+                out.edge_data.truncate(n);
+            }
+            GraphList::Capture { stream } => {
+                let f: CaptureInfoFn = self.driver_fn("cuStreamGetCaptureInfo_v3")?;
+                let (mut status, mut id, mut graph, mut n) = (0u32, 0u64, 0u64, 0usize);
+                let (mut deps, mut edges): (*const u64, *const u64) = (std::ptr::null(), std::ptr::null());
+                // SAFETY: locals as out-pointers; the driver's arrays hold n elements and
+                // stay valid until the next capture call on this thread, after the copy.
+                unsafe {
+                    rc(
+                        f(stream, &mut status, &mut id, &mut graph, &mut deps, &mut edges, &mut n),
+                        "cuStreamGetCaptureInfo_v3",
+                    )?;
+                    if !deps.is_null() {
+                        out.nodes = std::slice::from_raw_parts(deps, n).to_vec();
+                    }
+                    if !edges.is_null() {
+                        out.edge_data = std::slice::from_raw_parts(edges, n).to_vec();
+                    }
+                }
+                out.capture = Some((status, id, graph));
+            }
+        }
+        // Edge data that is all default says nothing: leave it out.
+        if out.edge_data.iter().all(|e| *e == 0) {
+            out.edge_data.clear();
+        }
+        Ok(out)
+    }
+
+    /// The current context (a conditional node runs in the context that made its handle).
+    fn current_context(&self) -> Result<u64, (i64, String)> {
+        let f: unsafe extern "C" fn(*mut u64) -> i32 = self.driver_fn("cuCtxGetCurrent")?;
+        let mut ctx = 0u64;
+        // SAFETY: a local out-value.
+        rc(unsafe { f(&mut ctx) }, "cuCtxGetCurrent")?;
+        Ok(ctx)
+    }
+
     /// Whether `stream` is capturing (cudaStreamIsCapturing; false when it cannot tell).
     fn capturing(&self, stream: u64, per_thread: bool) -> bool {
         let name = if per_thread { "cudaStreamIsCapturing_ptsz" } else { "cudaStreamIsCapturing" };
@@ -670,4 +1039,126 @@ unsafe extern "C" fn host_trampoline(ctx: *mut c_void) {
 unsafe extern "C" fn stream_callback(_stream: u64, status: u32, ctx: *mut c_void) {
     // SAFETY: as host_trampoline.
     unsafe { run_host(ctx, i64::from(status)) }
+}
+
+/// The JIT linker: the client's numeric options with the worker's own log buffers, each input
+/// added from the request, the linked image copied out before the state is destroyed.
+mod link {
+    use std::ffi::c_void;
+
+    use chidori_cuda::consts::CUjit_option_enum as jit;
+    use chidori_protocol::messages::{LinkRequest, LinkResult};
+
+    use super::Real;
+
+    /// Options whose values are numbers (never pointers the worker would follow).
+    const NUMERIC: &[u32] = &[
+        jit::CU_JIT_MAX_REGISTERS,
+        jit::CU_JIT_THREADS_PER_BLOCK,
+        jit::CU_JIT_OPTIMIZATION_LEVEL,
+        jit::CU_JIT_TARGET_FROM_CUCONTEXT,
+        jit::CU_JIT_TARGET,
+        jit::CU_JIT_FALLBACK_STRATEGY,
+        jit::CU_JIT_GENERATE_DEBUG_INFO,
+        jit::CU_JIT_LOG_VERBOSE,
+        jit::CU_JIT_GENERATE_LINE_INFO,
+        jit::CU_JIT_CACHE_MODE,
+        jit::CU_JIT_FAST_COMPILE,
+        jit::CU_JIT_LTO,
+        jit::CU_JIT_FTZ,
+        jit::CU_JIT_PREC_DIV,
+        jit::CU_JIT_PREC_SQRT,
+        jit::CU_JIT_FMA,
+        jit::CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES,
+        jit::CU_JIT_POSITION_INDEPENDENT_CODE,
+        jit::CU_JIT_MIN_CTA_PER_SM,
+        jit::CU_JIT_MAX_THREADS_PER_BLOCK,
+        jit::CU_JIT_OVERRIDE_DIRECTIVE_VALUES,
+        jit::CU_JIT_SPLIT_COMPILE,
+        jit::CU_JIT_BINARY_LOADER_THREAD_COUNT,
+    ];
+
+    /// Bytes of each log the worker collects.
+    const LOG: usize = 1 << 16;
+
+    type Create = unsafe extern "C" fn(u32, *mut u32, *mut *mut c_void, *mut u64) -> i32;
+    type AddData =
+        unsafe extern "C" fn(u64, u32, *mut c_void, usize, *const i8, u32, *mut u32, *mut *mut c_void) -> i32;
+    type Complete = unsafe extern "C" fn(u64, *mut *mut c_void, *mut usize) -> i32;
+    type Destroy = unsafe extern "C" fn(u64) -> i32;
+
+    fn text(log: &[u8]) -> Vec<u8> {
+        log[..log.iter().position(|b| *b == 0).unwrap_or(log.len())].to_vec()
+    }
+
+    pub fn run(real: &Real, request: &LinkRequest) -> Result<LinkResult, (i64, String)> {
+        let create: Create = real.driver_fn("cuLinkCreate_v2")?;
+        let add: AddData = real.driver_fn("cuLinkAddData_v2")?;
+        let complete: Complete = real.driver_fn("cuLinkComplete")?;
+        let destroy: Destroy = real.driver_fn("cuLinkDestroy")?;
+        let mut info = vec![0u8; LOG];
+        let mut error = vec![0u8; LOG];
+        let mut keys = Vec::new();
+        let mut values: Vec<*mut c_void> = Vec::new();
+        for (key, value) in request.options.iter().filter(|(k, _)| NUMERIC.contains(k)) {
+            keys.push(*key);
+            values.push(*value as usize as *mut c_void);
+        }
+        let wall_slot = keys.len();
+        for (key, value) in [
+            (jit::CU_JIT_WALL_TIME, std::ptr::null_mut()),
+            (jit::CU_JIT_INFO_LOG_BUFFER, info.as_mut_ptr().cast()),
+            (jit::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, LOG as *mut c_void),
+            (jit::CU_JIT_ERROR_LOG_BUFFER, error.as_mut_ptr().cast()),
+            (jit::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, LOG as *mut c_void),
+        ] {
+            keys.push(key);
+            values.push(value);
+        }
+        let mut result = LinkResult::default();
+        let mut state = 0u64;
+        // SAFETY: option arrays of keys.len() elements whose buffers outlive the state.
+        let status = unsafe { create(keys.len() as u32, keys.as_mut_ptr(), values.as_mut_ptr(), &mut state) };
+        if status != 0 {
+            result.status = i64::from(status);
+            return Ok(result);
+        }
+        for (kind, name, data) in &request.inputs {
+            let name = std::ffi::CString::new(name.as_str()).unwrap_or_default();
+            let mut bytes = data.clone();
+            // SAFETY: the input's bytes, copied by the linker; no per-input options.
+            let status = unsafe {
+                add(
+                    state,
+                    *kind,
+                    bytes.as_mut_ptr().cast(),
+                    bytes.len(),
+                    name.as_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if status != 0 {
+                result.status = i64::from(status);
+                break;
+            }
+        }
+        if result.status == 0 {
+            let (mut image, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+            // SAFETY: out-values; the image is the linker's until the state is destroyed.
+            let status = unsafe { complete(state, &mut image, &mut size) };
+            result.status = i64::from(status);
+            if status == 0 && !image.is_null() {
+                // SAFETY: as above: `size` bytes at `image`.
+                result.image = unsafe { std::slice::from_raw_parts(image as *const u8, size) }.to_vec();
+            }
+        }
+        result.wall_ms = f32::from_bits(values[wall_slot] as usize as u32);
+        // SAFETY: the state made above.
+        unsafe { destroy(state) };
+        result.info_log = text(&info);
+        result.error_log = text(&error);
+        Ok(result)
+    }
 }

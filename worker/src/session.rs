@@ -18,16 +18,17 @@ use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::{SCHEMA_HASH, VARIANTS};
 use chidori_cuda::structs;
 use chidori_protocol::PROTOCOL_VERSION;
-use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Ret, Wire};
+use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, RecordRefused, Ret, Wire};
 use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
-    self, Api, AsyncError, Call, Goodbye, GraphLoop, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch,
-    NULL_LEN, Progress, Refuse, RefuseReason, Reply, Service, ServiceReply, Welcome,
+    self, Api, AsyncError, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello, HostCallback, HostCallbackDone,
+    KernelInfo, Launch, NULL_LEN, NodeParams, NodeTarget, Progress, Refuse, RefuseReason, Reply, Service, ServiceReply,
+    Welcome,
 };
 use chidori_protocol::resume::SECRET_LEN;
 
 use crate::auth::Security;
-use crate::backend::Backend;
+use crate::backend::{Backend, HostFn};
 use crate::cache::{self, ModuleCache};
 use crate::handles::Handles;
 use crate::io::{ReadError, Sink, Writer, read_frame};
@@ -518,16 +519,14 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     }
     let mut args: Vec<u64> = call.args.iter().map(|a| a.to_native()).collect();
     let lens: Vec<u64> = call.lens.iter().map(|l| l.to_native()).collect();
-    // Forms with a fixed direction: the kind argument of cudaMemcpy* is what the form says,
-    // whatever the client sent.
-    if let (Some(form), "cudaMemcpy" | "cudaMemcpyAsync" | "cudaMemcpy_ptds" | "cudaMemcpyAsync_ptsz") =
-        (desc.form, desc.name)
-    {
-        args[3] = match form {
-            "h2d" => 1,
-            "d2h" => 2,
-            _ => 3,
-        };
+    // Values a wire form fixes (a copy's direction is what its form says), whatever the
+    // client sent.
+    if let Some(form) = desc.form {
+        for (i, value) in chidori_cuda::checks::fixed(desc.name, form) {
+            if let Some(a) = args.get_mut(usize::from(i)) {
+                *a = value;
+            }
+        }
     }
     let fail =
         |status: i64, message: String| -> Result<(), Fatal> { reply_error(session, &header, desc, status, message) };
@@ -556,7 +555,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 Size::Pitch { width, height, .. } => {
                     args.get(width).copied().unwrap_or(0).saturating_mul(args.get(height).copied().unwrap_or(0))
                 }
-                Size::Out(_) => 0,
+                Size::Out(_) | Size::Pitched3D { .. } => 0,
             };
             if !lock(&session.memory).fits(bytes) {
                 let status = status_named(desc, &["cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY"])
@@ -584,6 +583,13 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let device_ok = |addr: u64, len: u64| {
         addr == 0 || lock(&session.memory).contains(addr, len) || lock(&session.mirrors).contains(addr, len)
     };
+
+    // Parameters that select a union's member may hold only the values the spec allows.
+    for (i, allowed) in chidori_cuda::checks::params(desc.name) {
+        if let Some(value) = args.get(usize::from(i)).filter(|v| !allowed.contains(v)) {
+            return fail(desc.codes.invalid_value, format!("{}: parameter {i} may not be {value}", desc.name));
+        }
+    }
 
     // Lay out the host memory of the call.
     let mut bulk_at = 0usize;
@@ -745,8 +751,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 let t = translation(session, desc, record);
                 if len == NULL_LEN {
                     let single = desc_len_is_single(wire);
-                    if count == 0 || (dir == Dir::In && single) {
-                        // An empty array, or an optional input (NULL meaning "none").
+                    if count == 0 || (dir == Dir::In && (single || edge_data(desc.name))) {
+                        // An empty array, or an optional input (NULL meaning "none", or for
+                        // a graph's edge data "the default edges").
                         continue;
                     }
                     if !single {
@@ -781,6 +788,36 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         desc.name
                     )));
                 }
+                // Handles inside input records are checked and mapped, restricted fields
+                // checked, in the client's layout, before any translation.
+                let checks = record.zip(desc.versions.last()).and_then(|(r, v)| chidori_cuda::checks::record(v, r));
+                if let (Some(checks), false) = (checks, dir == Dir::Out) {
+                    let mut bytes = take(len)?.to_vec();
+                    let handles = session.handles.lock().unwrap_or_else(|p| p.into_inner());
+                    let checked = checks.apply(&mut bytes, |kind, value| handles.resolve(kind, value));
+                    drop(handles);
+                    match checked {
+                        Ok(()) => {}
+                        Err(RecordRefused::Handle(why)) => {
+                            return fail(desc.codes.invalid_handle, format!("{}: parameter {i}: {why}", desc.name));
+                        }
+                        Err(RecordRefused::Value(why)) => {
+                            return fail(desc.codes.invalid_value, format!("{}: parameter {i}: {why}", desc.name));
+                        }
+                    }
+                    let mut b = match &t {
+                        Some(t) => {
+                            let mut b = Buffer::zeroed(t.server.size as usize);
+                            translate(t.client, t.server, &bytes, b.bytes_mut());
+                            b
+                        }
+                        None => Buffer::from(&bytes),
+                    };
+                    raw[i] = b.addr();
+                    buffers[i] = Some(b);
+                    translations[i] = t;
+                    continue;
+                }
                 if t.is_none() && dir == Dir::In {
                     // Read in place from the frame (copy payloads are most of the bytes).
                     let s = take(len)?;
@@ -812,6 +849,26 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     }
     if bulk_at != frame.bulk.len() {
         return Err(Fatal(format!("{}: {} unexpected bulk bytes", desc.name, frame.bulk.len() - bulk_at)));
+    }
+
+    // Device memory named inside input records (copies, memsets, resources): the session's.
+    for (i, wire) in desc.params.iter().enumerate() {
+        let Wire::Buf { dir: Dir::In | Dir::InOut, record: Some(record), .. } = *wire else { continue };
+        if lens[i] == NULL_LEN && crate::records::names_memory(record) {
+            // The copy, memset or resource itself: required by every API that takes one.
+            return quiet(format!("argument {i}: NULL for the {record}"));
+        }
+        let Some(b) = buffers[i].as_ref() else { continue };
+        let Some(version) = session.backend.layout_version(desc.library) else { continue };
+        let spans = match crate::records::device_spans(record, &version, b.bytes()) {
+            Ok(spans) => spans,
+            Err(why) => return invalid(format!("argument {i}: {why}")),
+        };
+        if let Some((addr, len)) = spans.into_iter().find(|&(addr, len)| !device_ok(addr, len)) {
+            return invalid(format!(
+                "argument {i}: {addr:#x} ({len} bytes) in {record} is not device memory of this session"
+            ));
+        }
     }
 
     // cuDNN variant-pack data pointers with host scalars inline (the `hostvalues` form):
@@ -882,6 +939,16 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         .unwrap_or(0)
                         .saturating_mul(args.get(height).copied().unwrap_or(0)),
                     Size::Out(o) => word(o).map(u64::from_le_bytes).unwrap_or(0),
+                    Size::Pitched3D { extent } => {
+                        let at = |b: Option<&Buffer>, offset: usize| {
+                            b.and_then(|b| b.bytes().get(offset..offset + 8))
+                                .and_then(|w| w.try_into().ok())
+                                .map_or(0, u64::from_le_bytes)
+                        };
+                        let (out_record, extent) = (buffers[out].as_ref(), buffers[extent].as_ref());
+                        // pitch × height × depth (the extent: width, height, depth).
+                        at(out_record, 8).saturating_mul(at(extent, 8)).saturating_mul(at(extent, 16).max(1))
+                    }
                 };
                 lock(&session.memory).insert(base, bytes, origin);
             }
@@ -940,6 +1007,16 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         .collect();
     let h = Header::new(Kind::Reply, header.call, header.thread, header.seq);
     session.writer.send(h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// Functions whose only host input arrays are a graph's edge data, which may be NULL with
+/// a nonzero count (default edges): adding and removing dependencies, capturing into a
+/// graph, updating a capture's dependencies.
+fn edge_data(name: &str) -> bool {
+    let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+    name.starts_with("cudaGraph")
+        || name.starts_with("cuGraph")
+        || ((name.starts_with("cudaStream") || name.starts_with("cuStream")) && name.contains("Capture"))
 }
 
 /// Functions whose output array may be NULL with a nonzero count, to ask for the count:
@@ -1005,9 +1082,15 @@ fn reply_status(
 fn host_function(session: &Arc<Session>, desc: &'static CallDesc, raw: &[u64]) -> Result<u64, String> {
     let stream = raw[0];
     let client_id = raw[1];
+    session.backend.host_fn(desc, stream, host_closure(session, client_id))
+}
+
+/// What the server runs for the client's host function `client_id`: ask the client to run
+/// it, and wait until it has.
+fn host_closure(session: &Arc<Session>, client_id: u64) -> HostFn {
     // A weak reference: a host node of a graph outlives nothing it should keep alive.
     let owner = Arc::downgrade(session);
-    let host = Box::new(move |status: i64, keep: bool| {
+    Box::new(move |status: i64, keep: bool| {
         let Some(owner) = owner.upgrade() else { return };
         // One token per run: a captured function runs once per graph replay.
         let token = owner.next_callback.fetch_add(1, Ordering::Relaxed);
@@ -1020,8 +1103,7 @@ fn host_function(session: &Arc<Session>, desc: &'static CallDesc, raw: &[u64]) -
             // Until the client ran the function; a lost client ends the process anyway.
             let _ = rx.recv();
         }
-    });
-    session.backend.host_fn(desc, stream, host)
+    })
 }
 
 /// A session without a connection (replies are counted, not sent), for fuzz targets and
@@ -1230,6 +1312,32 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             Ok(result) => ServiceReply::Compiled(result),
             Err((status, message)) => ServiceReply::Error { status, message },
         },
+        Service::FunctionName { handle, kernel } => {
+            let kind =
+                if kernel { chidori_cuda::handles::kind::CUkern_st } else { chidori_cuda::handles::kind::CUfunc_st };
+            if handle == 0 || !lock(&session.handles).check(kind, handle) {
+                ServiceReply::Error { status: 400, message: format!("{handle:#x} is no function of this session") }
+            } else {
+                match session.backend.function_name(handle, kernel) {
+                    Ok(name) => ServiceReply::Name(name),
+                    Err((status, message)) => ServiceReply::Error { status, message },
+                }
+            }
+        }
+        Service::GraphList(query) => graph_list(session, query),
+        Service::GraphDot { graph, flags } => {
+            let real = live(&lock(&session.handles), chidori_cuda::handles::kind::CUgraph_st, graph);
+            match real.map(|g| session.backend.graph_dot(g, flags)) {
+                Some(Ok(dot)) => ServiceReply::Name(dot),
+                Some(Err((status, message))) => ServiceReply::Error { status, message },
+                None => foreign("graph", graph),
+            }
+        }
+        Service::Link(request) => match session.backend.link(&request) {
+            Ok(result) => ServiceReply::Linked(result),
+            Err((status, message)) => ServiceReply::Error { status, message },
+        },
+        Service::GraphNode(request) => graph_node(session, frame, request),
         Service::FunctionParams { function } => match layout_of(session, function) {
             Some(l) => ServiceReply::Params { params: l.to_vec() },
             None => {
@@ -1289,6 +1397,116 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
     ServiceReply::Looped { steps: end.steps, stopped_at: end.stopped_at, status: end.status }
 }
 
+/// The library's handle for a non-null `value` of `kind` this session holds.
+fn live(handles: &Handles, kind: HandleKind, value: u64) -> Option<u64> {
+    handles.resolve(kind, value).filter(|&real| real != 0)
+}
+
+/// cudaErrorInvalidResourceHandle / CUDA_ERROR_INVALID_HANDLE.
+fn foreign(what: &str, value: u64) -> ServiceReply {
+    ServiceReply::Error { status: 400, message: format!("{value:#x} is no {what} of this session") }
+}
+
+/// Node arrays of a graph, a node or a capture: every node in the answer becomes a handle
+/// of the session (nodes made by a capture were never named to the client before).
+fn graph_list(session: &Session, query: GraphList) -> ServiceReply {
+    use chidori_cuda::handles::kind::{CUgraph_st, CUgraphNode_st, CUstream_st};
+    let handles = lock(&session.handles);
+    let mapped = match query {
+        GraphList::Nodes { graph } => live(&handles, CUgraph_st, graph).map(|graph| GraphList::Nodes { graph }),
+        GraphList::RootNodes { graph } => live(&handles, CUgraph_st, graph).map(|graph| GraphList::RootNodes { graph }),
+        GraphList::Edges { graph } => live(&handles, CUgraph_st, graph).map(|graph| GraphList::Edges { graph }),
+        GraphList::Dependencies { node } => {
+            live(&handles, CUgraphNode_st, node).map(|node| GraphList::Dependencies { node })
+        }
+        GraphList::Dependents { node } => {
+            live(&handles, CUgraphNode_st, node).map(|node| GraphList::Dependents { node })
+        }
+        GraphList::Capture { stream } => {
+            handles.resolve(CUstream_st, stream).map(|stream| GraphList::Capture { stream })
+        }
+    };
+    drop(handles);
+    let Some(query) = mapped else { return foreign("graph, node or stream", 0) };
+    match session.backend.graph_list(&query) {
+        Ok(list) => {
+            let mut handles = lock(&session.handles);
+            for &node in list.nodes.iter().chain(&list.peers) {
+                handles.insert(CUgraphNode_st, node);
+            }
+            if let Some((_, _, graph)) = list.capture {
+                handles.insert(CUgraph_st, graph);
+            }
+            ServiceReply::Nodes {
+                nodes: list.nodes,
+                peers: list.peers,
+                edge_data: list.edge_data,
+                capture: list.capture,
+            }
+        }
+        Err((status, message)) => ServiceReply::Error { status, message },
+    }
+}
+
+/// Make or change a node whose parameters the worker lays out: a kernel's packed
+/// parameters, a host function of the client, a conditional node's body graphs, a memory
+/// allocation's pool and access descriptors.
+fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> ServiceReply {
+    use chidori_cuda::handles::kind::{CUgraph_st, CUgraphExec_st, CUgraphNode_st};
+    let handles = lock(&session.handles);
+    match &mut request.target {
+        NodeTarget::Add { graph, dependencies, edge_data } => {
+            let Some(g) = live(&handles, CUgraph_st, *graph) else { return foreign("graph", *graph) };
+            *graph = g;
+            for d in dependencies.iter_mut() {
+                let Some(real) = live(&handles, CUgraphNode_st, *d) else { return foreign("graph node", *d) };
+                *d = real;
+            }
+            if !edge_data.is_empty() && edge_data.len() != dependencies.len() {
+                return ServiceReply::Error { status: 1, message: "edge data for some dependencies only".into() };
+            }
+        }
+        NodeTarget::Set { node } => {
+            let Some(n) = live(&handles, CUgraphNode_st, *node) else { return foreign("graph node", *node) };
+            *node = n;
+        }
+        NodeTarget::ExecSet { exec, node } => {
+            let Some(e) = live(&handles, CUgraphExec_st, *exec) else { return foreign("executable graph", *exec) };
+            let Some(n) = live(&handles, CUgraphNode_st, *node) else { return foreign("graph node", *node) };
+            (*exec, *node) = (e, n);
+        }
+    }
+    drop(handles);
+    let mut params = Vec::new();
+    let mut layout: ParamLayout = Arc::new(Vec::new());
+    let mut host = None;
+    match &request.params {
+        NodeParams::Kernel { function, .. } => {
+            let Some(l) = layout_of(session, *function) else { return foreign("function", *function) };
+            // The kernel reads every parameter the layout names: pad a short buffer.
+            let needed = l.iter().map(|(o, s)| (*o + *s) as usize).max().unwrap_or(0);
+            params = vec![0u8; needed.max(frame.bulk.len())];
+            params[..frame.bulk.len()].copy_from_slice(&frame.bulk);
+            layout = l;
+        }
+        NodeParams::Host { id } => host = Some(host_closure(session, *id)),
+        NodeParams::Conditional { .. } | NodeParams::MemAlloc { .. } => {}
+    }
+    // SAFETY: a kernel node's function is this session's (layout_of), `layout` its layout
+    // and `params` covers it.
+    match unsafe { session.backend.graph_node(&request, &mut params, &layout, host) } {
+        Ok(made) => {
+            let mut handles = lock(&session.handles);
+            handles.insert(CUgraphNode_st, made.node);
+            for &g in &made.graphs {
+                handles.insert(CUgraph_st, g);
+            }
+            ServiceReply::Node { node: made.node, graphs: made.graphs, address: made.address }
+        }
+        Err((status, message)) => ServiceReply::Error { status, message },
+    }
+}
+
 /// Data pointers from `hostvalues` records: device addresses as they are, host scalars as
 /// addresses of the returned copies (16-byte aligned). None: not whole records.
 fn host_value_pointers(records: &[u8]) -> Option<(Vec<u64>, Box<[u128]>)> {
@@ -1333,6 +1551,7 @@ fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
             if let Some(kind) = kind_index("CUmod_st") {
                 handles.insert(kind, module);
             }
+            handles.insert(chidori_cuda::handles::kind::CUlib_st, library);
             drop(handles);
             lock(&session.libraries).insert(library);
             tracing::debug!("module {} loaded: {} kernels", cache::hex(&hash), loaded.kernels.len());

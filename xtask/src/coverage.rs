@@ -82,6 +82,7 @@ pub fn report(root: &Path, model: &Model) -> Result<String> {
                                 Disposition::Unsupported { reason } => Some(reason.clone()),
                                 _ => None,
                             })
+                            .or_else(|| lib.spec.undeclared_reason(name).map(str::to_owned))
                             .unwrap_or_else(|| "declared in no header".into());
                         by_lib.entry(lib.lib.name.clone()).or_default().push(format!("{name} ({reason})"));
                     }
@@ -96,6 +97,34 @@ pub fn report(root: &Path, model: &Model) -> Result<String> {
                 let _ = writeln!(out, "  {n}");
             }
         }
+    }
+    Ok(out)
+}
+
+/// Every NOT_SUPPORTED export of `library` at CUDA `cuda`, with its reason: the functions
+/// whose variant for that version is unsupported, then the real library's exports that no
+/// header declares.
+pub fn unsupported(model: &Model, library: &str, cuda: &str) -> Result<String> {
+    let Some(lib) = model.libraries.iter().find(|l| l.lib.name == library) else {
+        anyhow::bail!("no library {library}");
+    };
+    let Some(shim) = lib.shims.iter().find(|s| s.versions.iter().any(|v| v == cuda)) else {
+        anyhow::bail!("{library} has no SONAME for CUDA {cuda}");
+    };
+    let mut rows = Vec::new();
+    for (name, f) in &lib.functions {
+        let Some(var) = crate::emit::variant_for(f, cuda) else { continue };
+        if let Disposition::Unsupported { reason } = &var.disposition {
+            rows.push(format!("  {name}: {reason}"));
+        }
+    }
+    for name in lib.undeclared.get(&shim.soname).into_iter().flatten() {
+        let reason = lib.spec.undeclared_reason(name).unwrap_or("declared in no header");
+        rows.push(format!("  {name}: {reason}"));
+    }
+    let mut out = format!("\n{library} {cuda} ({}): {} NOT_SUPPORTED\n", shim.soname, rows.len());
+    for row in rows {
+        let _ = writeln!(out, "{row}");
     }
     Ok(out)
 }

@@ -69,7 +69,12 @@ enum Command {
     },
     /// Per library and CUDA version: exported, forwarded, hand-written, NOT_SUPPORTED; and
     /// the functions torch imports that still answer NOT_SUPPORTED.
-    Coverage,
+    Coverage {
+        /// Also list every NOT_SUPPORTED export of this library at this CUDA version, with
+        /// its reason (`--list cudart@13.0`).
+        #[arg(long, value_name = "LIBRARY@CUDA")]
+        list: Vec<String>,
+    },
     /// The version-translation matrix: C programs built against each CUDA version's headers,
     /// run through `chidori run` (an emulated server unless --server is given).
     Matrix {
@@ -142,9 +147,15 @@ fn main() -> Result<()> {
             if check_install { xtask::wheel::check_install(&root, &wheel) } else { Ok(()) }
         }
         Command::Tidy => xtask::tidy::run(&root),
-        Command::Coverage => {
+        Command::Coverage { list } => {
             let model = xtask::codegen::build_model(&root)?;
             print!("{}", xtask::coverage::report(&root, &model)?);
+            for which in list {
+                let (library, cuda) = which
+                    .split_once('@')
+                    .ok_or_else(|| anyhow::anyhow!("--list wants LIBRARY@CUDA (cudart@13.0), got {which}"))?;
+                print!("{}", xtask::coverage::unsupported(&model, library, cuda)?);
+            }
             Ok(())
         }
         Command::Matrix { server, profile, cuda, dir, build_only, prebuilt, chidori } => {

@@ -278,6 +278,7 @@ pub enum Len {
     Lit(u64),
     Param(usize),
     Add(Box<Len>, Box<Len>),
+    Sub(Box<Len>, Box<Len>),
     Mul(Box<Len>, Box<Len>),
     /// Element size by the enum value of parameter `.0`: `.1[value]` (None: out of range).
     Table(usize, Vec<u64>),
@@ -447,7 +448,10 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
             decls.entry(f.name.clone()).or_default().insert(v.clone(), (f.clone(), false));
         }
         for (name, hidden) in &spec.hidden {
-            let exported = ir.meta().real_exports.iter().any(|e| e.split('@').next() == Some(name.as_str()));
+            // Where no real library was inspected (libcuda.so.1 is not in the wheels), a
+            // hidden function is taken to be exported by every version.
+            let exports = &ir.meta().real_exports;
+            let exported = exports.is_empty() || exports.iter().any(|e| e.split('@').next() == Some(name.as_str()));
             if exported {
                 let f = Function {
                     name: name.clone(),
@@ -918,6 +922,8 @@ fn classify(
             }
             ParamSpec::Device => match kind {
                 Kind::Pointer { .. } | Kind::Scalar { bytes: 8, .. } => Wire::Device,
+                // A record by value whose pointers are device addresses (cudaPitchedPtr).
+                Kind::Record { name, size, .. } => Wire::ByValRecord { bytes: size, record: name },
                 other => bail!("{}: `device` does not fit {other:?}", p.name),
             },
             ParamSpec::Value => match kind {
@@ -1040,6 +1046,9 @@ fn lower_len(env: &TypeEnv, decl: &Function, e: &LenExpr, sizes: &SizeTables) ->
         LenExpr::Param(name) => Len::Param(index(name)?),
         LenExpr::Add(a, b) => {
             Len::Add(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
+        }
+        LenExpr::Sub(a, b) => {
+            Len::Sub(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
         }
         LenExpr::Mul(a, b) => {
             Len::Mul(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))

@@ -25,6 +25,7 @@
 //! class = "custom"                 # the hand-written code picks a wire form per call:
 //! wire.h2d.params = { dst = "device", src = "in[count]" }
 //! wire.d2h.params = { dst = "out[count]", src = "device" }
+//! wire.d2h.fixed = { kind = "cudaMemcpyDeviceToHost" }   # the worker passes this value
 //!
 //! [function.cudaStreamSynchronize]
 //! only_waits = true                # blocks for earlier work only: later calls may start
@@ -44,6 +45,16 @@
 //!
 //! [handle.cudnnBackendDescriptor_t] # a `void *` typedef whose values are handles
 //! typedef = true
+//!
+//! [function.cudaStreamSetAttribute]
+//! allow = { attr = ["cudaLaunchAttributePriority"] }  # the worker refuses other values
+//!
+//! [record.cudaResourceDesc]        # what the worker checks in every input record of a type
+//! handles = { "res.array.array" = "cudaArray if resType == cudaResourceTypeArray" }
+//! allow = { resType = ["cudaResourceTypeArray", "cudaResourceTypeLinear"] }
+//!
+//! [undeclared]                    # why real exports no header declares answer NOT_SUPPORTED
+//! 'cudaGL.*' = "graphics interop: the OpenGL objects live on the client's machine"
 //!
 //! [hidden.__cudaRegisterFatBinary] # exported but declared in no public header
 //! ret = "*mut *mut void"
@@ -112,6 +123,64 @@ pub struct SpecFile {
     /// `accepts = ["cublasContext"]`.
     #[serde(default)]
     pub handle: BTreeMap<String, HandleSpec>,
+    /// What the worker checks inside input records of a type, wherever they travel.
+    #[serde(default)]
+    pub record: BTreeMap<String, RecordSpec>,
+    /// Why exports of the real library that no header declares answer NOT_SUPPORTED: a regex
+    /// over their names → the reason (`cargo xtask coverage` lists it).
+    #[serde(default)]
+    pub undeclared: BTreeMap<String, String>,
+}
+
+impl SpecFile {
+    /// The reason the spec gives for the undeclared export `name`.
+    pub fn undeclared_reason(&self, name: &str) -> Option<&str> {
+        self.undeclared
+            .iter()
+            .find(|(re, _)| regex::Regex::new(&format!("^(?:{re})$")).is_ok_and(|r| r.is_match(name)))
+            .map(|(_, reason)| reason.as_str())
+    }
+}
+
+/// The checks of a record type: handle fields (checked and mapped like handle arguments,
+/// where a condition on another field holds) and fields whose values are restricted.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordSpec {
+    /// Field path (`res.array.array`) → `KIND` or `KIND if FIELD == VALUE | VALUE ...`.
+    #[serde(default)]
+    pub handles: BTreeMap<String, String>,
+    /// Field path → the enumerators it may hold; the worker refuses a record with another.
+    #[serde(default)]
+    pub allow: BTreeMap<String, Vec<String>>,
+}
+
+/// A condition on a record's field: (field path, the enumerators it holds).
+pub type FieldCondition = (String, Vec<String>);
+
+/// A parsed handle field of a record spec: its kind and the condition under which the field
+/// holds a handle.
+pub fn parse_record_handle(s: &str) -> Result<(String, Option<FieldCondition>)> {
+    let (kind, when) = match s.split_once(" if ") {
+        Some((k, w)) => (k.trim(), Some(w)),
+        None => (s.trim(), None),
+    };
+    if kind.is_empty() || !kind.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        bail!("{kind:?} is not a handle kind in {s:?}");
+    }
+    let when = match when {
+        None => None,
+        Some(w) => {
+            let (field, values) =
+                w.split_once("==").with_context(|| format!("a condition is FIELD == VALUE in {s:?}"))?;
+            let values: Vec<String> = values.split('|').map(|v| v.trim().to_owned()).collect();
+            if field.trim().is_empty() || values.iter().any(String::is_empty) {
+                bail!("a condition is FIELD == VALUE | VALUE in {s:?}");
+            }
+            Some((field.trim().to_owned(), values))
+        }
+    };
+    Ok((kind.to_owned(), when))
 }
 
 /// What a handle kind accepts besides its own handles.
@@ -150,7 +219,9 @@ pub struct FnSpec {
     pub class: Option<Class>,
     #[serde(default)]
     pub params: BTreeMap<String, String>,
-    /// A generated local implementation (`error_name`, `error_string`).
+    /// A generated local implementation (`error_name`, `error_string`), or the hand-written
+    /// `module::function` under `crate::custom` that receives the call's context (called
+    /// `module::function_<n>`, n its parameter count, where versions differ in arity).
     #[serde(rename = "impl")]
     pub implementation: Option<String>,
     pub reason: Option<String>,
@@ -168,6 +239,10 @@ pub struct FnSpec {
     /// (cudaMemcpy travels as `h2d`, `d2h` or `d2d`). Each gets its own call descriptor.
     #[serde(default)]
     pub wire: BTreeMap<String, WireForm>,
+    /// Parameter → the enumerators it may hold: the worker refuses other values (a union
+    /// whose meaning a parameter selects, where some members would hold handles).
+    #[serde(default)]
+    pub allow: BTreeMap<String, Vec<String>>,
     /// The library's size tables (filled in by the model from the file's `[size]`).
     #[serde(skip)]
     pub sizes: BTreeMap<String, BTreeMap<String, u64>>,
@@ -179,6 +254,10 @@ pub struct WireForm {
     pub class: Option<Class>,
     #[serde(default)]
     pub params: BTreeMap<String, String>,
+    /// Parameter → the enumerator the worker passes, whatever the client sent (a copy's
+    /// direction is what its form says: `fixed = { kind = "cudaMemcpyHostToDevice" }`).
+    #[serde(default)]
+    pub fixed: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -248,6 +327,8 @@ pub enum LenExpr {
     Lit(u64),
     Param(String),
     Add(Box<LenExpr>, Box<LenExpr>),
+    /// `a - b`; a length that would be negative is refused where it is evaluated.
+    Sub(Box<LenExpr>, Box<LenExpr>),
     Mul(Box<LenExpr>, Box<LenExpr>),
     /// `size(p)`: the element size the spec's table gives for the enum value of `p`.
     Size(String),
@@ -258,7 +339,7 @@ impl LenExpr {
         match self {
             LenExpr::Lit(_) => {}
             LenExpr::Param(p) | LenExpr::Size(p) => out.push(p.clone()),
-            LenExpr::Add(a, b) | LenExpr::Mul(a, b) => {
+            LenExpr::Add(a, b) | LenExpr::Sub(a, b) | LenExpr::Mul(a, b) => {
                 a.params(out);
                 b.params(out);
             }
@@ -319,7 +400,7 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
     })
 }
 
-/// `a + b * (c + 2)`: the usual precedence, no subtraction (lengths never need it).
+/// `a + b * (c - 2)`: the usual precedence.
 pub fn parse_expr(s: &str) -> Result<LenExpr> {
     let tokens = tokenize(s)?;
     let mut pos = 0;
@@ -336,7 +417,7 @@ fn tokenize(s: &str) -> Result<Vec<String>> {
     while let Some(&c) = chars.peek() {
         if c.is_whitespace() {
             chars.next();
-        } else if "+*()".contains(c) {
+        } else if "+-*()".contains(c) {
             out.push(c.to_string());
             chars.next();
         } else if c.is_ascii_alphanumeric() || c == '_' {
@@ -359,11 +440,19 @@ fn tokenize(s: &str) -> Result<Vec<String>> {
 
 fn sum(t: &[String], pos: &mut usize) -> Result<LenExpr> {
     let mut left = product(t, pos)?;
-    while t.get(*pos).map(String::as_str) == Some("+") {
-        *pos += 1;
-        left = LenExpr::Add(Box::new(left), Box::new(product(t, pos)?));
+    loop {
+        match t.get(*pos).map(String::as_str) {
+            Some("+") => {
+                *pos += 1;
+                left = LenExpr::Add(Box::new(left), Box::new(product(t, pos)?));
+            }
+            Some("-") => {
+                *pos += 1;
+                left = LenExpr::Sub(Box::new(left), Box::new(product(t, pos)?));
+            }
+            _ => return Ok(left),
+        }
     }
-    Ok(left)
 }
 
 fn product(t: &[String], pos: &mut usize) -> Result<LenExpr> {
@@ -442,6 +531,19 @@ mod tests {
         assert!(parse_param("scalar[x]@handle").is_err());
         assert!(parse_param("sideways").is_err());
         assert!(parse_param("in[a +]").is_err());
-        assert!(parse_param("in[a - b]").is_err());
+        assert!(parse_param("in[a - b]").is_ok(), "subtraction (a tensor map's rank - 1 strides)");
+        assert!(parse_param("in[a / b]").is_err());
+    }
+
+    #[test]
+    fn record_handles_parse() {
+        assert_eq!(parse_record_handle("cudaArray").unwrap(), ("cudaArray".into(), None));
+        assert_eq!(
+            parse_record_handle("CUarray_st if srcMemoryType == CU_MEMORYTYPE_ARRAY | X").unwrap(),
+            ("CUarray_st".into(), Some(("srcMemoryType".into(), vec!["CU_MEMORYTYPE_ARRAY".into(), "X".into()])))
+        );
+        assert!(parse_record_handle("a b").is_err());
+        assert!(parse_record_handle("k if f").is_err());
+        assert!(parse_record_handle("k if f == ").is_err());
     }
 }

@@ -5,6 +5,7 @@
 
 #![allow(non_upper_case_globals, non_snake_case, non_camel_case_types)]
 pub mod calls;
+pub mod checks;
 pub mod consts;
 pub mod handles;
 pub mod libraries;

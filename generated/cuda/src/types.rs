@@ -70,6 +70,32 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Clone, Copy)]
+pub struct cudaPitchedPtr {
+    pub ptr: *mut core::ffi::c_void,
+    pub pitch: usize,
+    pub xsize: usize,
+    pub ysize: usize,
+}
+const _: () = {
+    assert!(core::mem::size_of:: < cudaPitchedPtr > () == 32usize);
+    assert!(core::mem::offset_of!(cudaPitchedPtr, ptr) == 0usize);
+    assert!(core::mem::offset_of!(cudaPitchedPtr, pitch) == 8usize);
+    assert!(core::mem::offset_of!(cudaPitchedPtr, xsize) == 16usize);
+    assert!(core::mem::offset_of!(cudaPitchedPtr, ysize) == 24usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct cudaMemLocation {
+    pub r#type: u32,
+    pub id: i32,
+}
+const _: () = {
+    assert!(core::mem::size_of:: < cudaMemLocation > () == 8usize);
+    assert!(core::mem::offset_of!(cudaMemLocation, r#type) == 0usize);
+    assert!(core::mem::offset_of!(cudaMemLocation, id) == 4usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct cudaIpcEventHandle_st {
     pub reserved: [i8; 64usize],
 }
@@ -89,6 +115,23 @@ const _: () = {
     assert!(core::mem::offset_of!(cudaExtent, width) == 0usize);
     assert!(core::mem::offset_of!(cudaExtent, height) == 8usize);
     assert!(core::mem::offset_of!(cudaExtent, depth) == 16usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct cudaChannelFormatDesc {
+    pub x: i32,
+    pub y: i32,
+    pub z: i32,
+    pub w: i32,
+    pub f: u32,
+}
+const _: () = {
+    assert!(core::mem::size_of:: < cudaChannelFormatDesc > () == 20usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, x) == 0usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, y) == 4usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, z) == 8usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, w) == 12usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, f) == 16usize);
 };
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -12,6 +12,7 @@ use std::ffi::c_void;
 
 use chidori_cuda::calls::cudart;
 use chidori_protocol::desc::{CallDesc, Ctx};
+use chidori_protocol::messages::GraphList;
 
 use crate::conn;
 
@@ -29,7 +30,6 @@ const ACTIVE: u32 = chidori_cuda::consts::cudaStreamCaptureStatus::cudaStreamCap
 const NONE: u32 = chidori_cuda::consts::cudaStreamCaptureStatus::cudaStreamCaptureStatusNone;
 const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
-const NOT_SUPPORTED: u32 = chidori_cuda::consts::cudaError::cudaErrorNotSupported;
 const NO_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
 pub const CAPTURE_UNSUPPORTED: u32 = chidori_cuda::consts::cudaError::cudaErrorStreamCaptureUnsupported;
 
@@ -169,13 +169,7 @@ fn capture_info(
             return Ok(SUCCESS);
         }
         if !deps.is_null() || !edges.is_null() {
-            crate::log::once("capture-info-deps", || {
-                tracing::warn!(
-                    "cudaStreamGetCaptureInfo: the dependency nodes of an active capture are not \
-                     supported by Chidori (status, id, graph and count are)"
-                )
-            });
-            return Err(NOT_SUPPORTED);
+            return frontier(stream, [status, id, graph, deps, edges, count], 100);
         }
         let args: Vec<u64> = if full {
             vec![stream, status as u64, id as u64, graph as u64, 0, 0, count as u64]
@@ -184,6 +178,111 @@ fn capture_info(
         };
         call(desc, &args, 100)
     })
+}
+
+thread_local! {
+    /// The last capture frontier this thread was handed (nodes, edge data): CUDA's arrays
+    /// stay valid until the next call that captures into or asks about the stream.
+    static FRONTIER: std::cell::RefCell<(Vec<u64>, Vec<u64>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The capture status, id, graph and frontier of `stream`, asked of the worker (which makes
+/// the frontier's nodes known to the session); the arrays are kept by this thread.
+/// `out`: status, id, graph, dependency array, edge data array, count (each may be null).
+fn frontier(stream: u64, out: [*mut c_void; 6], no_device: u32) -> Result<u32, u32> {
+    let conn = conn::get().map_err(|_| no_device)?;
+    let listed = crate::custom::graphs::list(&conn, GraphList::Capture { stream })?;
+    let (status, id, graph) = listed.capture.unwrap_or((NONE, 0, 0));
+    let n = listed.nodes.len();
+    // No edge data from the worker: every edge's is the default (zero).
+    let mut edges = listed.edge_data;
+    edges.resize(n, 0);
+    let (deps_at, edges_at) = FRONTIER.with(|f| {
+        let mut f = f.borrow_mut();
+        *f = (listed.nodes, edges);
+        (f.0.as_ptr() as u64, f.1.as_ptr() as u64)
+    });
+    let values = [u64::from(status), id, graph, deps_at, edges_at, n as u64];
+    for (i, (p, v)) in out.iter().zip(values).enumerate() {
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: the caller's out-pointers: a 4-byte status, the rest 8 bytes each.
+        unsafe {
+            if i == 0 {
+                std::ptr::write_unaligned(*p as *mut u32, v as u32);
+            } else {
+                std::ptr::write_unaligned(*p as *mut u64, v);
+            }
+        }
+    }
+    Ok(SUCCESS)
+}
+
+/// cuStreamGetCaptureInfo_v2, cudaStreamGetCaptureInfo_v2 (no edge data) and their `_ptsz`
+/// forms.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cu_capture_info_v2(
+    ctx: &Ctx,
+    stream: *mut c_void,
+    status: *mut c_void,
+    id: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    // SAFETY: same contract, without edge data.
+    unsafe { cu_capture_info_v3(ctx, stream, status, id, graph, deps, std::ptr::null_mut(), count) }
+}
+
+/// cuStreamGetCaptureInfo_v3, cudaStreamGetCaptureInfo_v3 (12.x) and their `_ptsz` forms:
+/// answered locally while nothing captures.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cu_capture_info_v3(
+    ctx: &Ctx,
+    stream: *mut c_void,
+    status: *mut c_void,
+    id: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    let runtime = ctx.library == "cudart";
+    let no_device = if runtime { NO_DEVICE } else { chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE };
+    guarded(base_name(ctx), runtime, || {
+        if status.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let stream = per_thread(stream as u64, ctx.per_thread());
+        if !any_active() {
+            // SAFETY: the caller's out-pointers, each checked non-null.
+            unsafe {
+                std::ptr::write_unaligned(status as *mut u32, NONE);
+                for p in [deps, edges, count] {
+                    if !p.is_null() {
+                        std::ptr::write_unaligned(p as *mut usize, 0);
+                    }
+                }
+            }
+            return Ok(SUCCESS);
+        }
+        frontier(stream, [status, id, graph, deps, edges, count], no_device)
+    })
+}
+
+/// cudaStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph and their `_ptsz` forms.
+pub unsafe fn begin_capture_to_graph(
+    ctx: &Ctx,
+    stream: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    data: *mut c_void,
+    count: usize,
+    mode: u32,
+) -> u32 {
+    let args = [stream as u64, graph as u64, deps as u64, data as u64, count as u64, u64::from(mode)];
+    begin(base_name(ctx), ctx.form("call"), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 pub unsafe fn cudaStreamGetCaptureInfo__cu118(

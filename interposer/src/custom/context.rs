@@ -155,3 +155,52 @@ pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> u32 {
     crate::custom::streams::forget();
     changing("cuCtxDestroy_v2", &driver::cuCtxDestroy_v2__call, &[ctx as u64], false)
 }
+
+/// cuCtxCreate_v2: a new context becomes current.
+pub unsafe fn cuCtxCreate_v2(pctx: *mut c_void, flags: u32, dev: i32) -> u32 {
+    let args = [pctx as u64, u64::from(flags), dev as u32 as u64];
+    changing("cuCtxCreate_v2", &driver::cuCtxCreate_v2__call, &args, false)
+}
+
+/// cuCtxCreate_v3: with execution-affinity parameters.
+pub unsafe fn cuCtxCreate_v3(pctx: *mut c_void, params: *mut c_void, count: i32, flags: u32, dev: i32) -> u32 {
+    let args = [pctx as u64, params as u64, count as u32 as u64, u64::from(flags), dev as u32 as u64];
+    changing("cuCtxCreate_v3", &driver::cuCtxCreate_v3__call, &args, false)
+}
+
+/// CUDA_ERROR_NOT_SUPPORTED.
+const DRIVER_NOT_SUPPORTED: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED;
+
+/// cuCtxCreate_v4, CUDA 13's context creation: CUctxCreateParams holds an array of
+/// execution-affinity parameters (@0, their count @8) and CUDA-in-graphics parameters
+/// (@16). Sent as cuCtxCreate_v3 (with affinity) or cuCtxCreate_v2; CUDA in graphics is
+/// graphics interop, which answers not supported.
+pub unsafe fn cuCtxCreate_v4(pctx: *mut c_void, params: *mut c_void, flags: u32, dev: i32) -> u32 {
+    if params.is_null() {
+        // SAFETY: same contract.
+        return unsafe { cuCtxCreate_v2(pctx, flags, dev) };
+    }
+    // SAFETY: the caller's CUctxCreateParams (24 bytes).
+    let (affinity, count, cig) = unsafe {
+        let p = params as *const u8;
+        (
+            std::ptr::read_unaligned(p as *const u64),
+            std::ptr::read_unaligned(p.add(8) as *const i32),
+            std::ptr::read_unaligned(p.add(16) as *const u64),
+        )
+    };
+    if cig != 0 {
+        crate::log::once("cuCtxCreate_v4-cig", || {
+            tracing::warn!(
+                "cuCtxCreate_v4 with CUDA-in-graphics parameters is graphics interop: not supported by Chidori"
+            )
+        });
+        return DRIVER_NOT_SUPPORTED;
+    }
+    if count > 0 && affinity != 0 {
+        // SAFETY: the caller's array of `count` affinity parameters.
+        return unsafe { cuCtxCreate_v3(pctx, affinity as *mut c_void, count, flags, dev) };
+    }
+    // SAFETY: same contract.
+    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
+}

@@ -684,3 +684,69 @@ pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
 pub use super::capture::*;
 pub use super::context::{cudaDeviceReset, cudaSetDeviceFlags};
 pub use super::entry::cudart::*;
+
+// ---- Profiler control: a profiler attaches to the program's own process, where no GPU
+// work runs, so there is nothing to start or stop ----
+
+pub unsafe fn cudaProfilerStart() -> u32 {
+    runtime("cudaProfilerStart", || Ok(SUCCESS))
+}
+
+pub unsafe fn cudaProfilerStop() -> u32 {
+    runtime("cudaProfilerStop", || Ok(SUCCESS))
+}
+
+// ---- Pool allocations and managed-range queries ----
+
+/// cudaMallocFromPoolAsync and its `_ptsz` form: the allocation enters the interval map.
+pub unsafe fn malloc_from_pool(
+    ctx: &Ctx,
+    ptr: *mut c_void,
+    size: usize,
+    pool: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    runtime(ctx.name, || {
+        let conn = connection()?;
+        let stream = if ctx.per_thread() { per_thread(stream) } else { stream };
+        let args = [ptr as u64, size as u64, pool as u64, stream as u64];
+        // SAFETY: the caller's void**; handles and sizes by value.
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        record_alloc(s, ptr, size as u64);
+        Ok(s)
+    })
+}
+
+/// cudaMemRangeGetAttributes: one cudaMemRangeGetAttribute per attribute, in one round trip.
+pub unsafe fn mem_range_get_attributes(
+    ctx: &Ctx,
+    data: *mut c_void,
+    data_sizes: *mut c_void,
+    attributes: *mut c_void,
+    count: usize,
+    dev_ptr: *mut c_void,
+    len: usize,
+) -> u32 {
+    runtime(ctx.name, || {
+        if data.is_null() || data_sizes.is_null() || attributes.is_null() || count == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        // SAFETY: the caller's three arrays of `count` elements.
+        let calls_args: Vec<Vec<u64>> = unsafe {
+            (0..count)
+                .map(|i| {
+                    vec![
+                        *(data as *const u64).add(i),
+                        *(data_sizes as *const u64).add(i),
+                        u64::from(*(attributes as *const u32).add(i)),
+                        dev_ptr as u64,
+                        len as u64,
+                    ]
+                })
+                .collect()
+        };
+        // SAFETY: each call writes dataSizes[i] bytes into data[i].
+        Ok(unsafe { crate::runtime::call_pipelined(&conn, &calls::cudaMemRangeGetAttribute, &calls_args) } as u32)
+    })
+}

@@ -536,7 +536,7 @@ const PARAM_BUFFER_SIZE: usize = 2;
 
 /// The packed parameters of a driver launch: from `kernelParams` (a pointer per parameter)
 /// or from `extra` (an already packed buffer).
-fn driver_params(
+pub(crate) fn driver_params(
     conn: &Conn,
     f: u64,
     params: *mut c_void,
@@ -762,3 +762,415 @@ pub use super::context::{
 };
 pub use super::entry::driver::*;
 pub use super::kernels::cuFuncSetAttribute;
+
+// ---- Profiler control (see cudaProfilerStart) ----
+
+pub unsafe fn cuProfilerStart() -> u32 {
+    driver("cuProfilerStart", || Ok(SUCCESS))
+}
+
+pub unsafe fn cuProfilerStop() -> u32 {
+    driver("cuProfilerStop", || Ok(SUCCESS))
+}
+
+// ---- Allocations that enter the interval map ----
+
+use chidori_protocol::desc::Ctx;
+
+fn record_device(dptr: *mut c_void, len: u64) {
+    // SAFETY: the server just wrote the allocation's address there.
+    let base = unsafe { std::ptr::read_unaligned(dptr as *const u64) };
+    if base != 0 {
+        state::add(base, len, Memory::Device { device: state::current_device() });
+    }
+}
+
+/// The stream a `_ptsz` entry point means (NULL there is the thread's own).
+fn stream_arg(ctx: &Ctx, stream: *mut c_void) -> u64 {
+    if ctx.per_thread() && stream.is_null() { 2 } else { stream as u64 }
+}
+
+/// cuMemAllocAsync and its `_ptsz` form.
+pub unsafe fn mem_alloc_async(ctx: &Ctx, dptr: *mut c_void, bytesize: usize, stream: *mut c_void) -> u32 {
+    driver(ctx.name, || {
+        let conn = connection()?;
+        let args = [dptr as u64, bytesize as u64, stream_arg(ctx, stream)];
+        // SAFETY: the caller's CUdeviceptr*, a size and a stream.
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        if s == SUCCESS && !dptr.is_null() {
+            record_device(dptr, bytesize as u64);
+        }
+        Ok(s)
+    })
+}
+
+/// cuMemAllocFromPoolAsync and its `_ptsz` form.
+pub unsafe fn mem_alloc_from_pool_async(
+    ctx: &Ctx,
+    dptr: *mut c_void,
+    bytesize: usize,
+    pool: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    driver(ctx.name, || {
+        let conn = connection()?;
+        let args = [dptr as u64, bytesize as u64, pool as u64, stream_arg(ctx, stream)];
+        // SAFETY: as cuMemAllocAsync, with a pool handle.
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        if s == SUCCESS && !dptr.is_null() {
+            record_device(dptr, bytesize as u64);
+        }
+        Ok(s)
+    })
+}
+
+/// cuMemAllocPitch_v2.
+pub unsafe fn mem_alloc_pitch(
+    ctx: &Ctx,
+    dptr: *mut c_void,
+    pitch: *mut c_void,
+    width: usize,
+    height: usize,
+    element_size: u32,
+) -> u32 {
+    driver(ctx.name, || {
+        let conn = connection()?;
+        let args = [dptr as u64, pitch as u64, width as u64, height as u64, u64::from(element_size)];
+        // SAFETY: the caller's CUdeviceptr* and size_t*; values.
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        if s == SUCCESS && !dptr.is_null() && !pitch.is_null() {
+            // SAFETY: written by the reply.
+            let p = unsafe { std::ptr::read_unaligned(pitch as *const u64) };
+            record_device(dptr, p.saturating_mul(height as u64));
+        }
+        Ok(s)
+    })
+}
+
+/// cuMemMap: the mapped range is device memory to the interval map.
+pub unsafe fn mem_map(ctx: &Ctx, ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> u32 {
+    driver(ctx.name, || {
+        let conn = connection()?;
+        // SAFETY: values only.
+        let s = unsafe {
+            crate::runtime::call_on(&conn, ctx.form("call"), &[ptr, size as u64, offset as u64, handle, flags])
+        } as u32;
+        if s == SUCCESS {
+            state::add(ptr, size as u64, Memory::Device { device: state::current_device() });
+        }
+        Ok(s)
+    })
+}
+
+/// cuMemUnmap: the range leaves the interval map.
+pub unsafe fn mem_unmap(ctx: &Ctx, ptr: u64, size: usize) -> u32 {
+    driver(ctx.name, || {
+        let conn = connection()?;
+        // SAFETY: values only.
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &[ptr, size as u64]) } as u32;
+        if s == SUCCESS {
+            state::remove(ptr);
+        }
+        Ok(s)
+    })
+}
+
+/// cuMemGetAddressRange_v2: the interval map's range of a device allocation it knows, else
+/// the server's answer.
+pub unsafe fn mem_get_address_range(ctx: &Ctx, pbase: *mut c_void, psize: *mut c_void, dptr: u64) -> u32 {
+    driver(ctx.name, || {
+        if let Some(r) = state::find(dptr).filter(|r| matches!(r.memory, Memory::Device { .. })) {
+            // SAFETY: the caller's CUdeviceptr* and size_t*, each null or writable.
+            unsafe {
+                if !pbase.is_null() {
+                    std::ptr::write_unaligned(pbase as *mut u64, r.base);
+                }
+                if !psize.is_null() {
+                    std::ptr::write_unaligned(psize as *mut u64, r.len);
+                }
+            }
+            return Ok(SUCCESS);
+        }
+        let conn = connection()?;
+        // SAFETY: as above.
+        Ok(unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &[pbase as u64, psize as u64, dptr]) } as u32)
+    })
+}
+
+/// Bytes of a pointer attribute's value (CUpointer_attribute).
+fn pointer_attribute_size(attribute: u32) -> usize {
+    match attribute {
+        // P2P tokens.
+        5 => 16,
+        // Context, device and host pointers, buffer id, range start and size, allowed handle
+        // types, memory pool, mapping size and base, memory block id.
+        1 | 3 | 4 | 7 | 11 | 12 | 14 | 17 | 18 | 19 | 20 => 8,
+        _ => 4,
+    }
+}
+
+/// cuPointerGetAttributes: cuPointerGetAttribute per attribute; where one has no answer
+/// (memory CUDA does not know), its value is zero, as the driver writes it.
+pub unsafe fn pointer_get_attributes(
+    ctx: &Ctx,
+    count: u32,
+    attributes: *mut c_void,
+    data: *mut c_void,
+    ptr: u64,
+) -> u32 {
+    driver(ctx.name, || {
+        if attributes.is_null() || data.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        for i in 0..count as usize {
+            // SAFETY: the caller's arrays of `count` attributes and value pointers.
+            let (attribute, out) =
+                unsafe { (*(attributes as *const u32).add(i), *(data as *const *mut c_void).add(i)) };
+            if out.is_null() {
+                continue;
+            }
+            // SAFETY: `out` holds the attribute's value type.
+            if unsafe { cuPointerGetAttribute(out, attribute, ptr) } != SUCCESS {
+                // SAFETY: as above.
+                unsafe { std::ptr::write_bytes(out as *mut u8, 0, pointer_attribute_size(attribute)) };
+            }
+        }
+        Ok(SUCCESS)
+    })
+}
+
+/// cuMemAllocHost (32-bit size): pinned memory of the client.
+pub unsafe fn mem_alloc_host_v1(_ctx: &Ctx, pp: *mut c_void, bytesize: u32) -> u32 {
+    // SAFETY: same contract.
+    unsafe { cuMemHostAlloc(pp, bytesize as usize, 0) }
+}
+
+/// cuMemHostRegister (the CUDA 3.2 entry point, the same signature as _v2).
+pub unsafe fn mem_host_register_v1(_ctx: &Ctx, p: *mut c_void, bytesize: usize, flags: u32) -> u32 {
+    // SAFETY: same contract.
+    unsafe { cuMemHostRegister_v2(p, bytesize, flags) }
+}
+
+// ---- Function names: the server's strings, kept for the process ----
+
+fn function_name(ctx: &Ctx, name: *mut c_void, handle: u64, kernel: bool) -> u32 {
+    driver(ctx.name, || {
+        if name.is_null() || handle == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let known = state::CLIENT.function_names.get(&handle);
+        let text = match known {
+            Some(t) => t,
+            None => {
+                let conn = connection()?;
+                let request = chidori_protocol::messages::Service::FunctionName { handle, kernel };
+                let reply = conn.service(&request, &[]).map_err(|_| NO_DEVICE)?;
+                let s = match reply {
+                    chidori_protocol::messages::ServiceReply::Name(s) => s,
+                    chidori_protocol::messages::ServiceReply::Error { status, .. } => return Err(status as u32),
+                    _ => return Err(INVALID_VALUE),
+                };
+                let owned = std::ffi::CString::new(s).map_err(|_| INVALID_VALUE)?;
+                // Handed to the program, which may keep it: it lives as long as the process.
+                let text: &'static CStr = Box::leak(owned.into_boxed_c_str());
+                state::CLIENT.function_names.insert(handle, text);
+                text
+            }
+        };
+        // SAFETY: the caller's const char**.
+        unsafe { put(name, text.as_ptr()) }
+    })
+}
+
+pub unsafe fn func_get_name(ctx: &Ctx, name: *mut c_void, hfunc: *mut c_void) -> u32 {
+    function_name(ctx, name, hfunc as u64, false)
+}
+
+pub unsafe fn kernel_get_name(ctx: &Ctx, name: *mut c_void, hkernel: *mut c_void) -> u32 {
+    function_name(ctx, name, hkernel as u64, true)
+}
+
+// ---- Occupancy with a block-size-dependent shared memory callback ----
+
+/// CUoccupancyB2DSize: dynamic shared memory for a block size.
+type BlockToSmem = unsafe extern "C" fn(i32) -> usize;
+
+/// cudart's search for the block size of the best occupancy (cuda_runtime.h,
+/// cudaOccupancyMaxPotentialBlockSizeVariableSMemWithFlags): block sizes from the limit
+/// down by a warp, the first of the highest occupancy in threads. The callback runs here;
+/// the occupancy of every candidate is asked in one round trip.
+#[allow(clippy::too_many_arguments)]
+fn potential_block_size(
+    ctx: &Ctx,
+    min_grid: *mut c_void,
+    block: *mut c_void,
+    func: u64,
+    to_smem: *mut c_void,
+    smem: usize,
+    limit: i32,
+    flags: u32,
+) -> u32 {
+    driver(ctx.name, || {
+        if min_grid.is_null() || block.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        let d = conn.profile.device(state::current_device()).ok_or(INVALID_DEVICE)?;
+        let attr = |a: i32| d.attributes.get(&a).copied().unwrap_or(0);
+        // MAX_THREADS_PER_BLOCK, WARP_SIZE, MULTIPROCESSOR_COUNT, MAX_THREADS_PER_MULTIPROCESSOR.
+        let (device_max, warp, sms, occupancy_limit) = (attr(1), attr(10).max(1), attr(16), attr(39));
+        let mut func_max = 0i32;
+        let args = [&mut func_max as *mut i32 as u64, 0, func];
+        // SAFETY: a local out-value; CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK of the function.
+        let s = unsafe { crate::runtime::call_on(&conn, &calls::cuFuncGetAttribute, &args) } as u32;
+        if s != SUCCESS {
+            return Err(s);
+        }
+        let mut limit = if limit == 0 { device_max } else { limit };
+        limit = limit.min(device_max).min(func_max);
+        let aligned = (limit + warp - 1) / warp * warp;
+        let candidates: Vec<i32> = (1..=aligned / warp).rev().map(|k| (k * warp).min(limit)).collect();
+        let smem_of = |size: i32| -> usize {
+            if to_smem.is_null() {
+                smem
+            } else {
+                // SAFETY: the program's CUoccupancyB2DSize, called as the driver would.
+                unsafe { std::mem::transmute::<*mut c_void, BlockToSmem>(to_smem)(size) }
+            }
+        };
+        let mut blocks = vec![0i32; candidates.len()];
+        let arg_lists: Vec<Vec<u64>> = candidates
+            .iter()
+            .zip(blocks.iter_mut())
+            .map(|(size, out)| {
+                vec![out as *mut i32 as u64, func, *size as u64, smem_of(*size) as u64, u64::from(flags)]
+            })
+            .collect();
+        let batch: Vec<(&'static chidori_protocol::desc::CallDesc, &[u64])> = arg_lists
+            .iter()
+            .map(|a| (&calls::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, a.as_slice()))
+            .collect();
+        // SAFETY: each call writes one int into `blocks`.
+        let rets =
+            unsafe { crate::runtime::call_all(&conn, &batch, "cuOccupancyMaxPotentialBlockSize") }.ok_or(NO_DEVICE)?;
+        if let Some(bad) = rets.iter().find(|r| **r != u64::from(SUCCESS)) {
+            return Err(*bad as u32);
+        }
+        let (mut best_threads, mut best_block, mut best_blocks) = (0i32, 0i32, 0i32);
+        for (size, n) in candidates.iter().zip(&blocks) {
+            let threads = size * n;
+            if threads > best_threads {
+                (best_threads, best_block, best_blocks) = (threads, *size, *n);
+            }
+            if best_threads == occupancy_limit {
+                break;
+            }
+        }
+        // SAFETY: the caller's ints, checked non-null.
+        unsafe {
+            put(min_grid, best_blocks * sms)?;
+            put(block, best_block)
+        }
+    })
+}
+
+pub unsafe fn max_potential_block_size(
+    ctx: &Ctx,
+    min_grid: *mut c_void,
+    block: *mut c_void,
+    func: *mut c_void,
+    to_smem: *mut c_void,
+    smem: usize,
+    limit: i32,
+) -> u32 {
+    potential_block_size(ctx, min_grid, block, func as u64, to_smem, smem, limit, 0)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn max_potential_block_size_with_flags(
+    ctx: &Ctx,
+    min_grid: *mut c_void,
+    block: *mut c_void,
+    func: *mut c_void,
+    to_smem: *mut c_void,
+    smem: usize,
+    limit: i32,
+    flags: u32,
+) -> u32 {
+    potential_block_size(ctx, min_grid, block, func as u64, to_smem, smem, limit, flags)
+}
+
+// ---- Stream callbacks ----
+
+type StreamCallback = unsafe extern "C" fn(*mut c_void, u32, *mut c_void);
+
+/// cuStreamAddCallback and its `_ptsz` form: the callback runs on the client, in stream order.
+pub unsafe fn stream_add_callback(
+    ctx: &Ctx,
+    stream: *mut c_void,
+    callback: *mut c_void,
+    user: *mut c_void,
+    flags: u32,
+) -> u32 {
+    driver(ctx.name, || {
+        if callback.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        let stream = stream_arg(ctx, stream);
+        let (s, cb, u) = (stream as usize, callback as usize, user as usize);
+        let id = conn.register_callback(
+            Arc::new(move |status| {
+                // SAFETY: the program's CUstreamCallback, called with the driver's arguments.
+                unsafe {
+                    std::mem::transmute::<usize, StreamCallback>(cb)(s as *mut c_void, status as u32, u as *mut c_void)
+                }
+            }),
+            stream,
+            any_active(),
+        );
+        // SAFETY: values only: the stream, the callback id in place of the function, flags.
+        let status =
+            unsafe { crate::runtime::call_on(&conn, ctx.form("host"), &[stream, id, 0, u64::from(flags)]) } as u32;
+        if status != SUCCESS {
+            conn.drop_callback(id);
+        }
+        Ok(status)
+    })
+}
+
+pub use crate::custom::context::{cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4};
+
+/// cuMemRangeGetAttributes: one cuMemRangeGetAttribute per attribute, in one round trip.
+pub unsafe fn mem_range_get_attributes(
+    ctx: &Ctx,
+    data: *mut c_void,
+    data_sizes: *mut c_void,
+    attributes: *mut c_void,
+    count: usize,
+    dev_ptr: u64,
+    len: usize,
+) -> u32 {
+    driver(ctx.name, || {
+        if data.is_null() || data_sizes.is_null() || attributes.is_null() || count == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        // SAFETY: the caller's three arrays of `count` elements.
+        let arg_lists: Vec<Vec<u64>> = unsafe {
+            (0..count)
+                .map(|i| {
+                    vec![
+                        *(data as *const u64).add(i),
+                        *(data_sizes as *const u64).add(i),
+                        u64::from(*(attributes as *const u32).add(i)),
+                        dev_ptr,
+                        len as u64,
+                    ]
+                })
+                .collect()
+        };
+        // SAFETY: each call writes dataSizes[i] bytes into data[i].
+        Ok(unsafe { crate::runtime::call_pipelined(&conn, &calls::cuMemRangeGetAttribute, &arg_lists) } as u32)
+    })
+}

@@ -727,19 +727,101 @@ pub unsafe fn cudaMemcpy2DAsync_ptsz(
     )
 }
 
-/// Node counts travel; node arrays are not supported yet.
-pub unsafe fn cudaGraphGetNodes(graph: *mut c_void, nodes: *mut c_void, numNodes: *mut c_void) -> u32 {
-    runtime("cudaGraphGetNodes", || {
-        if !nodes.is_null() {
-            crate::log::once("cudaGraphGetNodes-array", || {
-                tracing::warn!("cudaGraphGetNodes with a node array is not supported by Chidori; only counts")
-            });
-            return Err(chidori_cuda::consts::cudaError::cudaErrorNotSupported);
+// ---- Function queries answered from the registry and the kernel's layout ----
+
+/// The registered kernel of a host stub or a `cudaKernel_t`.
+fn kernel_of_any(func: *mut c_void) -> Result<&'static registry::Kernel, u32> {
+    registry::kernel_by_host_fun(func as usize)
+        .or_else(|| registry::kernel_by_handle(func as usize))
+        .ok_or(INVALID_DEVICE_FUNCTION)
+}
+
+/// cudaFuncGetName: the kernel's (mangled) name as nvcc registered it; the string lives as
+/// long as the program.
+pub unsafe fn func_get_name(ctx: &Ctx, name: *mut c_void, func: *mut c_void) -> u32 {
+    runtime(ctx.name, || {
+        if name.is_null() {
+            return Err(INVALID_VALUE);
         }
+        let kernel = kernel_of_any(func)?;
+        // SAFETY: the caller's const char**.
+        unsafe { std::ptr::write_unaligned(name as *mut *const std::ffi::c_char, kernel.name.as_ptr()) };
+        Ok(SUCCESS)
+    })
+}
+
+/// cudaFuncGetParamInfo: offset and size of parameter `index`, from the layout the kernel's
+/// module load brought.
+pub unsafe fn func_get_param_info(
+    ctx: &Ctx,
+    func: *mut c_void,
+    index: usize,
+    offset: *mut c_void,
+    size: *mut c_void,
+) -> u32 {
+    runtime(ctx.name, || {
+        let kernel = kernel_of_any(func)?;
         let conn = connection()?;
-        // SAFETY: numNodes is the caller's size_t.
-        Ok(unsafe {
-            crate::runtime::call_on(&conn, &calls::cudaGraphGetNodes__count, &[graph as u64, 0, numNodes as u64])
-        } as u32)
+        let f = function_of(&conn, kernel)?;
+        let (o, s) = *f.params.get(index).ok_or(INVALID_VALUE)?;
+        // SAFETY: the caller's size_t pointers, each null or writable.
+        unsafe {
+            if !offset.is_null() {
+                std::ptr::write_unaligned(offset as *mut usize, o as usize);
+            }
+            if !size.is_null() {
+                std::ptr::write_unaligned(size as *mut usize, s as usize);
+            }
+        }
+        Ok(SUCCESS)
+    })
+}
+
+/// cudaGetFuncBySymbol: the registered kernel's function on the server.
+pub unsafe fn get_func_by_symbol(ctx: &Ctx, function: *mut c_void, symbol: *mut c_void) -> u32 {
+    runtime(ctx.name, || {
+        if function.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let kernel = kernel_of_any(symbol)?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        // SAFETY: the caller's cudaFunction_t*.
+        unsafe { std::ptr::write_unaligned(function as *mut u64, f.handle) };
+        Ok(SUCCESS)
+    })
+}
+
+/// cudaFuncSetSharedMemConfig: shared memory bank size is fixed since Volta, where CUDA
+/// accepts the call and does nothing; the function must be a registered kernel.
+pub unsafe fn func_set_shared_mem_config(ctx: &Ctx, func: *mut c_void, config: u32) -> u32 {
+    runtime(ctx.name, || {
+        kernel_of_any(func)?;
+        // cudaSharedMemBankSizeDefault, FourByte, EightByte.
+        if config > 2 {
+            return Err(INVALID_VALUE);
+        }
+        Ok(SUCCESS)
+    })
+}
+
+/// cudaOccupancyAvailableDynamicSMemPerBlock: asked of the driver with the kernel's function.
+pub unsafe fn available_dynamic_smem(
+    ctx: &Ctx,
+    size: *mut c_void,
+    func: *mut c_void,
+    num_blocks: i32,
+    block_size: i32,
+) -> u32 {
+    runtime(ctx.name, || {
+        if size.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let kernel = kernel_of_any(func)?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        let args = [size as u64, f.handle, num_blocks as u32 as u64, block_size as u32 as u64];
+        // SAFETY: the caller's size_t; values.
+        Ok(unsafe { crate::runtime::call_on(&conn, &dcalls::cuOccupancyAvailableDynamicSMemPerBlock, &args) } as u32)
     })
 }

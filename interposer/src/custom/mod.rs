@@ -2,6 +2,7 @@
 //! specs/*.toml). The generated exports in generated/client call these by name, so a
 //! missing one is a compile error.
 
+pub mod arrays;
 pub mod capture;
 pub mod context;
 pub mod cublas;
@@ -11,8 +12,11 @@ pub mod cudnn;
 pub mod cusparse;
 pub mod driver;
 pub mod entry;
+pub mod graphs;
 pub mod handles;
 pub mod kernels;
+pub mod libraries;
+pub mod link;
 pub mod memory;
 pub mod nvml;
 pub mod nvrtc;

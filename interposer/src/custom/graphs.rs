@@ -1,0 +1,1365 @@
+//! The explicit graph API: nodes whose parameters hold what only the worker can lay out,
+//! node arrays, and the union-typed node parameters of `cudaGraphAddNode`.
+//!
+//! * Kernel nodes: the runtime's host stub (or `cudaKernel_t`) becomes the registered
+//!   kernel's server function, and the arguments are packed by its parameter layout, as a
+//!   launch's are; the worker makes the node with the packed buffer (`Service::GraphNode`).
+//!   The client keeps a copy of what it set, to answer `GetParams`.
+//! * Host nodes: the function stays on the client (a registered callback); the server's
+//!   node runs a trampoline that asks the client to run it on every replay.
+//! * Memcpy nodes: a graph replayed on the server cannot touch the program's memory, so
+//!   nodes copy device memory and arrays only; `cudaMemcpyDefault` is resolved here.
+//! * Node arrays come from the worker (`Service::GraphList`), which makes every node in them
+//!   known to the session (capture makes nodes the program never named).
+//!
+//! Every `unsafe fn` here has the safety contract of the CUDA function it implements.
+#![allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use chidori_cuda::calls::{cudart as calls, driver as dcalls};
+use chidori_cuda::desc::{CallDesc, Ctx};
+use chidori_protocol::messages::{Api, GraphList, GraphNode, NodeParams, NodeTarget, Service, ServiceReply};
+
+use crate::conn::{self, Conn};
+use crate::modules;
+use crate::registry;
+use crate::state::{self, Memory};
+
+/// What the program set on a node the client made, to answer the node's `GetParams`.
+#[derive(Clone)]
+pub enum NodeRecord {
+    /// The function as the program named it, the launch shape, and the packed arguments
+    /// with a pointer per parameter into them (the `kernelParams` GetParams hands out).
+    Kernel {
+        func: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem: u32,
+        args: Arc<KernelArgs>,
+    },
+    Host {
+        f: u64,
+        user: u64,
+    },
+    /// The record as the program passed it (its own layout), with the address the server gave.
+    MemAlloc {
+        record: Vec<u8>,
+        address: u64,
+    },
+    /// A conditional node's body graphs: the array its parameters point the program at.
+    Conditional {
+        bodies: Arc<[u64]>,
+    },
+}
+
+/// Packed kernel arguments and a pointer per parameter into them.
+pub struct KernelArgs {
+    packed: Box<[u8]>,
+    pointers: Box<[*mut c_void]>,
+}
+
+// SAFETY: the pointers address `packed`, which the record owns and nobody writes.
+unsafe impl Send for KernelArgs {}
+// SAFETY: as above.
+unsafe impl Sync for KernelArgs {}
+
+impl KernelArgs {
+    fn new(packed: Vec<u8>, layout: &[(u32, u32)]) -> Arc<KernelArgs> {
+        let mut packed = packed.into_boxed_slice();
+        let base = packed.as_mut_ptr();
+        let pointers = layout.iter().map(|(offset, _)| base.wrapping_add(*offset as usize).cast::<c_void>()).collect();
+        Arc::new(KernelArgs { packed, pointers })
+    }
+}
+
+fn records() -> &'static state::Table<u64, NodeRecord> {
+    &state::CLIENT.graph_nodes
+}
+
+/// Run a hand-written graph function: FFI guard, trace, and (for the runtime) the last error.
+fn run(ctx: &Ctx, body: impl FnOnce(&Conn) -> Result<u32, u32>) -> u32 {
+    crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u32, || {
+        crate::trace::local(ctx.name);
+        let status = match conn::get() {
+            Ok(conn) => body(&conn).unwrap_or_else(|e| e),
+            Err(_) => ctx.codes.unavailable as u32,
+        };
+        if ctx.library == "cudart" {
+            state::set_last_error(status);
+        }
+        status
+    })
+}
+
+fn invalid(ctx: &Ctx) -> u32 {
+    ctx.codes.invalid_value as u32
+}
+
+fn not_supported(ctx: &Ctx, what: &str) -> u32 {
+    crate::log::once_owned(&format!("{}: {what}", ctx.name), || {
+        tracing::warn!("{}: {what} is not supported by Chidori", ctx.name)
+    });
+    ctx.codes.not_supported as u32
+}
+
+fn api(ctx: &Ctx) -> Api {
+    if ctx.library == "cudart" { Api::Runtime } else { Api::Driver }
+}
+
+/// # Safety
+/// As [`crate::runtime::call_on`].
+unsafe fn call(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u32 {
+    // SAFETY: per the contract.
+    unsafe { crate::runtime::call_on(conn, desc, args) as u32 }
+}
+
+/// # Safety
+/// `p` must be readable for `n` elements of T (or null with `n` 0).
+unsafe fn slice<'a, T: Copy>(p: *const c_void, n: usize) -> &'a [T] {
+    if p.is_null() || n == 0 {
+        return &[];
+    }
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(p as *const T, n) }
+}
+
+/// # Safety
+/// `p` must be null or writable for a T.
+unsafe fn put<T>(p: *mut c_void, v: T) {
+    if !p.is_null() {
+        // SAFETY: per the contract.
+        unsafe { std::ptr::write_unaligned(p as *mut T, v) };
+    }
+}
+
+/// # Safety
+/// `p` must be readable at `offset` for a T.
+unsafe fn get<T: Copy>(p: *const c_void, offset: usize) -> T {
+    // SAFETY: per the contract.
+    unsafe { std::ptr::read_unaligned((p as *const u8).add(offset) as *const T) }
+}
+
+/// Ask the worker to make or change a node; the node it made (`Add`) is written to `out`.
+fn graph_node(conn: &Conn, request: GraphNode, bulk: &[u8], out: *mut c_void) -> Result<(u64, Vec<u64>, u64), u32> {
+    let start = std::time::Instant::now();
+    let reply = conn.service(&Service::GraphNode(request), &[bulk]).map_err(|_| 100u32)?;
+    crate::trace::bytes("(graph node)", 1, bulk.len() as u64, 0, start.elapsed());
+    match reply {
+        ServiceReply::Node { node, graphs, address } => {
+            // SAFETY: the caller's node handle, when it asked for one.
+            unsafe { put(out, node) };
+            Ok((node, graphs, address))
+        }
+        ServiceReply::Error { status, message } => {
+            crate::log::once_owned(&message, || tracing::warn!("{message}"));
+            Err(status as u32)
+        }
+        _ => Err(1),
+    }
+}
+
+/// The target of a node call: a new node after `deps` (edges with data are added after it),
+/// or an existing node of a graph or of an executable graph.
+#[derive(Clone, Copy)]
+enum Target {
+    Add { out: *mut c_void, graph: u64, deps: *const c_void, count: usize, edges: *const c_void },
+    Set { node: u64 },
+    ExecSet { exec: u64, node: u64 },
+}
+
+impl Target {
+    /// The dependencies, unless edge data that is not all default goes with them (then the
+    /// edges are added after the node, with their data).
+    fn plain_deps(&self) -> Result<(Vec<u64>, bool), u32> {
+        let Target::Add { deps, count, edges, .. } = *self else { return Ok((Vec::new(), false)) };
+        // SAFETY: the caller's arrays of `count` nodes and edge data.
+        let (nodes, data) = unsafe { (slice::<u64>(deps, count).to_vec(), slice::<u64>(edges, count)) };
+        if data.iter().any(|e| *e != 0) {
+            return Ok((Vec::new(), true));
+        }
+        Ok((nodes, false))
+    }
+
+    fn node_target(&self, deps: Vec<u64>) -> NodeTarget {
+        match *self {
+            Target::Add { graph, .. } => NodeTarget::Add { graph, dependencies: deps, edge_data: Vec::new() },
+            Target::Set { node } => NodeTarget::Set { node },
+            Target::ExecSet { exec, node } => NodeTarget::ExecSet { exec, node },
+        }
+    }
+}
+
+/// After a node was added without its dependencies: add them with their edge data.
+fn add_edges(conn: &Conn, ctx: &Ctx, target: Target, node: u64) -> u32 {
+    let Target::Add { graph, deps, count, edges, .. } = target else { return 0 };
+    let to = vec![node; count];
+    let desc: &'static CallDesc = if ctx.library == "cudart" {
+        &calls::cudaGraphAddDependencies__cu130
+    } else {
+        &dcalls::cuGraphAddDependencies_v2
+    };
+    // SAFETY: the caller's arrays of `count` nodes and edge data; `to` as many.
+    unsafe { call(conn, desc, &[graph, deps as u64, to.as_ptr() as u64, edges as u64, count as u64]) }
+}
+
+// ---- Kernel nodes ----
+
+/// Where a kernel node's function and arguments come from.
+enum KernelFunc {
+    /// A runtime host stub or `cudaKernel_t`.
+    Runtime(u64),
+    /// A driver function (or a CUkernel, turned into the current context's function).
+    Driver { func: u64, kern: u64 },
+}
+
+/// A kernel node's parameters, as the runtime's and the driver's records share them:
+/// func@0, grid@8, block@20, shared memory@32, kernelParams@40, extra@48.
+struct KernelParams {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    args: u64,
+    extra: u64,
+}
+
+/// # Safety
+/// `p` is a cudaKernelNodeParams or CUDA_KERNEL_NODE_PARAMS.
+unsafe fn kernel_params(p: *const c_void) -> KernelParams {
+    // SAFETY: per the contract.
+    unsafe {
+        KernelParams {
+            grid: get(p, 8),
+            block: get(p, 20),
+            shared_mem: get(p, 32),
+            args: get::<u64>(p, 40),
+            extra: get::<u64>(p, 48),
+        }
+    }
+}
+
+fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) -> u32 {
+    run(ctx, |conn| {
+        if p.is_null() {
+            return Err(invalid(ctx));
+        }
+        // SAFETY: the caller's kernel node parameters.
+        let kp = unsafe { kernel_params(p) };
+        let (function, named, packed) = match func {
+            KernelFunc::Runtime(f) => {
+                let kernel = registry::kernel_by_host_fun(f as usize)
+                    .or_else(|| registry::kernel_by_handle(f as usize))
+                    .ok_or(chidori_cuda::consts::cudaError::cudaErrorInvalidDeviceFunction)?;
+                let function = modules::resolve(conn, kernel)
+                    .map_err(|_| chidori_cuda::consts::cudaError::cudaErrorInvalidDeviceFunction)?;
+                // SAFETY: kernelParams holds a pointer per parameter (the node's contract).
+                let packed = unsafe { modules::pack(&function.params, kp.args as *const *const u8) };
+                (function, f, packed)
+            }
+            KernelFunc::Driver { func, kern } => {
+                let handle = if func == 0 && kern != 0 {
+                    let mut f = 0u64;
+                    // SAFETY: a local out-value and the program's kernel handle.
+                    let s = unsafe { call(conn, &dcalls::cuKernelGetFunction, &[&mut f as *mut u64 as u64, kern]) };
+                    if s != 0 {
+                        return Err(s);
+                    }
+                    f
+                } else {
+                    func
+                };
+                let (function, packed) =
+                    super::driver::driver_params(conn, handle, kp.args as *mut c_void, kp.extra as *mut c_void)?;
+                (function, func.max(kern), packed)
+            }
+        };
+        modules::prepare_mirrors(conn, &function.params, &packed);
+        let (deps, later) = target.plain_deps()?;
+        let request = GraphNode {
+            target: target.node_target(deps),
+            params: NodeParams::Kernel {
+                function: function.handle,
+                grid: kp.grid,
+                block: kp.block,
+                shared_mem: kp.shared_mem,
+            },
+            api: api(ctx),
+        };
+        let out = if let Target::Add { out, .. } = target { out } else { std::ptr::null_mut() };
+        let (node, _, _) = graph_node(conn, request, &packed, out)?;
+        let node = match target {
+            Target::Add { .. } => node,
+            Target::Set { node } | Target::ExecSet { node, .. } => node,
+        };
+        let args = KernelArgs::new(packed, &function.params);
+        let record =
+            NodeRecord::Kernel { func: named, grid: kp.grid, block: kp.block, shared_mem: kp.shared_mem, args };
+        if !matches!(target, Target::ExecSet { .. }) {
+            records().insert(node, record);
+        }
+        if later {
+            return Ok(add_edges(conn, ctx, target, node));
+        }
+        Ok(0)
+    })
+}
+
+/// Write a kernel node's parameters from the client's record (`driver`: a
+/// CUDA_KERNEL_NODE_PARAMS, 72 bytes in v2, 56 in v1).
+fn kernel_get(ctx: &Ctx, node: u64, out: *mut c_void, driver: Option<bool>) -> u32 {
+    run(ctx, |_| {
+        if out.is_null() {
+            return Err(invalid(ctx));
+        }
+        let Some(NodeRecord::Kernel { func, grid, block, shared_mem, args }) = records().get(&node) else {
+            return Err(not_supported(ctx, "the parameters of a kernel node this process did not make"));
+        };
+        // SAFETY: the caller's record of the version's size; the argument pointers live as
+        // long as the client's record of the node.
+        unsafe {
+            let o = out as *mut u8;
+            std::ptr::write_unaligned(o as *mut u64, func);
+            std::ptr::write_unaligned(o.add(8) as *mut [u32; 3], grid);
+            std::ptr::write_unaligned(o.add(20) as *mut [u32; 3], block);
+            std::ptr::write_unaligned(o.add(32) as *mut u32, shared_mem);
+            std::ptr::write_unaligned(o.add(40) as *mut u64, args.pointers.as_ptr() as u64);
+            std::ptr::write_unaligned(o.add(48) as *mut u64, 0);
+            if driver == Some(true) {
+                std::ptr::write_unaligned(o.add(56) as *mut u64, 0);
+                std::ptr::write_unaligned(o.add(64) as *mut u64, 0);
+            }
+        }
+        let _ = &args.packed;
+        Ok(0)
+    })
+}
+
+pub unsafe fn add_kernel_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
+    // SAFETY: the caller's record (checked non-null in kernel_node).
+    let func = if p.is_null() { 0 } else { unsafe { get::<u64>(p, 0) } };
+    kernel_node(ctx, target, KernelFunc::Runtime(func), p)
+}
+
+pub unsafe fn kernel_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
+    // SAFETY: as above.
+    let func = if p.is_null() { 0 } else { unsafe { get::<u64>(p, 0) } };
+    kernel_node(ctx, Target::Set { node: node as u64 }, KernelFunc::Runtime(func), p)
+}
+
+pub unsafe fn exec_kernel_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
+    // SAFETY: as above.
+    let func = if p.is_null() { 0 } else { unsafe { get::<u64>(p, 0) } };
+    kernel_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, KernelFunc::Runtime(func), p)
+}
+
+pub unsafe fn kernel_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
+    kernel_get(ctx, node as u64, out, None)
+}
+
+/// The driver's function and kernel of a CUDA_KERNEL_NODE_PARAMS (v1 has no kernel).
+///
+/// # Safety
+/// `p` is null or the caller's record of the export's version.
+unsafe fn driver_func(ctx: &Ctx, p: *const c_void) -> KernelFunc {
+    if p.is_null() {
+        return KernelFunc::Driver { func: 0, kern: 0 };
+    }
+    // CUDA_KERNEL_NODE_PARAMS_v2 (72 bytes) has the kernel at 56; v1 ends at 56.
+    let v2 = ctx.name.ends_with("_v2");
+    // SAFETY: per the contract.
+    unsafe { KernelFunc::Driver { func: get(p, 0), kern: if v2 { get(p, 56) } else { 0 } } }
+}
+
+pub unsafe fn cu_add_kernel_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
+    // SAFETY: the caller's record.
+    kernel_node(ctx, target, unsafe { driver_func(ctx, p) }, p)
+}
+
+pub unsafe fn cu_kernel_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
+    // SAFETY: the caller's record.
+    kernel_node(ctx, Target::Set { node: node as u64 }, unsafe { driver_func(ctx, p) }, p)
+}
+
+pub unsafe fn cu_exec_kernel_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
+    let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
+    // SAFETY: the caller's record.
+    kernel_node(ctx, target, unsafe { driver_func(ctx, p) }, p)
+}
+
+pub unsafe fn cu_kernel_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
+    kernel_get(ctx, node as u64, out, Some(true))
+}
+
+pub unsafe fn cu_kernel_node_get_params_v1(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
+    kernel_get(ctx, node as u64, out, Some(false))
+}
+
+// ---- Host nodes ----
+
+type HostFn = unsafe extern "C" fn(*mut c_void);
+
+fn host_node(ctx: &Ctx, target: Target, f: u64, user: u64) -> u32 {
+    run(ctx, |conn| {
+        if f == 0 {
+            return Err(invalid(ctx));
+        }
+        // The function runs on every replay: its registration lives as long as the process.
+        let (fu, uu) = (f as usize, user as usize);
+        let id = conn.register_callback(
+            Arc::new(move |_status| {
+                // SAFETY: the program's host function and its data, called as CUDA would.
+                unsafe { std::mem::transmute::<usize, HostFn>(fu)(uu as *mut c_void) }
+            }),
+            0,
+            true,
+        );
+        let (deps, later) = target.plain_deps()?;
+        let request = GraphNode { target: target.node_target(deps), params: NodeParams::Host { id }, api: api(ctx) };
+        let out = if let Target::Add { out, .. } = target { out } else { std::ptr::null_mut() };
+        let node = match graph_node(conn, request, &[], out) {
+            Ok((node, _, _)) => node,
+            Err(e) => {
+                conn.drop_callback(id);
+                return Err(e);
+            }
+        };
+        let node = match target {
+            Target::Add { .. } => node,
+            Target::Set { node } | Target::ExecSet { node, .. } => node,
+        };
+        if !matches!(target, Target::ExecSet { .. }) {
+            records().insert(node, NodeRecord::Host { f, user });
+        }
+        if later {
+            return Ok(add_edges(conn, ctx, target, node));
+        }
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `p` is null or a host node's parameters (function, user data).
+unsafe fn host_params(p: *const c_void) -> (u64, u64) {
+    // SAFETY: per the contract.
+    if p.is_null() { (0, 0) } else { unsafe { (get(p, 0), get(p, 8)) } }
+}
+
+fn host_get(ctx: &Ctx, node: u64, out: *mut c_void) -> u32 {
+    run(ctx, |_| {
+        if out.is_null() {
+            return Err(invalid(ctx));
+        }
+        let Some(NodeRecord::Host { f, user }) = records().get(&node) else {
+            return Err(not_supported(ctx, "the parameters of a host node this process did not make"));
+        };
+        // SAFETY: the caller's record: function, user data.
+        unsafe {
+            put(out, f);
+            put((out as *mut u8).add(8).cast(), user);
+        }
+        Ok(0)
+    })
+}
+
+pub unsafe fn add_host_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    // SAFETY: the caller's record.
+    let (f, user) = unsafe { host_params(p) };
+    host_node(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, f, user)
+}
+
+pub unsafe fn host_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
+    // SAFETY: the caller's record.
+    let (f, user) = unsafe { host_params(p) };
+    host_node(ctx, Target::Set { node: node as u64 }, f, user)
+}
+
+pub unsafe fn exec_host_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
+    // SAFETY: the caller's record.
+    let (f, user) = unsafe { host_params(p) };
+    host_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, f, user)
+}
+
+pub unsafe fn host_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
+    host_get(ctx, node as u64, out)
+}
+
+pub unsafe fn cu_add_host_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    // SAFETY: the caller's record.
+    unsafe { add_host_node(ctx, out, graph, deps, count, p) }
+}
+
+pub unsafe fn cu_host_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
+    // SAFETY: the caller's record.
+    unsafe { host_node_set_params(ctx, node, p) }
+}
+
+pub unsafe fn cu_exec_host_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
+    // SAFETY: the caller's record.
+    unsafe { exec_host_node_set_params(ctx, exec, node, p) }
+}
+
+pub unsafe fn cu_host_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
+    host_get(ctx, node as u64, out)
+}
+
+// ---- Memory allocation nodes ----
+
+/// cudaMemAllocNodeParams / CUDA_MEM_ALLOC_NODE_PARAMS (120 bytes): the pool properties
+/// (type@0, handle types@4, location@8, max size@24), the access descriptors@88 and their
+/// count@96, the size@104 and the address the node allocates@112.
+fn mem_alloc_node(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
+    run(ctx, |conn| {
+        if p.is_null() {
+            return Err(invalid(ctx));
+        }
+        // SAFETY: the caller's 120-byte record and its array of access descriptors.
+        let (record, params) = unsafe {
+            let record = std::slice::from_raw_parts(p as *const u8, 120).to_vec();
+            let handle_types: u32 = get(p, 4);
+            if handle_types != 0 {
+                return Err(not_supported(ctx, "a graph allocation with shareable handles (CUDA IPC)"));
+            }
+            let count: usize = get(p, 96);
+            let descs = slice::<[u32; 3]>(get::<*const c_void>(p, 88), count.min(1 << 16));
+            let access = descs.iter().map(|d| (d[0], d[1] as i32, d[2])).collect();
+            let params = NodeParams::MemAlloc {
+                alloc_type: get(p, 0),
+                location: (get(p, 8), get(p, 12)),
+                max_size: get(p, 24),
+                access,
+                bytesize: get(p, 104),
+            };
+            (record, params)
+        };
+        let (deps, later) = target.plain_deps()?;
+        let Target::Add { out, .. } = target else { return Err(invalid(ctx)) };
+        let request = GraphNode { target: target.node_target(deps), params, api: api(ctx) };
+        let (node, _, address) = graph_node(conn, request, &[], out)?;
+        // SAFETY: the caller's record: the address the node allocates.
+        unsafe { put((p as *mut u8).add(112).cast(), address) };
+        let size = u64::from_le_bytes(record[104..112].try_into().unwrap_or([0; 8]));
+        if address != 0 {
+            state::add(address, size, Memory::Device { device: state::current_device() });
+        }
+        records().insert(node, NodeRecord::MemAlloc { record, address });
+        if later {
+            return Ok(add_edges(conn, ctx, target, node));
+        }
+        Ok(0)
+    })
+}
+
+fn mem_alloc_get(ctx: &Ctx, node: u64, out: *mut c_void) -> u32 {
+    run(ctx, |_| {
+        if out.is_null() {
+            return Err(invalid(ctx));
+        }
+        let Some(NodeRecord::MemAlloc { record, address }) = records().get(&node) else {
+            return Err(not_supported(ctx, "the parameters of an allocation node this process did not make"));
+        };
+        // SAFETY: the caller's 120-byte record. The access descriptors are the program's
+        // own array, as it passed them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(record.as_ptr(), out as *mut u8, 120);
+            put((out as *mut u8).add(112).cast(), address);
+        }
+        Ok(0)
+    })
+}
+
+pub unsafe fn add_mem_alloc_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    mem_alloc_node(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, p)
+}
+
+pub unsafe fn mem_alloc_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
+    mem_alloc_get(ctx, node as u64, out)
+}
+
+pub unsafe fn cu_add_mem_alloc_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    mem_alloc_node(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, p)
+}
+
+pub unsafe fn cu_mem_alloc_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
+    mem_alloc_get(ctx, node as u64, out)
+}
+
+// ---- Memcpy nodes: device memory and arrays only ----
+
+const D2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToDevice;
+
+/// Whether a node's copy side is the server's memory: an array, or device memory that is
+/// not the program's pinned memory (a graph replayed on the server cannot reach that).
+fn server_side(array: u64, ptr: u64) -> bool {
+    array != 0 || (state::is_device(ptr) && !state::is_pinned(ptr))
+}
+
+/// Whether a copy a node would make is between device memory (or arrays), by its kind
+/// (DeviceToDevice or Default) and the interval map.
+fn device_copy(kind: u32, (dst_array, dst): (u64, u64), (src_array, src): (u64, u64)) -> bool {
+    matches!(kind, D2D | DEFAULT) && server_side(dst_array, dst) && server_side(src_array, src)
+}
+
+const DEFAULT: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDefault;
+
+/// A cudaMemcpy3DParms for a node: Default resolved, host memory refused.
+///
+/// # Safety
+/// `p` is the caller's cudaMemcpy3DParms.
+unsafe fn node_copy_record(ctx: &Ctx, p: *const c_void) -> Result<Vec<u8>, u32> {
+    if p.is_null() {
+        return Err(invalid(ctx));
+    }
+    // SAFETY: per the contract (160 bytes in every version).
+    let mut record = unsafe { std::slice::from_raw_parts(p as *const u8, 160).to_vec() };
+    let word = |r: &[u8], at: usize| u64::from_le_bytes(r[at..at + 8].try_into().unwrap_or([0; 8]));
+    let src = (word(&record, 0), word(&record, 32));
+    let dst = (word(&record, 64), word(&record, 96));
+    let kind = u32::from_le_bytes(record[152..156].try_into().unwrap_or([0; 4]));
+    if !device_copy(kind, dst, src) {
+        return Err(not_supported(ctx, "a memcpy node with host memory (the graph runs on the server)"));
+    }
+    record[152..156].copy_from_slice(&D2D.to_le_bytes());
+    Ok(record)
+}
+
+fn memcpy_node(ctx: &Ctx, target: Target, p: *const c_void, desc: &'static CallDesc) -> u32 {
+    run(ctx, |conn| {
+        // SAFETY: the caller's record.
+        let record = unsafe { node_copy_record(ctx, p) }?;
+        let r = record.as_ptr() as u64;
+        let (deps, later) = target.plain_deps()?;
+        // SAFETY (all arms): the checked record, the caller's arrays and out-pointer.
+        let s = unsafe {
+            match target {
+                Target::Add { out, graph, count, .. } => {
+                    let args = [out as u64, graph, deps.as_ptr() as u64, if later { 0 } else { count as u64 }, r];
+                    let s = call(conn, desc, &args);
+                    if s == 0 && later {
+                        return Ok(add_edges(conn, ctx, target, std::ptr::read_unaligned(out as *const u64)));
+                    }
+                    s
+                }
+                Target::Set { node } => call(conn, desc, &[node, r]),
+                Target::ExecSet { exec, node } => call(conn, desc, &[exec, node, r]),
+            }
+        };
+        Ok(s)
+    })
+}
+
+pub unsafe fn add_memcpy_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
+    memcpy_node(ctx, target, p, ctx.form("call"))
+}
+
+pub unsafe fn memcpy_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
+    memcpy_node(ctx, Target::Set { node: node as u64 }, p, ctx.form("call"))
+}
+
+pub unsafe fn exec_memcpy_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
+    memcpy_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p, ctx.form("call"))
+}
+
+/// A 1D copy node: device memory only, Default resolved (the form fixes the kind).
+fn memcpy_1d(ctx: &Ctx, target: Target, dst: u64, src: u64, count: u64, kind: u32, desc: &'static CallDesc) -> u32 {
+    run(ctx, |conn| {
+        if !device_copy(kind, (0, dst), (0, src)) {
+            return Err(not_supported(ctx, "a memcpy node with host memory (the graph runs on the server)"));
+        }
+        let kind = u64::from(D2D);
+        // SAFETY (all arms): device addresses and handles by value, the caller's arrays.
+        let s = unsafe {
+            match target {
+                Target::Add { out, graph, deps, count: n, .. } => {
+                    call(conn, desc, &[out as u64, graph, deps as u64, n as u64, dst, src, count, kind])
+                }
+                Target::Set { node } => call(conn, desc, &[node, dst, src, count, kind]),
+                Target::ExecSet { exec, node } => call(conn, desc, &[exec, node, dst, src, count, kind]),
+            }
+        };
+        Ok(s)
+    })
+}
+
+pub unsafe fn add_memcpy_node_1d(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    dst: *mut c_void,
+    src: *mut c_void,
+    n: usize,
+    kind: u32,
+) -> u32 {
+    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
+    memcpy_1d(ctx, target, dst as u64, src as u64, n as u64, kind, ctx.form("call"))
+}
+
+pub unsafe fn memcpy_node_set_params_1d(
+    ctx: &Ctx,
+    node: *mut c_void,
+    dst: *mut c_void,
+    src: *mut c_void,
+    n: usize,
+    kind: u32,
+) -> u32 {
+    memcpy_1d(ctx, Target::Set { node: node as u64 }, dst as u64, src as u64, n as u64, kind, ctx.form("call"))
+}
+
+pub unsafe fn exec_memcpy_node_set_params_1d(
+    ctx: &Ctx,
+    exec: *mut c_void,
+    node: *mut c_void,
+    dst: *mut c_void,
+    src: *mut c_void,
+    n: usize,
+    kind: u32,
+) -> u32 {
+    let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
+    memcpy_1d(ctx, target, dst as u64, src as u64, n as u64, kind, ctx.form("call"))
+}
+
+/// A symbol's device address (its module loaded), checked against `offset + count`.
+fn symbol_at(ctx: &Ctx, symbol: u64, offset: usize, count: usize) -> Result<u64, u32> {
+    let conn = conn::get().map_err(|_| ctx.codes.unavailable as u32)?;
+    let var = registry::variable_by_host_var(symbol as usize)
+        .ok_or(chidori_cuda::consts::cudaError::cudaErrorInvalidSymbol)?;
+    let address =
+        modules::variable_address(&conn, var).map_err(|_| chidori_cuda::consts::cudaError::cudaErrorInvalidSymbol)?;
+    if offset.checked_add(count).is_none_or(|end| end > var.size) {
+        return Err(invalid(ctx));
+    }
+    // The variable is device memory the node copies.
+    state::add(address, var.size as u64, Memory::Device { device: state::current_device() });
+    Ok(address + offset as u64)
+}
+
+/// The 1D copy node form of the runtime for a target.
+fn form_1d(target: &Target) -> &'static CallDesc {
+    match target {
+        Target::Add { .. } => &calls::cudaGraphAddMemcpyNode1D__call,
+        Target::Set { .. } => &calls::cudaGraphMemcpyNodeSetParams1D__call,
+        Target::ExecSet { .. } => &calls::cudaGraphExecMemcpyNodeSetParams1D__call,
+    }
+}
+
+fn to_symbol(ctx: &Ctx, target: Target, symbol: u64, src: u64, count: usize, offset: usize, kind: u32) -> u32 {
+    match symbol_at(ctx, symbol, offset, count) {
+        Ok(dst) => memcpy_1d(ctx, target, dst, src, count as u64, kind, form_1d(&target)),
+        Err(e) => run(ctx, |_| Err(e)),
+    }
+}
+
+fn from_symbol(ctx: &Ctx, target: Target, dst: u64, symbol: u64, count: usize, offset: usize, kind: u32) -> u32 {
+    match symbol_at(ctx, symbol, offset, count) {
+        Ok(src) => memcpy_1d(ctx, target, dst, src, count as u64, kind, form_1d(&target)),
+        Err(e) => run(ctx, |_| Err(e)),
+    }
+}
+
+pub unsafe fn add_memcpy_node_to_symbol(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    n: usize,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    let target = Target::Add { out, graph: graph as u64, deps, count: n, edges: std::ptr::null() };
+    to_symbol(ctx, target, symbol as u64, src as u64, count, offset, kind)
+}
+
+pub unsafe fn add_memcpy_node_from_symbol(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    n: usize,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    let target = Target::Add { out, graph: graph as u64, deps, count: n, edges: std::ptr::null() };
+    from_symbol(ctx, target, dst as u64, symbol as u64, count, offset, kind)
+}
+
+pub unsafe fn memcpy_node_set_params_to_symbol(
+    ctx: &Ctx,
+    node: *mut c_void,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    to_symbol(ctx, Target::Set { node: node as u64 }, symbol as u64, src as u64, count, offset, kind)
+}
+
+pub unsafe fn memcpy_node_set_params_from_symbol(
+    ctx: &Ctx,
+    node: *mut c_void,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    from_symbol(ctx, Target::Set { node: node as u64 }, dst as u64, symbol as u64, count, offset, kind)
+}
+
+pub unsafe fn exec_memcpy_node_set_params_to_symbol(
+    ctx: &Ctx,
+    exec: *mut c_void,
+    node: *mut c_void,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
+    to_symbol(ctx, target, symbol as u64, src as u64, count, offset, kind)
+}
+
+pub unsafe fn exec_memcpy_node_set_params_from_symbol(
+    ctx: &Ctx,
+    exec: *mut c_void,
+    node: *mut c_void,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
+    from_symbol(ctx, target, dst as u64, symbol as u64, count, offset, kind)
+}
+
+// ---- Union-typed node parameters: each type goes as its own call ----
+
+/// cudaGraphNodeType / CUgraphNodeType.
+mod ty {
+    pub const KERNEL: u32 = 0;
+    pub const MEMCPY: u32 = 1;
+    pub const MEMSET: u32 = 2;
+    pub const HOST: u32 = 3;
+    pub const GRAPH: u32 = 4;
+    pub const EMPTY: u32 = 5;
+    pub const WAIT_EVENT: u32 = 6;
+    pub const EVENT_RECORD: u32 = 7;
+    pub const MEM_ALLOC: u32 = 10;
+    pub const MEM_FREE: u32 = 11;
+    pub const CONDITIONAL: u32 = 13;
+}
+
+/// A plain node (memset, child graph, events, empty, memory free) through its own
+/// forwarded call; the union's member starts at 16.
+fn plain_node(ctx: &Ctx, conn: &Conn, target: Target, kind: u32, p: *const c_void) -> Result<u32, u32> {
+    let runtime = ctx.library == "cudart";
+    let member = p as u64 + 16;
+    // SAFETY: the caller's record: an 8-byte handle or address at the member's start.
+    let first: u64 = unsafe { get(p, 16) };
+    let (deps, later) = target.plain_deps()?;
+    let (out, graph, n) = match target {
+        Target::Add { out, graph, count, .. } => (out as u64, graph, if later { 0 } else { count as u64 }),
+        _ => (0, 0, 0),
+    };
+    let d = deps.as_ptr() as u64;
+    type Pick = (&'static CallDesc, Vec<u64>);
+    let add = |desc: &'static CallDesc, extra: &[u64]| -> Pick {
+        let mut a = vec![out, graph, d, n];
+        a.extend_from_slice(extra);
+        (desc, a)
+    };
+    let picked: Option<Pick> = match (target, kind) {
+        (Target::Add { .. }, ty::EMPTY) => {
+            Some(add(if runtime { &calls::cudaGraphAddEmptyNode } else { &dcalls::cuGraphAddEmptyNode }, &[]))
+        }
+        (Target::Add { .. }, ty::MEMSET) => Some(if runtime {
+            add(&calls::cudaGraphAddMemsetNode, &[member])
+        } else {
+            // SAFETY: CUDA_MEMSET_NODE_PARAMS_v2: the context at 40.
+            add(&dcalls::cuGraphAddMemsetNode, &[member, unsafe { get(p, 16 + 40) }])
+        }),
+        (Target::Add { .. }, ty::GRAPH) => Some(add(
+            if runtime { &calls::cudaGraphAddChildGraphNode } else { &dcalls::cuGraphAddChildGraphNode },
+            &[first],
+        )),
+        (Target::Add { .. }, ty::WAIT_EVENT) => Some(add(
+            if runtime { &calls::cudaGraphAddEventWaitNode } else { &dcalls::cuGraphAddEventWaitNode },
+            &[first],
+        )),
+        (Target::Add { .. }, ty::EVENT_RECORD) => Some(add(
+            if runtime { &calls::cudaGraphAddEventRecordNode } else { &dcalls::cuGraphAddEventRecordNode },
+            &[first],
+        )),
+        (Target::Add { .. }, ty::MEM_FREE) => {
+            Some(add(if runtime { &calls::cudaGraphAddMemFreeNode } else { &dcalls::cuGraphAddMemFreeNode }, &[first]))
+        }
+        (Target::Set { node }, ty::MEMSET) => Some(if runtime {
+            (&calls::cudaGraphMemsetNodeSetParams, vec![node, member])
+        } else {
+            (&dcalls::cuGraphMemsetNodeSetParams, vec![node, member])
+        }),
+        (Target::Set { node }, ty::WAIT_EVENT) => Some(if runtime {
+            (&calls::cudaGraphEventWaitNodeSetEvent, vec![node, first])
+        } else {
+            (&dcalls::cuGraphEventWaitNodeSetEvent, vec![node, first])
+        }),
+        (Target::Set { node }, ty::EVENT_RECORD) => Some(if runtime {
+            (&calls::cudaGraphEventRecordNodeSetEvent, vec![node, first])
+        } else {
+            (&dcalls::cuGraphEventRecordNodeSetEvent, vec![node, first])
+        }),
+        (Target::ExecSet { exec, node }, ty::MEMSET) => Some(if runtime {
+            (&calls::cudaGraphExecMemsetNodeSetParams, vec![exec, node, member])
+        } else {
+            // SAFETY: as above.
+            (&dcalls::cuGraphExecMemsetNodeSetParams, vec![exec, node, member, unsafe { get(p, 16 + 40) }])
+        }),
+        (Target::ExecSet { exec, node }, ty::GRAPH) => Some(if runtime {
+            (&calls::cudaGraphExecChildGraphNodeSetParams, vec![exec, node, first])
+        } else {
+            (&dcalls::cuGraphExecChildGraphNodeSetParams, vec![exec, node, first])
+        }),
+        (Target::ExecSet { exec, node }, ty::WAIT_EVENT) => Some(if runtime {
+            (&calls::cudaGraphExecEventWaitNodeSetEvent, vec![exec, node, first])
+        } else {
+            (&dcalls::cuGraphExecEventWaitNodeSetEvent, vec![exec, node, first])
+        }),
+        (Target::ExecSet { exec, node }, ty::EVENT_RECORD) => Some(if runtime {
+            (&calls::cudaGraphExecEventRecordNodeSetEvent, vec![exec, node, first])
+        } else {
+            (&dcalls::cuGraphExecEventRecordNodeSetEvent, vec![exec, node, first])
+        }),
+        _ => None,
+    };
+    let Some((desc, args)) = picked else {
+        return Err(not_supported(ctx, &format!("node parameters of type {kind} for this call")));
+    };
+    // SAFETY: the descriptor's parameters: the caller's out-pointer and records, handles.
+    let s = unsafe { call(conn, desc, &args) };
+    if s == 0
+        && later
+        && let Target::Add { out, .. } = target
+    {
+        // SAFETY: written by the reply.
+        return Ok(add_edges(conn, ctx, target, unsafe { std::ptr::read_unaligned(out as *const u64) }));
+    }
+    Ok(s)
+}
+
+/// A conditional node: its body graphs come back from the worker, and the parameters'
+/// `phGraph_out` is set to an array of them (CUDA's is its own, living as long as the node;
+/// the client's lives as long as its record of the node).
+fn conditional_node(ctx: &Ctx, conn: &Conn, target: Target, p: *const c_void) -> Result<u32, u32> {
+    let Target::Add { out, .. } = target else {
+        return Err(not_supported(ctx, "changing a conditional node"));
+    };
+    // SAFETY: the caller's record: handle@16, type@24, size@28, phGraph_out@32.
+    let (handle, kind, size) = unsafe { (get::<u64>(p, 16), get::<u32>(p, 24), get::<u32>(p, 28)) };
+    if size == 0 || size > 64 {
+        return Err(invalid(ctx));
+    }
+    let (deps, later) = target.plain_deps()?;
+    let request = GraphNode {
+        target: target.node_target(deps),
+        params: NodeParams::Conditional { handle, kind, size },
+        api: api(ctx),
+    };
+    let (node, graphs, _) = graph_node(conn, request, &[], out)?;
+    if graphs.len() != size as usize {
+        return Err(invalid(ctx));
+    }
+    let bodies: Arc<[u64]> = graphs.into();
+    // SAFETY: the caller's record (CUDA writes phGraph_out into it: it is not const).
+    unsafe { put((p as *mut u8).add(32).cast(), bodies.as_ptr() as u64) };
+    records().insert(node, NodeRecord::Conditional { bodies });
+    if later {
+        return Ok(add_edges(conn, ctx, target, node));
+    }
+    Ok(0)
+}
+
+fn node_params(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
+    if p.is_null() {
+        return run(ctx, |_| Err(invalid(ctx)));
+    }
+    // SAFETY: the caller's cudaGraphNodeParams / CUgraphNodeParams.
+    let kind: u32 = unsafe { get(p, 0) };
+    let member = (p as *mut u8).wrapping_add(16).cast::<c_void>();
+    let runtime = ctx.library == "cudart";
+    match kind {
+        ty::KERNEL => {
+            // SAFETY: the kernel member's function (and, for the driver, its kernel at 56).
+            let func = unsafe {
+                if runtime {
+                    KernelFunc::Runtime(get(member, 0))
+                } else {
+                    KernelFunc::Driver { func: get(member, 0), kern: get(member, 56) }
+                }
+            };
+            kernel_node(ctx, target, func, member)
+        }
+        ty::HOST => {
+            // SAFETY: the host member.
+            let (f, user) = unsafe { host_params(member) };
+            host_node(ctx, target, f, user)
+        }
+        ty::MEM_ALLOC => mem_alloc_node(ctx, target, member),
+        ty::MEMCPY if runtime => {
+            // cudaMemcpyNodeParams: the copy at 16 of the member.
+            let copy = (member as *mut u8).wrapping_add(16).cast::<c_void>();
+            let desc = match target {
+                Target::Add { .. } => &calls::cudaGraphAddMemcpyNode__call,
+                Target::Set { .. } => &calls::cudaGraphMemcpyNodeSetParams__call,
+                Target::ExecSet { .. } => &calls::cudaGraphExecMemcpyNodeSetParams__call,
+            };
+            memcpy_node(ctx, target, copy, desc)
+        }
+        ty::MEMCPY => run(ctx, |conn| {
+            // CUDA_MEMCPY_NODE_PARAMS: the context at 8, the copy at 16 (checked by the worker).
+            // SAFETY: the caller's record.
+            let (copy_ctx, copy) = unsafe { (get::<u64>(member, 8), (member as u64) + 16) };
+            let (deps, later) = target.plain_deps()?;
+            // SAFETY (all arms): the caller's record, arrays and out-pointer.
+            let s = unsafe {
+                match target {
+                    Target::Add { out, graph, count, .. } => {
+                        let n = if later { 0 } else { count as u64 };
+                        let args = [out as u64, graph, deps.as_ptr() as u64, n, copy, copy_ctx];
+                        let s = call(conn, &dcalls::cuGraphAddMemcpyNode, &args);
+                        if s == 0 && later {
+                            return Ok(add_edges(conn, ctx, target, std::ptr::read_unaligned(out as *const u64)));
+                        }
+                        s
+                    }
+                    Target::Set { node } => call(conn, &dcalls::cuGraphMemcpyNodeSetParams, &[node, copy]),
+                    Target::ExecSet { exec, node } => {
+                        call(conn, &dcalls::cuGraphExecMemcpyNodeSetParams, &[exec, node, copy, copy_ctx])
+                    }
+                }
+            };
+            Ok(s)
+        }),
+        ty::CONDITIONAL => run(ctx, |conn| conditional_node(ctx, conn, target, p)),
+        other => run(ctx, |conn| plain_node(ctx, conn, target, other, p)),
+    }
+}
+
+/// cudaGraphAddNode before 13.0: no edge data.
+pub unsafe fn add_node_5(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    node_params(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, p)
+}
+
+/// cudaGraphAddNode from 13.0: edge data per dependency.
+pub unsafe fn add_node_6(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    node_params(ctx, Target::Add { out, graph: graph as u64, deps, count, edges }, p)
+}
+
+pub unsafe fn node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
+    node_params(ctx, Target::Set { node: node as u64 }, p)
+}
+
+pub unsafe fn exec_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
+    node_params(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p)
+}
+
+pub unsafe fn cu_add_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    node_params(ctx, Target::Add { out, graph: graph as u64, deps, count, edges }, p)
+}
+
+pub unsafe fn cu_add_node_without_edges(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    p: *mut c_void,
+) -> u32 {
+    node_params(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, p)
+}
+
+pub unsafe fn cu_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
+    node_params(ctx, Target::Set { node: node as u64 }, p)
+}
+
+pub unsafe fn cu_exec_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
+    node_params(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p)
+}
+
+// ---- Node arrays ----
+
+/// The worker's answer to a node list query.
+pub struct Listed {
+    pub nodes: Vec<u64>,
+    pub peers: Vec<u64>,
+    pub edge_data: Vec<u64>,
+    pub capture: Option<(u32, u64, u64)>,
+}
+
+pub fn list(conn: &Conn, query: GraphList) -> Result<Listed, u32> {
+    let start = std::time::Instant::now();
+    let reply = conn.service(&Service::GraphList(query), &[]).map_err(|_| 100u32)?;
+    crate::trace::bytes("(graph nodes)", 1, 0, 0, start.elapsed());
+    match reply {
+        ServiceReply::Nodes { nodes, peers, edge_data, capture } => Ok(Listed { nodes, peers, edge_data, capture }),
+        ServiceReply::Error { status, .. } => Err(status as u32),
+        _ => Err(1),
+    }
+}
+
+/// cudaErrorLossyQuery / CUDA_ERROR_LOSSY_QUERY: edges with data asked without it.
+const LOSSY_QUERY: u32 = 913;
+
+/// Fill the caller's arrays (each may be null) with up to `*count` entries; `*count`
+/// becomes the number of entries (all of them when the arrays are null).
+fn fill(ctx: &Ctx, listed: &Listed, arrays: [*mut c_void; 3], count: *mut c_void) -> Result<u32, u32> {
+    if count.is_null() {
+        return Err(invalid(ctx));
+    }
+    let total = listed.nodes.len();
+    if arrays.iter().all(|a| a.is_null()) {
+        // SAFETY: the caller's size_t.
+        unsafe { put(count, total) };
+        return Ok(0);
+    }
+    // SAFETY: the caller's size_t, then its arrays of that many elements.
+    let capacity: usize = unsafe { get(count, 0) };
+    let n = capacity.min(total);
+    let lossy = arrays[2].is_null() && listed.edge_data.iter().any(|e| *e != 0);
+    let columns = [&listed.nodes, &listed.peers, &listed.edge_data];
+    for (array, column) in arrays.iter().zip(columns) {
+        if array.is_null() {
+            continue;
+        }
+        for i in 0..capacity {
+            let v = if i < n { column.get(i).copied().unwrap_or(0) } else { 0 };
+            // SAFETY: the caller's array of `capacity` 8-byte elements.
+            unsafe { put((*array as *mut u64).add(i).cast(), v) };
+        }
+    }
+    // SAFETY: as above.
+    unsafe { put(count, n) };
+    Ok(if lossy { LOSSY_QUERY } else { 0 })
+}
+
+fn nodes_query(ctx: &Ctx, query: GraphList, arrays: [*mut c_void; 3], count: *mut c_void) -> u32 {
+    run(ctx, |conn| {
+        let listed = list(conn, query)?;
+        fill(ctx, &listed, arrays, count)
+    })
+}
+
+fn none() -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+pub unsafe fn get_nodes(ctx: &Ctx, graph: *mut c_void, nodes: *mut c_void, count: *mut c_void) -> u32 {
+    nodes_query(ctx, GraphList::Nodes { graph: graph as u64 }, [nodes, none(), none()], count)
+}
+
+pub unsafe fn get_root_nodes(ctx: &Ctx, graph: *mut c_void, nodes: *mut c_void, count: *mut c_void) -> u32 {
+    nodes_query(ctx, GraphList::RootNodes { graph: graph as u64 }, [nodes, none(), none()], count)
+}
+
+pub unsafe fn get_edges_4(
+    ctx: &Ctx,
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    // Before edge data existed, edges have none to lose.
+    run(ctx, |conn| {
+        let mut listed = list(conn, GraphList::Edges { graph: graph as u64 })?;
+        listed.edge_data.clear();
+        fill(ctx, &listed, [from, to, none()], count)
+    })
+}
+
+pub unsafe fn get_edges_5(
+    ctx: &Ctx,
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    nodes_query(ctx, GraphList::Edges { graph: graph as u64 }, [from, to, edges], count)
+}
+
+pub unsafe fn node_get_dependencies_3(ctx: &Ctx, node: *mut c_void, deps: *mut c_void, count: *mut c_void) -> u32 {
+    run(ctx, |conn| {
+        let mut listed = list(conn, GraphList::Dependencies { node: node as u64 })?;
+        listed.edge_data.clear();
+        fill(ctx, &listed, [deps, none(), none()], count)
+    })
+}
+
+pub unsafe fn node_get_dependencies_4(
+    ctx: &Ctx,
+    node: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    run(ctx, |conn| {
+        let mut listed = list(conn, GraphList::Dependencies { node: node as u64 })?;
+        // Edge data is the second column of a node list.
+        listed.peers = std::mem::take(&mut listed.edge_data);
+        let lossy = edges.is_null() && listed.peers.iter().any(|e| *e != 0);
+        let s = fill(ctx, &listed, [deps, edges, none()], count)?;
+        Ok(if lossy && !deps.is_null() { LOSSY_QUERY } else { s })
+    })
+}
+
+pub unsafe fn node_get_dependent_nodes_3(ctx: &Ctx, node: *mut c_void, deps: *mut c_void, count: *mut c_void) -> u32 {
+    run(ctx, |conn| {
+        let mut listed = list(conn, GraphList::Dependents { node: node as u64 })?;
+        listed.edge_data.clear();
+        fill(ctx, &listed, [deps, none(), none()], count)
+    })
+}
+
+pub unsafe fn node_get_dependent_nodes_4(
+    ctx: &Ctx,
+    node: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    run(ctx, |conn| {
+        let mut listed = list(conn, GraphList::Dependents { node: node as u64 })?;
+        listed.peers = std::mem::take(&mut listed.edge_data);
+        let lossy = edges.is_null() && listed.peers.iter().any(|e| *e != 0);
+        let s = fill(ctx, &listed, [deps, edges, none()], count)?;
+        Ok(if lossy && !deps.is_null() { LOSSY_QUERY } else { s })
+    })
+}
+
+pub unsafe fn cu_get_nodes(ctx: &Ctx, graph: *mut c_void, nodes: *mut c_void, count: *mut c_void) -> u32 {
+    // SAFETY: same contract.
+    unsafe { get_nodes(ctx, graph, nodes, count) }
+}
+
+pub unsafe fn cu_get_root_nodes(ctx: &Ctx, graph: *mut c_void, nodes: *mut c_void, count: *mut c_void) -> u32 {
+    // SAFETY: same contract.
+    unsafe { get_root_nodes(ctx, graph, nodes, count) }
+}
+
+pub unsafe fn cu_get_edges(
+    ctx: &Ctx,
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    // SAFETY: same contract.
+    unsafe { get_edges_5(ctx, graph, from, to, edges, count) }
+}
+
+pub unsafe fn cu_node_get_dependencies(
+    ctx: &Ctx,
+    node: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    // SAFETY: same contract.
+    unsafe { node_get_dependencies_4(ctx, node, deps, edges, count) }
+}
+
+pub unsafe fn cu_node_get_dependent_nodes(
+    ctx: &Ctx,
+    node: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    // SAFETY: same contract.
+    unsafe { node_get_dependent_nodes_4(ctx, node, deps, edges, count) }
+}

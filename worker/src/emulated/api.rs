@@ -1,0 +1,1000 @@
+//! The emulated backend's arrays, 3D memory, memory pools, texture and surface objects,
+//! stream attributes and graphs, call by call. Records arrive in the server's layout (the
+//! session translated them to CUDA 13.0's, `profile::PROPS_VERSION`); their offsets below
+//! are that version's.
+
+use std::sync::Arc;
+
+use chidori_protocol::desc::{CallDesc, Wire};
+use chidori_protocol::messages::{GraphList, GraphNode, NodeParams, NodeTarget};
+
+use super::graphs::{self, Op, Region, kind};
+use super::{
+    ALIGN, CAPTURE_UNSUPPORTED, Emulated, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, SUCCESS, put_u32, put_u64,
+};
+use crate::backend::{HostFn, NodeList, NodeMade};
+
+/// An array: its bytes are the allocation at its handle, rows of `width` elements.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayInfo {
+    pub elem: u64,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+    pub flags: u32,
+    /// The channel description (cudaChannelFormatDesc) or the driver's format and channels.
+    pub channels: [i32; 5],
+}
+
+impl ArrayInfo {
+    // Saturating: a hostile description never overflows; its allocation fails instead.
+    fn pitch(&self) -> u64 {
+        self.width.saturating_mul(self.elem)
+    }
+
+    fn slice(&self) -> u64 {
+        self.pitch().saturating_mul(self.height.max(1))
+    }
+
+    fn bytes(&self) -> u64 {
+        self.slice().saturating_mul(self.depth.max(1))
+    }
+}
+
+/// A memory pool: its attributes, and the bytes allocated from it now and at most.
+#[derive(Clone, Debug, Default)]
+pub struct Pool {
+    attributes: std::collections::HashMap<u32, u64>,
+    used: u64,
+    high: u64,
+}
+
+/// cudaMemPoolAttr / CUmemPool_attribute: reserved and used memory, current and high.
+const RESERVED_CURRENT: u32 = 5;
+const RESERVED_HIGH: u32 = 6;
+const USED_CURRENT: u32 = 7;
+const USED_HIGH: u32 = 8;
+
+/// Records that may be NULL wherever they appear: a texture's resource view.
+fn optional_record(record: Option<&str>) -> bool {
+    matches!(record, Some("cudaResourceViewDesc" | "CUDA_RESOURCE_VIEW_DESC_st"))
+}
+
+/// Functions whose single input record may be NULL ("default parameters"), which the
+/// emulation reads only when it is not.
+fn optional_input(name: &str) -> bool {
+    matches!(name, "cuCtxCreate_v4" | "cudaGraphInstantiateWithParams" | "cudaStreamBeginCaptureToGraph")
+}
+
+/// # Safety
+/// `p` must be readable at `offset` for a T.
+unsafe fn rd<T: Copy>(p: u64, offset: usize) -> T {
+    // SAFETY: per the contract.
+    unsafe { std::ptr::read_unaligned((p as usize + offset) as *const T) }
+}
+
+/// # Safety
+/// `p` must be readable for `len` bytes.
+unsafe fn bytes(p: u64, len: usize) -> Vec<u8> {
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec()
+}
+
+/// Bytes of the host buffer parameter `i` of `desc` (a record or an array of them).
+fn buf_len(desc: &CallDesc, i: usize, a: &[u64]) -> usize {
+    match desc.params.get(i) {
+        Some(Wire::Buf { elem, len: None, .. }) => *elem as usize,
+        Some(Wire::Buf { elem, len: Some(len), .. }) => len.eval(a).unwrap_or(0) as usize * *elem as usize,
+        _ => 0,
+    }
+}
+
+/// The node handles of a `handles(CUgraphNode_st)[n]` parameter.
+///
+/// # Safety
+/// `p` must hold `n` handles (or be null).
+unsafe fn nodes(p: u64, n: u64) -> Vec<u64> {
+    if p == 0 {
+        return Vec::new();
+    }
+    // SAFETY: per the contract; read element by element (the array need not be aligned).
+    (0..n).map(|i| unsafe { std::ptr::read_unaligned((p as *const u64).wrapping_add(i as usize)) }).collect()
+}
+
+/// Bytes per element of a driver array format (CUarray_format) and channel count.
+fn format_bytes(format: u32, channels: u32) -> u64 {
+    let per = match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        _ => 4,
+    };
+    per * u64::from(channels.max(1))
+}
+
+impl Emulated {
+    fn object(&self) -> u64 {
+        let mut s = self.state();
+        s.next_object += 1;
+        s.next_object
+    }
+
+    fn new_array(&self, info: ArrayInfo) -> Result<u64, u64> {
+        let handle = self.alloc(info.bytes().max(1))?;
+        self.state().arrays.insert(handle, info);
+        Ok(handle)
+    }
+
+    fn array(&self, handle: u64) -> Option<ArrayInfo> {
+        self.state().arrays.get(&handle).copied()
+    }
+
+    /// The region of a 3D copy side: an array at a position in elements, or pitched memory
+    /// at a position in bytes.
+    fn side(&self, array: u64, pos: [u64; 3], ptr: [u64; 4]) -> Option<Region> {
+        if array != 0 {
+            let info = self.array(array)?;
+            // Wrapping: a region is only used through the allocation map, which refuses
+            // addresses outside it.
+            let addr = array
+                .wrapping_add(pos[2].wrapping_mul(info.slice()))
+                .wrapping_add(pos[1].wrapping_mul(info.pitch()))
+                .wrapping_add(pos[0].wrapping_mul(info.elem));
+            return Some(Region { addr, pitch: info.pitch(), slice: info.slice() });
+        }
+        let [base, pitch, _, ysize] = ptr;
+        let slice = pitch.wrapping_mul(ysize.max(1));
+        Some(Region {
+            addr: base
+                .wrapping_add(pos[2].wrapping_mul(slice))
+                .wrapping_add(pos[1].wrapping_mul(pitch))
+                .wrapping_add(pos[0]),
+            pitch,
+            slice,
+        })
+    }
+
+    /// A cudaMemcpy3DParms (160 bytes) as a region copy: srcArray@0, srcPos@8, srcPtr@32,
+    /// dstArray@64, dstPos@72, dstPtr@96, extent@128. The extent counts an array's elements
+    /// where one takes part.
+    ///
+    /// # Safety
+    /// `p` must hold the record.
+    unsafe fn copy_3d_op(&self, p: u64, peer: bool) -> Option<Op> {
+        // The peer record puts the devices after each pointer: dst at 72, extent at 144.
+        let (dst_at, extent_at) = if peer { (72, 144) } else { (64, 128) };
+        // SAFETY (block): per the contract.
+        unsafe {
+            let (src_array, dst_array): (u64, u64) = (rd(p, 0), rd(p, dst_at));
+            let src = self.side(src_array, rd(p, 8), rd(p, 32))?;
+            let dst = self.side(dst_array, rd(p, dst_at + 8), rd(p, dst_at + 32))?;
+            let extent: [u64; 3] = rd(p, extent_at);
+            let elem =
+                [src_array, dst_array].iter().find(|a| **a != 0).and_then(|a| self.array(*a)).map_or(1, |i| i.elem);
+            Some(Op::Region { dst, src, width: extent[0].saturating_mul(elem), height: extent[1], depth: extent[2] })
+        }
+    }
+
+    /// A CUDA_MEMCPY3D (200 bytes; `two_d`: a CUDA_MEMCPY2D, 128) as a region copy, between
+    /// device memory and arrays (the worker refused host memory types).
+    ///
+    /// # Safety
+    /// `p` must hold the record.
+    unsafe fn cu_copy_op(&self, p: u64, two_d: bool) -> Option<Op> {
+        // (x, y, z, type, device, array, pitch, rows) offsets of each side, and the extent's.
+        let (src, dst, extent) = if two_d {
+            (
+                [0, 8, usize::MAX, 16, 32, 40, 48, usize::MAX],
+                [56, 64, usize::MAX, 72, 88, 96, 104, usize::MAX],
+                [112, 120],
+            )
+        } else {
+            ([0, 8, 16, 32, 48, 56, 72, 80], [88, 96, 104, 120, 136, 144, 160, 168], [176, 184])
+        };
+        // SAFETY (block): per the contract.
+        unsafe {
+            let word = |at: usize| if at == usize::MAX { 0 } else { rd::<u64>(p, at) };
+            let region = |o: [usize; 8]| -> Option<Region> {
+                let (x, y, z, ty) = (word(o[0]), word(o[1]), word(o[2]), rd::<u32>(p, o[3]));
+                if ty == 3 {
+                    let array = word(o[5]);
+                    let info = self.array(array)?;
+                    return Some(Region {
+                        addr: array
+                            .wrapping_add(z.wrapping_mul(info.slice()))
+                            .wrapping_add(y.wrapping_mul(info.pitch()))
+                            .wrapping_add(x),
+                        pitch: info.pitch(),
+                        slice: info.slice(),
+                    });
+                }
+                let (pitch, rows) = (word(o[6]), word(o[7]).max(1));
+                let slice = pitch.wrapping_mul(rows);
+                let addr =
+                    word(o[4]).wrapping_add(z.wrapping_mul(slice)).wrapping_add(y.wrapping_mul(pitch)).wrapping_add(x);
+                Some(Region { addr, pitch, slice })
+            };
+            let depth = if two_d { 1 } else { rd::<u64>(p, 192) };
+            Some(Op::Region {
+                dst: region(dst)?,
+                src: region(src)?,
+                width: word(extent[0]),
+                height: word(extent[1]),
+                depth,
+            })
+        }
+    }
+
+    /// Run `op` now, or record it if `stream` is capturing.
+    fn run_or_record(&self, stream: Option<u64>, kind: u32, op: Op) -> u64 {
+        if let Some(s) = stream
+            && let Some(status) = self.captured(s, Some((kind, op.clone())))
+        {
+            return status;
+        }
+        if stream.is_some_and(|s| !self.stream_ok(s)) {
+            return INVALID_HANDLE;
+        }
+        self.replay(&[op])
+    }
+
+    /// Rows between an array (handle, x in bytes, row) and memory (worker buffer or device).
+    #[allow(clippy::too_many_arguments)]
+    fn array_rows(
+        &self,
+        array: u64,
+        (x, y): (u64, u64),
+        mem: u64,
+        mem_device: bool,
+        mem_pitch: u64,
+        (width, height): (u64, u64),
+        to_array: bool,
+    ) -> u64 {
+        let Some(info) = self.array(array) else { return INVALID_HANDLE };
+        if x + width > info.pitch() || y + height > info.height.max(1) * info.depth.max(1) {
+            return INVALID_VALUE;
+        }
+        for r in 0..height {
+            let a = array + (y + r) * info.pitch() + x;
+            let m = mem + r * mem_pitch;
+            // SAFETY: the array is an allocation; a host side is the session's buffer of
+            // height * pitch bytes.
+            let status = unsafe {
+                if to_array {
+                    self.copy(a, true, m, mem_device, width)
+                } else {
+                    self.copy(m, mem_device, a, true, width)
+                }
+            };
+            if status != SUCCESS {
+                return status;
+            }
+        }
+        SUCCESS
+    }
+
+    /// `count` bytes between an array, from (x bytes, row y) on as one run, and memory.
+    fn array_linear(
+        &self,
+        array: u64,
+        (x, y): (u64, u64),
+        mem: u64,
+        mem_device: bool,
+        count: u64,
+        to_array: bool,
+    ) -> u64 {
+        let Some(info) = self.array(array) else { return INVALID_HANDLE };
+        let start = y * info.pitch() + x;
+        if start.checked_add(count).is_none_or(|end| end > info.bytes()) {
+            return INVALID_VALUE;
+        }
+        // SAFETY: the array is an allocation; a host side is the session's buffer of `count` bytes.
+        unsafe {
+            if to_array {
+                self.copy(array + start, true, mem, mem_device, count)
+            } else {
+                self.copy(mem, mem_device, array + start, true, count)
+            }
+        }
+    }
+
+    fn graph_status(&self, r: Result<u64, u64>, out: u64) -> u64 {
+        match r {
+            Ok(h) => {
+                if out != 0 {
+                    // SAFETY: the session's 8-byte buffer for the handle.
+                    unsafe { put_u64(out, h) };
+                }
+                SUCCESS
+            }
+            Err(e) => e,
+        }
+    }
+
+    /// The calls of the groups above; None: not one of them.
+    ///
+    /// # Safety
+    /// As [`crate::backend::Backend::invoke`].
+    pub(super) unsafe fn invoke_more(&self, desc: &'static CallDesc, name: &str, a: &[u64]) -> Option<u64> {
+        // Every function here reads its single input records (descriptions, extents,
+        // parameters): NULL for one is an invalid value, as it is natively.
+        let null_input = desc.params.iter().zip(a).any(|(w, &v)| match w {
+            Wire::Buf { dir: chidori_protocol::desc::Dir::In, len: None, record, .. } => {
+                v == 0 && !optional_record(*record)
+            }
+            _ => false,
+        });
+        if null_input && !optional_input(name) {
+            return Some(INVALID_VALUE);
+        }
+        let device = |i: usize| matches!(desc.params.get(i), Some(Wire::Device));
+        let stream_at = |i: usize| a.get(i).copied();
+        // SAFETY (all arms): out-parameters and records are the session's buffers, sized by
+        // the descriptor; device addresses are only looked up in the allocation map.
+        let status =
+            unsafe {
+                match (desc.library, name) {
+                    // ---- 3D memory ----
+                    ("cudart", "cudaMalloc3D") => {
+                        let [w, h, d]: [u64; 3] = rd(a[1], 0);
+                        let pitch = w.max(1).div_ceil(ALIGN) * ALIGN;
+                        match self.alloc(pitch * h.max(1) * d.max(1)) {
+                            Ok(p) => {
+                                for (i, v) in [p, pitch, w, h].into_iter().enumerate() {
+                                    put_u64(a[0] + 8 * i as u64, v);
+                                }
+                                SUCCESS
+                            }
+                            Err(e) => e,
+                        }
+                    }
+                    ("cudart", "cudaMemset3D" | "cudaMemset3DAsync") => {
+                        let [ptr, pitch, _, ysize]: [u64; 4] = rd(a[0], 0);
+                        let [w, h, d]: [u64; 3] = rd(a[2], 0);
+                        let stream = if name == "cudaMemset3DAsync" { stream_at(3) } else { None };
+                        for z in 0..d.max(1) {
+                            let at = ptr + z * pitch * ysize.max(1);
+                            let op =
+                                Op::Memset { dst: at, pitch, value: a[1] as u8 as u32, elem: 1, width: w, height: h };
+                            let s = self.run_or_record(stream, kind::MEMSET, op);
+                            if s != SUCCESS {
+                                return Some(s);
+                            }
+                        }
+                        SUCCESS
+                    }
+                    ("cudart", "cudaMemset2D" | "cudaMemset2DAsync") => {
+                        let stream = if name == "cudaMemset2DAsync" { stream_at(5) } else { None };
+                        let op = Op::Memset {
+                            dst: a[0],
+                            pitch: a[1],
+                            value: a[2] as u8 as u32,
+                            elem: 1,
+                            width: a[3],
+                            height: a[4],
+                        };
+                        self.run_or_record(stream, kind::MEMSET, op)
+                    }
+                    ("cudart", "cudaMemcpyPeer" | "cudaMemcpyPeerAsync") => {
+                        let stream = if name == "cudaMemcpyPeerAsync" { stream_at(5) } else { None };
+                        self.run_or_record(stream, kind::MEMCPY, Op::Copy { dst: a[0], src: a[2], len: a[4] })
+                    }
+                    ("cudart", "cudaDeviceCanAccessPeer") => {
+                        put_u32(a[0], 0);
+                        SUCCESS
+                    }
+                    // ---- Arrays ----
+                    ("cudart", "cudaMallocArray" | "cudaMalloc3DArray") => {
+                        let c: [i32; 5] = rd(a[1], 0);
+                        let bits = c[..4].iter().map(|&b| i64::from(b)).sum::<i64>();
+                        let elem = (bits.clamp(8, 1 << 20) / 8) as u64;
+                        let (w, h, d, flags) = if name == "cudaMallocArray" {
+                            (a[2], a[3], 0, a[4] as u32)
+                        } else {
+                            let e: [u64; 3] = rd(a[2], 0);
+                            (e[0], e[1], e[2], a[3] as u32)
+                        };
+                        let info = ArrayInfo { elem, width: w, height: h, depth: d, flags, channels: c };
+                        match self.new_array(info) {
+                            Ok(h) => {
+                                put_u64(a[0], h);
+                                SUCCESS
+                            }
+                            Err(e) => e,
+                        }
+                    }
+                    ("driver", "cuArrayCreate_v2" | "cuArray3DCreate_v2") => {
+                        let three = name == "cuArray3DCreate_v2";
+                        let (w, h): (u64, u64) = (rd(a[1], 0), rd(a[1], 8));
+                        let d: u64 = if three { rd(a[1], 16) } else { 0 };
+                        let (format, channels): (u32, u32) =
+                            if three { (rd(a[1], 24), rd(a[1], 28)) } else { (rd(a[1], 16), rd(a[1], 20)) };
+                        let flags: u32 = if three { rd(a[1], 32) } else { 0 };
+                        let elem = format_bytes(format, channels);
+                        let channels = [format as i32, channels as i32, 0, 0, 0];
+                        match self.new_array(ArrayInfo { elem, width: w, height: h, depth: d, flags, channels }) {
+                            Ok(h) => {
+                                put_u64(a[0], h);
+                                SUCCESS
+                            }
+                            Err(e) => e,
+                        }
+                    }
+                    ("cudart", "cudaFreeArray") | ("driver", "cuArrayDestroy") => {
+                        if self.state().arrays.remove(&a[0]).is_some() { self.free(a[0]) } else { INVALID_HANDLE }
+                    }
+                    ("cudart", "cudaArrayGetInfo") => match self.array(a[3]) {
+                        Some(i) => {
+                            if a[0] != 0 {
+                                std::ptr::write_unaligned(a[0] as *mut [i32; 5], i.channels);
+                            }
+                            if a[1] != 0 {
+                                std::ptr::write_unaligned(a[1] as *mut [u64; 3], [i.width, i.height, i.depth]);
+                            }
+                            if a[2] != 0 {
+                                put_u32(a[2], i.flags);
+                            }
+                            SUCCESS
+                        }
+                        None => INVALID_HANDLE,
+                    },
+                    ("cudart", "cudaGetChannelDesc") => match self.array(a[1]) {
+                        Some(i) => {
+                            std::ptr::write_unaligned(a[0] as *mut [i32; 5], i.channels);
+                            SUCCESS
+                        }
+                        None => INVALID_HANDLE,
+                    },
+                    ("driver", "cuArrayGetDescriptor_v2" | "cuArray3DGetDescriptor_v2") => match self.array(a[1]) {
+                        Some(i) => {
+                            let (format, channels) = (i.channels[0] as u32, i.channels[1] as u32);
+                            if name == "cuArrayGetDescriptor_v2" {
+                                std::ptr::write_unaligned(a[0] as *mut [u64; 2], [i.width, i.height]);
+                                std::ptr::write_unaligned((a[0] + 16) as *mut [u32; 2], [format, channels]);
+                            } else {
+                                std::ptr::write_unaligned(a[0] as *mut [u64; 3], [i.width, i.height, i.depth]);
+                                std::ptr::write_unaligned((a[0] + 24) as *mut [u32; 3], [format, channels, i.flags]);
+                            }
+                            SUCCESS
+                        }
+                        None => INVALID_HANDLE,
+                    },
+                    // (dst array, wOffset, hOffset, src, spitch, width, height, kind[, stream]).
+                    ("cudart", "cudaMemcpy2DToArray" | "cudaMemcpy2DToArrayAsync") => {
+                        let s = self.array_rows(a[0], (a[1], a[2]), a[3], device(3), a[4], (a[5], a[6]), true);
+                        if name.ends_with("Async") && !self.stream_ok(a[8]) { INVALID_HANDLE } else { s }
+                    }
+                    // (dst, dpitch, src array, wOffset, hOffset, width, height, kind[, stream]).
+                    ("cudart", "cudaMemcpy2DFromArray" | "cudaMemcpy2DFromArrayAsync") => {
+                        self.array_rows(a[2], (a[3], a[4]), a[0], device(0), a[1], (a[5], a[6]), false)
+                    }
+                    // (dst array, wOffset, hOffset, src, count, kind[, stream]): one run of bytes.
+                    ("cudart", "cudaMemcpyToArray" | "cudaMemcpyToArrayAsync") => {
+                        self.array_linear(a[0], (a[1], a[2]), a[3], device(3), a[4], true)
+                    }
+                    ("cudart", "cudaMemcpyFromArray" | "cudaMemcpyFromArrayAsync") => {
+                        self.array_linear(a[1], (a[2], a[3]), a[0], device(0), a[4], false)
+                    }
+                    ("driver", "cuMemcpyHtoA_v2" | "cuMemcpyHtoAAsync_v2") => {
+                        self.array_linear(a[0], (a[1], 0), a[2], false, a[3], true)
+                    }
+                    ("driver", "cuMemcpyAtoH_v2" | "cuMemcpyAtoHAsync_v2") => {
+                        self.array_linear(a[1], (a[2], 0), a[0], false, a[3], false)
+                    }
+                    ("cudart", "cudaMemcpy3D" | "cudaMemcpy3DAsync" | "cudaMemcpy3DPeer" | "cudaMemcpy3DPeerAsync") => {
+                        let peer = name.contains("Peer");
+                        let stream = if name.ends_with("Async") { stream_at(1) } else { None };
+                        match self.copy_3d_op(a[0], peer) {
+                            Some(op) => self.run_or_record(stream, kind::MEMCPY, op),
+                            None => INVALID_HANDLE,
+                        }
+                    }
+                    ("driver", "cuMemcpy2D_v2" | "cuMemcpy2DUnaligned_v2" | "cuMemcpy2DAsync_v2") => {
+                        let stream = if name.ends_with("Async_v2") { stream_at(1) } else { None };
+                        match self.cu_copy_op(a[0], true) {
+                            Some(op) => self.run_or_record(stream, kind::MEMCPY, op),
+                            None => INVALID_HANDLE,
+                        }
+                    }
+                    ("driver", "cuMemcpy3D_v2" | "cuMemcpy3DAsync_v2") => {
+                        let stream = if name.ends_with("Async_v2") { stream_at(1) } else { None };
+                        match self.cu_copy_op(a[0], false) {
+                            Some(op) => self.run_or_record(stream, kind::MEMCPY, op),
+                            None => INVALID_HANDLE,
+                        }
+                    }
+                    // ---- Texture and surface objects: their descriptors, kept ----
+                    ("cudart", "cudaCreateTextureObject" | "cudaCreateSurfaceObject")
+                    | ("driver", "cuTexObjectCreate" | "cuSurfObjectCreate") => {
+                        let mut kept = Vec::new();
+                        for i in 1..desc.params.len() {
+                            let n = buf_len(desc, i, a);
+                            kept.extend(if a[i] == 0 { vec![0; n] } else { bytes(a[i], n) });
+                        }
+                        // A resource descriptor's array must be live (the session mapped it).
+                        let res_type: u32 = rd(a[1], 0);
+                        let array: u64 = rd(a[1], 8);
+                        if res_type == 0 && !self.state().arrays.contains_key(&array) {
+                            return Some(INVALID_HANDLE);
+                        }
+                        let o = self.object();
+                        self.state().objects.insert(o, kept);
+                        put_u64(a[0], o);
+                        SUCCESS
+                    }
+                    ("cudart", "cudaDestroyTextureObject" | "cudaDestroySurfaceObject")
+                    | ("driver", "cuTexObjectDestroy" | "cuSurfObjectDestroy") => {
+                        if self.state().objects.remove(&a[0]).is_some() { SUCCESS } else { INVALID_VALUE }
+                    }
+                    (
+                        "cudart",
+                        "cudaGetTextureObjectResourceDesc"
+                        | "cudaGetTextureObjectTextureDesc"
+                        | "cudaGetTextureObjectResourceViewDesc"
+                        | "cudaGetSurfaceObjectResourceDesc",
+                    )
+                    | (
+                        "driver",
+                        "cuTexObjectGetResourceDesc"
+                        | "cuTexObjectGetTextureDesc"
+                        | "cuTexObjectGetResourceViewDesc"
+                        | "cuSurfObjectGetResourceDesc",
+                    ) => {
+                        let Some(kept) = self.state().objects.get(&a[1]).cloned() else { return Some(INVALID_VALUE) };
+                        let n = buf_len(desc, 0, a);
+                        // The resource descriptor comes first, then the texture's, then the view's.
+                        let (res, tex) = if desc.library == "cudart" { (144, 72) } else { (144, 104) };
+                        let at = if name.contains("ResourceViewDesc") {
+                            res + tex
+                        } else if name.contains("TextureDesc") {
+                            res
+                        } else {
+                            0
+                        };
+                        let part = kept.get(at..at + n).map(<[u8]>::to_vec).unwrap_or_else(|| vec![0; n]);
+                        std::ptr::copy_nonoverlapping(part.as_ptr(), a[0] as *mut u8, n);
+                        SUCCESS
+                    }
+                    // ---- Memory pools ----
+                    ("cudart", "cudaDeviceGetDefaultMemPool" | "cudaDeviceGetMemPool")
+                    | ("driver", "cuDeviceGetDefaultMemPool" | "cuDeviceGetMemPool") => {
+                        let mut s = self.state();
+                        if s.current_pool == 0 {
+                            let p = s.handle();
+                            s.pools.insert(p, Pool::default());
+                            s.current_pool = p;
+                        }
+                        let p = if name.contains("Default") {
+                            *s.pools.keys().min().unwrap_or(&s.current_pool)
+                        } else {
+                            s.current_pool
+                        };
+                        put_u64(a[0], p);
+                        SUCCESS
+                    }
+                    ("cudart", "cudaDeviceSetMemPool") | ("driver", "cuDeviceSetMemPool") => {
+                        let mut s = self.state();
+                        if s.pools.contains_key(&a[1]) {
+                            s.current_pool = a[1];
+                            SUCCESS
+                        } else {
+                            INVALID_HANDLE
+                        }
+                    }
+                    ("cudart", "cudaMemPoolCreate") | ("driver", "cuMemPoolCreate") => {
+                        let mut s = self.state();
+                        let p = s.handle();
+                        s.pools.insert(p, Pool::default());
+                        put_u64(a[0], p);
+                        SUCCESS
+                    }
+                    ("cudart", "cudaMemPoolDestroy") | ("driver", "cuMemPoolDestroy") => {
+                        if self.state().pools.remove(&a[0]).is_some() { SUCCESS } else { INVALID_HANDLE }
+                    }
+                    ("cudart", "cudaMemPoolSetAttribute") | ("driver", "cuMemPoolSetAttribute") if a[2] == 0 => {
+                        INVALID_VALUE
+                    }
+                    ("cudart", "cudaMemPoolSetAttribute") | ("driver", "cuMemPoolSetAttribute") => {
+                        let n = buf_len(desc, 2, a).min(8);
+                        let mut v = [0u8; 8];
+                        v[..n].copy_from_slice(&bytes(a[2], n));
+                        let value = u64::from_le_bytes(v);
+                        let mut s = self.state();
+                        let Some(pool) = s.pools.get_mut(&a[0]) else { return Some(INVALID_HANDLE) };
+                        match a[1] as u32 {
+                            // Only the high-water marks may be set (to 0, which resets them).
+                            RESERVED_HIGH | USED_HIGH if value == 0 => pool.high = pool.used,
+                            RESERVED_CURRENT | USED_CURRENT | RESERVED_HIGH | USED_HIGH => return Some(INVALID_VALUE),
+                            attr => {
+                                pool.attributes.insert(attr, value);
+                            }
+                        }
+                        SUCCESS
+                    }
+                    ("cudart", "cudaMemPoolGetAttribute") | ("driver", "cuMemPoolGetAttribute") => {
+                        let n = buf_len(desc, 2, a).min(8);
+                        let s = self.state();
+                        let Some(pool) = s.pools.get(&a[0]) else { return Some(INVALID_HANDLE) };
+                        let value = match a[1] as u32 {
+                            RESERVED_CURRENT | USED_CURRENT => pool.used,
+                            RESERVED_HIGH | USED_HIGH => pool.high,
+                            attr => pool.attributes.get(&attr).copied().unwrap_or(0),
+                        };
+                        std::ptr::copy_nonoverlapping(value.to_le_bytes().as_ptr(), a[2] as *mut u8, n);
+                        SUCCESS
+                    }
+                    ("cudart", "cudaMemPoolTrimTo" | "cudaMemPoolSetAccess")
+                    | ("driver", "cuMemPoolTrimTo" | "cuMemPoolSetAccess") => {
+                        if self.state().pools.contains_key(&a[0]) { SUCCESS } else { INVALID_HANDLE }
+                    }
+                    ("cudart", "cudaMemPoolGetAccess") | ("driver", "cuMemPoolGetAccess") => {
+                        // cudaMemAccessFlagsProtReadWrite: the pool's device reads and writes it.
+                        if self.state().pools.contains_key(&a[1]) {
+                            put_u32(a[0], 3);
+                            SUCCESS
+                        } else {
+                            INVALID_HANDLE
+                        }
+                    }
+                    ("cudart", "cudaMallocFromPoolAsync") | ("driver", "cuMemAllocFromPoolAsync") => {
+                        if !self.state().pools.contains_key(&a[2]) {
+                            return Some(INVALID_HANDLE);
+                        }
+                        match self.alloc(a[1]) {
+                            Ok(p) => {
+                                let mut s = self.state();
+                                s.pool_of.insert(p, (a[2], a[1]));
+                                if let Some(pool) = s.pools.get_mut(&a[2]) {
+                                    pool.used += a[1];
+                                    pool.high = pool.high.max(pool.used);
+                                }
+                                put_u64(a[0], p);
+                                SUCCESS
+                            }
+                            Err(e) => e,
+                        }
+                    }
+                    ("cudart", "cudaFreeAsync") | ("driver", "cuMemFreeAsync")
+                        if self.state().pool_of.contains_key(&a[0]) =>
+                    {
+                        let mut s = self.state();
+                        if let Some((pool, size)) = s.pool_of.remove(&a[0])
+                            && let Some(p) = s.pools.get_mut(&pool)
+                        {
+                            p.used = p.used.saturating_sub(size);
+                        }
+                        drop(s);
+                        self.free(a[0])
+                    }
+                    // ---- Stream attributes: kept per stream ----
+                    ("cudart", "cudaStreamSetAttribute") | ("driver", "cuStreamSetAttribute") => {
+                        if !self.stream_ok(a[0]) {
+                            return Some(INVALID_HANDLE);
+                        }
+                        if a[2] == 0 {
+                            return Some(INVALID_VALUE);
+                        }
+                        self.state().stream_attributes.insert((a[0], a[1] as u32), bytes(a[2], 64));
+                        SUCCESS
+                    }
+                    ("cudart", "cudaStreamGetAttribute") | ("driver", "cuStreamGetAttribute") => {
+                        if !self.stream_ok(a[0]) {
+                            return Some(INVALID_HANDLE);
+                        }
+                        let v =
+                            self.state().stream_attributes.get(&(a[0], a[1] as u32)).cloned().unwrap_or(vec![0; 64]);
+                        std::ptr::copy_nonoverlapping(v.as_ptr(), a[2] as *mut u8, 64);
+                        SUCCESS
+                    }
+                    _ => return self.invoke_graph(desc, name, a),
+                }
+            };
+        Some(status)
+    }
+
+    /// Graph calls; None: not one.
+    ///
+    /// # Safety
+    /// As [`Emulated::invoke_more`].
+    unsafe fn invoke_graph(&self, desc: &'static CallDesc, name: &str, a: &[u64]) -> Option<u64> {
+        let lib = desc.library;
+        let n = desc.params.len();
+        // SAFETY (all arms): as in invoke_more.
+        let status = unsafe {
+            match name.strip_prefix("cuda").or_else(|| name.strip_prefix("cu")).unwrap_or(name) {
+                "GraphCreate" => {
+                    let g = self.state().graphs.create();
+                    put_u64(a[0], g);
+                    SUCCESS
+                }
+                "GraphAddEmptyNode" | "GraphAddEventRecordNode" | "GraphAddEventWaitNode" | "GraphAddMemFreeNode" => {
+                    let k = match name {
+                        _ if name.ends_with("EmptyNode") => kind::EMPTY,
+                        _ if name.ends_with("EventRecordNode") => kind::EVENT_RECORD,
+                        _ if name.ends_with("EventWaitNode") => kind::WAIT_EVENT,
+                        _ => kind::MEM_FREE,
+                    };
+                    let r = self.state().graphs.add(a[1], &nodes(a[2], a[3]), k, Op::Nothing, Vec::new());
+                    self.graph_status(r, a[0])
+                }
+                "GraphAddMemsetNode" => {
+                    // (node, graph, deps, n, params[, ctx]): dst@0, pitch@8, value@16,
+                    // elementSize@20, width@24, height@32.
+                    let p = bytes(a[4], 40);
+                    let op = memset_op(a[4]);
+                    let r = self.state().graphs.add(a[1], &nodes(a[2], a[3]), kind::MEMSET, op, p);
+                    self.graph_status(r, a[0])
+                }
+                "GraphAddMemcpyNode" => {
+                    let op = if lib == "cudart" { self.copy_3d_op(a[4], false) } else { self.cu_copy_op(a[4], false) };
+                    let Some(op) = op else { return Some(INVALID_HANDLE) };
+                    let p = bytes(a[4], buf_len(desc, 4, a));
+                    let r = self.state().graphs.add(a[1], &nodes(a[2], a[3]), kind::MEMCPY, op, p);
+                    self.graph_status(r, a[0])
+                }
+                "GraphAddMemcpyNode1D" => {
+                    let op = Op::Copy { dst: a[4], src: a[5], len: a[6] };
+                    let r = self.state().graphs.add(a[1], &nodes(a[2], a[3]), kind::MEMCPY, op, Vec::new());
+                    self.graph_status(r, a[0])
+                }
+                "GraphAddChildGraphNode" => {
+                    let r = self.state().graphs.add_child(a[1], &nodes(a[2], a[3]), a[4]);
+                    self.graph_status(r, a[0])
+                }
+                "GraphChildGraphNodeGetGraph" => match self.state().graphs.child_graph(a[0]) {
+                    Some(g) => {
+                        put_u64(a[1], g);
+                        SUCCESS
+                    }
+                    None => INVALID_VALUE,
+                },
+                "GraphAddDependencies"
+                | "GraphAddDependencies_v2"
+                | "GraphRemoveDependencies"
+                | "GraphRemoveDependencies_v2" => {
+                    // (graph, from, to[, edge data], count).
+                    let count = a[n - 1];
+                    let (from, to) = (nodes(a[1], count), nodes(a[2], count));
+                    let add = name.contains("Add");
+                    match self.state().graphs.edges(a[0], &from, &to, add) {
+                        Ok(()) => SUCCESS,
+                        Err(e) => e,
+                    }
+                }
+                "GraphNodeGetType" => match self.state().graphs.node(a[0]) {
+                    Some(node) => {
+                        put_u32(a[1], node.kind);
+                        SUCCESS
+                    }
+                    None => INVALID_VALUE,
+                },
+                "GraphDestroyNode" => match self.state().graphs.destroy_node(a[0]) {
+                    Ok(()) => SUCCESS,
+                    Err(e) => e,
+                },
+                "GraphClone" => {
+                    let r = self.state().graphs.clone_graph(a[1]);
+                    self.graph_status(r, a[0])
+                }
+                "GraphMemsetNodeGetParams" | "GraphMemcpyNodeGetParams" => {
+                    let Some(node) = self.state().graphs.node(a[0]).cloned() else { return Some(INVALID_VALUE) };
+                    let len = buf_len(desc, 1, a).min(node.params.len());
+                    std::ptr::copy_nonoverlapping(node.params.as_ptr(), a[1] as *mut u8, len);
+                    SUCCESS
+                }
+                "GraphMemsetNodeSetParams" => {
+                    let r = self.state().graphs.set(a[0], kind::MEMSET, memset_op(a[1]), bytes(a[1], 40));
+                    r.err().unwrap_or(SUCCESS)
+                }
+                "GraphExecMemsetNodeSetParams" => {
+                    let r = self.state().graphs.exec_set(a[0], a[1], kind::MEMSET, memset_op(a[2]));
+                    r.err().unwrap_or(SUCCESS)
+                }
+                "GraphMemcpyNodeSetParams" => {
+                    let op = if lib == "cudart" { self.copy_3d_op(a[1], false) } else { self.cu_copy_op(a[1], false) };
+                    let Some(op) = op else { return Some(INVALID_HANDLE) };
+                    let p = bytes(a[1], buf_len(desc, 1, a));
+                    self.state().graphs.set(a[0], kind::MEMCPY, op, p).err().unwrap_or(SUCCESS)
+                }
+                "GraphExecMemcpyNodeSetParams" => {
+                    let op = if lib == "cudart" { self.copy_3d_op(a[2], false) } else { self.cu_copy_op(a[2], false) };
+                    let Some(op) = op else { return Some(INVALID_HANDLE) };
+                    self.state().graphs.exec_set(a[0], a[1], kind::MEMCPY, op).err().unwrap_or(SUCCESS)
+                }
+                "GraphMemcpyNodeSetParams1D" => {
+                    let op = Op::Copy { dst: a[1], src: a[2], len: a[3] };
+                    self.state().graphs.set(a[0], kind::MEMCPY, op, Vec::new()).err().unwrap_or(SUCCESS)
+                }
+                "GraphExecMemcpyNodeSetParams1D" => {
+                    let op = Op::Copy { dst: a[2], src: a[3], len: a[4] };
+                    self.state().graphs.exec_set(a[0], a[1], kind::MEMCPY, op).err().unwrap_or(SUCCESS)
+                }
+                "GraphInstantiate" | "GraphInstantiateWithFlags" | "GraphInstantiate_v2" => {
+                    let r = self.state().graphs.instantiate(a[1]);
+                    self.graph_status(r, a[0])
+                }
+                "GraphInstantiateWithParams" => {
+                    let r = self.state().graphs.instantiate(a[1]);
+                    // cudaGraphInstantiateResult at 24: success 0, error 1.
+                    put_u32(a[2] + 24, u32::from(r.is_err()));
+                    self.graph_status(r, a[0])
+                }
+                "GraphExecUpdate" | "GraphExecUpdate_v2" => {
+                    let r = self.state().graphs.update(a[0], a[1]);
+                    let (result, node) = match r {
+                        Ok(()) => (0, 0),
+                        Err((result, node)) => (result, node),
+                    };
+                    if n == 3 {
+                        // cudaGraphExecUpdateResultInfo: result, error node, error-from node.
+                        if a[2] != 0 {
+                            put_u32(a[2], result);
+                            put_u64(a[2] + 8, node);
+                            put_u64(a[2] + 16, 0);
+                        }
+                    } else {
+                        // 11.8 and 12.0: (exec, graph, error node out, result out).
+                        if a[2] != 0 {
+                            put_u64(a[2], node);
+                        }
+                        if a[3] != 0 {
+                            put_u32(a[3], result);
+                        }
+                    }
+                    if result == 0 { SUCCESS } else { graphs::UPDATE_FAILURE }
+                }
+                "GraphLaunch" => {
+                    let ops = self.state().graphs.ops(a[0]);
+                    match ops {
+                        Some(ops) if self.stream_ok(a[1]) => self.replay(&ops),
+                        _ => INVALID_HANDLE,
+                    }
+                }
+                "GraphUpload" => {
+                    if self.state().graphs.is_exec(a[0]) && self.stream_ok(a[1]) {
+                        SUCCESS
+                    } else {
+                        INVALID_HANDLE
+                    }
+                }
+                "GraphDestroy" => self.state().graphs.destroy(a[0]).err().unwrap_or(SUCCESS),
+                "GraphExecDestroy" => self.state().graphs.destroy_exec(a[0]).err().unwrap_or(SUCCESS),
+                "StreamBeginCapture" | "StreamBeginCapture_v2" => {
+                    if a[0] <= 2 || !self.stream_ok(a[0]) {
+                        // The legacy stream cannot be captured (cudaErrorStreamCaptureUnsupported).
+                        CAPTURE_UNSUPPORTED
+                    } else {
+                        self.state().graphs.begin(a[0], None).err().unwrap_or(SUCCESS)
+                    }
+                }
+                "StreamBeginCaptureToGraph" => {
+                    if a[0] <= 2 || !self.stream_ok(a[0]) {
+                        CAPTURE_UNSUPPORTED
+                    } else {
+                        let deps = nodes(a[2], a[4]);
+                        self.state().graphs.begin(a[0], Some((a[1], deps))).err().unwrap_or(SUCCESS)
+                    }
+                }
+                "StreamEndCapture" => match self.state().graphs.end(a[0]) {
+                    Some(g) => {
+                        put_u64(a[1], g);
+                        SUCCESS
+                    }
+                    // cudaErrorIllegalState: the stream was not capturing.
+                    None => 401,
+                },
+                "StreamIsCapturing" => {
+                    let active = self.state().graphs.capturing(a[0]).is_some();
+                    put_u32(a[1], u32::from(active));
+                    SUCCESS
+                }
+                "StreamUpdateCaptureDependencies" | "StreamUpdateCaptureDependencies_v2" => {
+                    // 13.0: (stream, deps, data, count, flags); 12.x: (stream, deps, count, flags).
+                    let (count, flags) = if n == 5 { (a[3], a[4]) } else { (a[2], a[3]) };
+                    let deps = nodes(a[1], count);
+                    // cudaStreamAddCaptureDependencies 0, cudaStreamSetCaptureDependencies 1.
+                    self.state().graphs.set_frontier(a[0], &deps, flags == 0).err().unwrap_or(SUCCESS)
+                }
+                _ => return None,
+            }
+        };
+        Some(status)
+    }
+
+    pub(super) fn list(&self, query: &GraphList) -> Result<NodeList, (i64, String)> {
+        let s = self.state();
+        let g = &s.graphs;
+        let missing = || (INVALID_VALUE as i64, "no such graph, node or capture".to_owned());
+        let mut out = NodeList::default();
+        match *query {
+            GraphList::Nodes { graph } => out.nodes = g.nodes_of(graph).ok_or_else(missing)?,
+            GraphList::RootNodes { graph } => out.nodes = g.roots_of(graph).ok_or_else(missing)?,
+            GraphList::Edges { graph } => (out.nodes, out.peers) = g.edges_of(graph).ok_or_else(missing)?,
+            GraphList::Dependencies { node } => out.nodes = g.dependencies(node).ok_or_else(missing)?,
+            GraphList::Dependents { node } => out.nodes = g.dependents(node).ok_or_else(missing)?,
+            GraphList::Capture { stream } => match g.capturing(stream) {
+                // cudaStreamCaptureStatusActive; the id is the graph's.
+                Some((graph, frontier)) => {
+                    out.nodes = frontier;
+                    out.capture = Some((1, graph, graph));
+                }
+                None => out.capture = Some((0, 0, 0)),
+            },
+        }
+        Ok(out)
+    }
+
+    /// A graph as Graphviz text: its nodes by type, its edges.
+    pub(super) fn dot(&self, graph: u64) -> Result<String, (i64, String)> {
+        let s = self.state();
+        let g = &s.graphs;
+        let missing = || (INVALID_VALUE as i64, "no such graph".to_owned());
+        let nodes = g.nodes_of(graph).ok_or_else(missing)?;
+        let (from, to) = g.edges_of(graph).ok_or_else(missing)?;
+        let mut out = format!("digraph dot {{\nsubgraph cluster_{graph:x} {{\n");
+        for n in &nodes {
+            let kind = g.node(*n).map_or(0, |node| node.kind);
+            out.push_str(&format!("\"node_{n:x}\" [label=\"type {kind}\"];\n"));
+        }
+        for (f, t) in from.iter().zip(&to) {
+            out.push_str(&format!("\"node_{f:x}\" -> \"node_{t:x}\";\n"));
+        }
+        out.push_str("}\n}\n");
+        Ok(out)
+    }
+
+    pub(super) fn node(&self, request: &GraphNode, host: Option<HostFn>) -> Result<NodeMade, (i64, String)> {
+        let unsupported = |what: &str| (NOT_SUPPORTED, format!("the emulated backend has no {what}"));
+        let (k, op, address) = match &request.params {
+            NodeParams::Kernel { .. } => return Err(unsupported("kernels")),
+            NodeParams::Conditional { .. } => return Err(unsupported("conditional nodes (they need kernels)")),
+            NodeParams::Host { .. } => {
+                let host = host.ok_or((INVALID_VALUE as i64, "a host node without its function".to_owned()))?;
+                (kind::HOST, Op::Host(Arc::new(host)), 0)
+            }
+            NodeParams::MemAlloc { bytesize, .. } => {
+                if !matches!(request.target, NodeTarget::Add { .. }) {
+                    return Err((INVALID_VALUE as i64, "an allocation node is only made".to_owned()));
+                }
+                // The allocation lives from the node's making (the emulation runs no frees
+                // of graphs).
+                let at = self.alloc(*bytesize).map_err(|e| (e as i64, "out of memory".to_owned()))?;
+                (kind::MEM_ALLOC, Op::Nothing, at)
+            }
+        };
+        let mut s = self.state();
+        let status = |e: u64| (e as i64, format!("graph node: status {e}"));
+        let node = match &request.target {
+            NodeTarget::Add { graph, dependencies, .. } => {
+                s.graphs.add(*graph, dependencies, k, op, Vec::new()).map_err(status)?
+            }
+            NodeTarget::Set { node } => {
+                s.graphs.set(*node, k, op, Vec::new()).map_err(status)?;
+                *node
+            }
+            NodeTarget::ExecSet { exec, node } => {
+                s.graphs.exec_set(*exec, *node, k, op).map_err(status)?;
+                *node
+            }
+        };
+        Ok(NodeMade { node, graphs: Vec::new(), address })
+    }
+}
+
+/// A memset node's record (dst@0, pitch@8, value@16, element size@20, width@24, height@32)
+/// as an operation.
+///
+/// # Safety
+/// `p` must hold the 40-byte record.
+unsafe fn memset_op(p: u64) -> Op {
+    // SAFETY: per the contract.
+    unsafe {
+        Op::Memset {
+            dst: rd(p, 0),
+            pitch: rd(p, 8),
+            value: rd(p, 16),
+            elem: rd(p, 20),
+            width: rd(p, 24),
+            height: rd::<u64>(p, 32).max(1),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Device memory named inside input records: the pointer sides of 2D and 3D copies
+//! (`cudaMemcpy3DParms`, `CUDA_MEMCPY2D`, `CUDA_MEMCPY3D`), memsets
+//! (`cudaMemsetParams`, `CUDA_MEMSET_NODE_PARAMS`) and the linear and pitched memory of
+//! texture and surface objects (`cudaResourceDesc`, `CUDA_RESOURCE_DESC`). The worker checks
+//! every span against the session's memory before the library sees the record, as it checks
+//! device arguments (a pointer into the worker's own memory is never passed on).
+//!
+//! Hand-written because the span is arithmetic over several fields (pitch × rows × depth
+//! from a position), which a spec cannot say. Offsets of the records' own fields come from
+//! the generated layouts of the server's CUDA version; the nested position, pitched-pointer
+//! and extent types and the resource unions have had one layout since CUDA 3.
+//! Widths counted in array elements (a copy between memory and an array) are checked as
+//! bytes: the span checked is never larger than the one used, and the GPU keeps what lies
+//! past it inside the session's own address space.
+
+use chidori_cuda::structs;
+
+/// A span `(address, bytes)` of device memory a record names.
+pub type Span = (u64, u64);
+
+/// `cudaMemcpyMemoryType`-like values of the driver's copy records.
+const CU_MEMORYTYPE_DEVICE: u64 = 2;
+const CU_MEMORYTYPE_UNIFIED: u64 = 4;
+
+/// Resource types whose union holds device memory: linear and pitch 2D (same values in
+/// the runtime's and the driver's enums).
+const RESOURCE_LINEAR: u64 = 2;
+const RESOURCE_PITCH2D: u64 = 3;
+
+struct Fields<'a> {
+    map: &'static structs::StructMap,
+    bytes: &'a [u8],
+}
+
+impl Fields<'_> {
+    fn offset(&self, name: &str) -> Result<usize, String> {
+        let f = self.map.fields.iter().find(|f| f.name == name);
+        f.map(|f| f.offset as usize).ok_or_else(|| format!("{} has no field {name}", self.map.name))
+    }
+
+    /// The little-endian word of `size` bytes (at most 8) at `at`.
+    fn word_at(&self, at: usize, size: usize) -> Result<u64, String> {
+        let end = at.checked_add(size).ok_or("offset overflow")?;
+        let b = self.bytes.get(at..end).ok_or_else(|| format!("{} is shorter than {end} bytes", self.map.name))?;
+        let mut w = [0u8; 8];
+        w[..size].copy_from_slice(b);
+        Ok(u64::from_le_bytes(w))
+    }
+
+    /// A field of 8 bytes (or of its own size, up to 8), plus `extra` bytes into it.
+    fn word(&self, name: &str, extra: usize) -> Result<u64, String> {
+        let f = self.map.fields.iter().find(|f| f.name == name);
+        let f = f.ok_or_else(|| format!("{} has no field {name}", self.map.name))?;
+        let size = if extra > 0 { 8 } else { (f.size as usize).min(8) };
+        self.word_at(f.offset as usize + extra, size)
+    }
+}
+
+/// The bytes `(depth - 1) × slice + (height - 1) × pitch + width` a box spans (0 when
+/// empty); None past the address space.
+fn span_3d(pitch: u64, slice: u64, width: u64, height: u64, depth: u64) -> Option<u64> {
+    if width == 0 || height == 0 || depth == 0 {
+        return Some(0);
+    }
+    (depth - 1).checked_mul(slice)?.checked_add((height - 1).checked_mul(pitch)?)?.checked_add(width)
+}
+
+/// `base + z × slice + y × pitch + x`; None past the address space.
+fn at_3d(base: u64, x: u64, y: u64, z: u64, pitch: u64, slice: u64) -> Option<u64> {
+    base.checked_add(z.checked_mul(slice)?)?.checked_add(y.checked_mul(pitch)?)?.checked_add(x)
+}
+
+/// Add the span of `len` bytes at `start` of memory based at `base` (NULL with bytes to
+/// touch is refused, whatever offset it is given).
+fn push(spans: &mut Vec<Span>, what: &str, base: u64, start: Option<u64>, len: Option<u64>) -> Result<(), String> {
+    let (Some(start), Some(len)) = (start, len) else { return Err(format!("{what}: a span past the address space")) };
+    if len > 0 {
+        if base == 0 {
+            return Err(format!("{what}: NULL for {len} bytes"));
+        }
+        spans.push((start, len));
+    }
+    Ok(())
+}
+
+/// Whether records of this type name device memory (the types this module reads).
+pub fn names_memory(record: &str) -> bool {
+    matches!(
+        record,
+        "cudaMemcpy3DParms"
+            | "cudaMemcpy3DPeerParms"
+            | "cudaMemsetParams"
+            | "CUDA_MEMSET_NODE_PARAMS_st"
+            | "CUDA_MEMCPY2D_st"
+            | "CUDA_MEMCPY3D_st"
+            | "CUDA_MEMCPY3D_PEER_st"
+            | "cudaResourceDesc"
+            | "CUDA_RESOURCE_DESC_st"
+    )
+}
+
+/// The device spans an input record of type `record` names, read from `bytes` in the
+/// layout of CUDA `version`. Ok(empty) for records that name none (or a type this module
+/// does not know); Err: the record is malformed or names an impossible span.
+pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Span>, String> {
+    if !names_memory(record) {
+        return Ok(Vec::new());
+    }
+    let map = structs::get(version, record).ok_or_else(|| format!("no layout of {record} at CUDA {version}"))?;
+    let f = Fields { map, bytes };
+    let mut spans = Vec::new();
+    match record {
+        "cudaMemcpy3DParms" | "cudaMemcpy3DPeerParms" => {
+            // extent: width, height, depth (size_t each); a pitched pointer: ptr, pitch,
+            // xsize, ysize; a position: x, y, z.
+            let (w, h, d) = (f.word("extent", 0)?, f.word("extent", 8)?, f.word("extent", 16)?);
+            for side in ["src", "dst"] {
+                if f.word(&format!("{side}Array"), 0)? != 0 {
+                    continue;
+                }
+                let (ptr, pos) = (format!("{side}Ptr"), format!("{side}Pos"));
+                let (base, pitch, ysize) = (f.word(&ptr, 0)?, f.word(&ptr, 8)?, f.word(&ptr, 24)?.max(1));
+                let slice = pitch.checked_mul(ysize);
+                let (x, y, z) = (f.word(&pos, 0)?, f.word(&pos, 8)?, f.word(&pos, 16)?);
+                let start = slice.and_then(|s| at_3d(base, x, y, z, pitch, s));
+                let len = slice.and_then(|s| span_3d(pitch, s, w, h, d));
+                push(&mut spans, &format!("{record}.{side}Ptr"), base, start, len)?;
+            }
+        }
+        "cudaMemsetParams" | "CUDA_MEMSET_NODE_PARAMS_st" => {
+            let (dst, pitch) = (f.word("dst", 0)?, f.word("pitch", 0)?);
+            let (elem, w, h) = (f.word("elementSize", 0)?, f.word("width", 0)?, f.word("height", 0)?);
+            let len = w.checked_mul(elem).and_then(|row| span_3d(pitch, 0, row, h, 1));
+            push(&mut spans, &format!("{record}.dst"), dst, Some(dst), len)?;
+        }
+        "CUDA_MEMCPY2D_st" | "CUDA_MEMCPY3D_st" | "CUDA_MEMCPY3D_PEER_st" => {
+            let three = record != "CUDA_MEMCPY2D_st";
+            let (w, h) = (f.word("WidthInBytes", 0)?, f.word("Height", 0)?);
+            let d = if three { f.word("Depth", 0)? } else { 1 };
+            for side in ["src", "dst"] {
+                let ty = f.word(&format!("{side}MemoryType"), 0)?;
+                if ty != CU_MEMORYTYPE_DEVICE && ty != CU_MEMORYTYPE_UNIFIED {
+                    continue;
+                }
+                let base = f.word(&format!("{side}Device"), 0)?;
+                let pitch = f.word(&format!("{side}Pitch"), 0)?;
+                let rows = if three { f.word(&format!("{side}Height"), 0)?.max(1) } else { 1 };
+                let (x, y) = (f.word(&format!("{side}XInBytes"), 0)?, f.word(&format!("{side}Y"), 0)?);
+                let z = if three { f.word(&format!("{side}Z"), 0)? } else { 0 };
+                let slice = pitch.checked_mul(rows);
+                let start = slice.and_then(|s| at_3d(base, x, y, z, pitch, s));
+                let len = slice.and_then(|s| span_3d(pitch, s, w, h, d));
+                push(&mut spans, &format!("{record}.{side}Device"), base, start, len)?;
+            }
+        }
+        "cudaResourceDesc" | "CUDA_RESOURCE_DESC_st" => {
+            let ty = f.word("resType", 0)?;
+            let res = f.offset("res")?;
+            // The runtime's channel description (20 bytes) sits between the pointer and the
+            // sizes; the driver's format and channel count take 8.
+            let sizes = if record == "cudaResourceDesc" { 32 } else { 16 };
+            let word = |at: usize| f.word_at(res + at, 8);
+            match ty {
+                RESOURCE_LINEAR => {
+                    let base = word(0)?;
+                    push(&mut spans, &format!("{record}.linear"), base, Some(base), Some(word(sizes)?))?;
+                }
+                RESOURCE_PITCH2D => {
+                    let (base, w, h, pitch) = (word(0)?, word(sizes)?, word(sizes + 8)?, word(sizes + 16)?);
+                    push(&mut spans, &format!("{record}.pitch2D"), base, Some(base), span_3d(pitch, 0, w, h, 1))?;
+                }
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+    Ok(spans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(bytes: &mut [u8], at: usize, value: u64) {
+        bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    #[test]
+    fn a_3d_copy_names_its_pointer_sides() {
+        let map = structs::get("13.0", "cudaMemcpy3DParms").unwrap();
+        let mut r = vec![0u8; map.size as usize];
+        // srcPtr (32): ptr, pitch 512, xsize, ysize 4; srcPos (8): x 16, y 1, z 0;
+        // dstArray (64) set: the destination is an array. extent (128): 100 × 2 × 1.
+        put(&mut r, 32, 0x10_0000);
+        put(&mut r, 40, 512);
+        put(&mut r, 56, 4);
+        put(&mut r, 8, 16);
+        put(&mut r, 16, 1);
+        put(&mut r, 64, 0xabc);
+        put(&mut r, 128, 100);
+        put(&mut r, 136, 2);
+        put(&mut r, 144, 1);
+        let spans = device_spans("cudaMemcpy3DParms", "13.0", &r).unwrap();
+        assert_eq!(spans, [(0x10_0000 + 512 + 16, 512 + 100)]);
+        // A pointer side at NULL with a nonzero extent is refused.
+        put(&mut r, 32, 0);
+        assert!(device_spans("cudaMemcpy3DParms", "13.0", &r).is_err());
+        // An extent past the address space is refused.
+        put(&mut r, 32, 0x10_0000);
+        put(&mut r, 144, u64::MAX);
+        assert!(device_spans("cudaMemcpy3DParms", "13.0", &r).is_err());
+    }
+
+    #[test]
+    fn driver_copies_name_device_sides_only() {
+        let map = structs::get("13.0", "CUDA_MEMCPY2D_st").unwrap();
+        let f = |n: &str| map.fields.iter().find(|x| x.name == n).unwrap().offset as usize;
+        let mut r = vec![0u8; map.size as usize];
+        r[f("srcMemoryType")..f("srcMemoryType") + 4].copy_from_slice(&2u32.to_le_bytes());
+        put(&mut r, f("srcDevice"), 0x20_0000);
+        put(&mut r, f("srcPitch"), 256);
+        r[f("dstMemoryType")..f("dstMemoryType") + 4].copy_from_slice(&3u32.to_le_bytes());
+        put(&mut r, f("WidthInBytes"), 64);
+        put(&mut r, f("Height"), 3);
+        let spans = device_spans("CUDA_MEMCPY2D_st", "13.0", &r).unwrap();
+        assert_eq!(spans, [(0x20_0000, 2 * 256 + 64)]);
+    }
+
+    #[test]
+    fn memsets_and_linear_resources() {
+        let map = structs::get("13.0", "cudaMemsetParams").unwrap();
+        let mut r = vec![0u8; map.size as usize];
+        let f = |n: &str| map.fields.iter().find(|x| x.name == n).unwrap();
+        put(&mut r, f("dst").offset as usize, 0x30_0000);
+        put(&mut r, f("pitch").offset as usize, 1024);
+        let (e, w, h) = (f("elementSize"), f("width"), f("height"));
+        r[e.offset as usize..e.offset as usize + e.size as usize]
+            .copy_from_slice(&4u32.to_le_bytes()[..e.size as usize]);
+        put(&mut r, w.offset as usize, 10);
+        put(&mut r, h.offset as usize, 2);
+        assert_eq!(device_spans("cudaMemsetParams", "13.0", &r).unwrap(), [(0x30_0000, 1024 + 40)]);
+
+        let map = structs::get("13.0", "cudaResourceDesc").unwrap();
+        let mut r = vec![0u8; map.size as usize];
+        r[0..4].copy_from_slice(&2u32.to_le_bytes());
+        put(&mut r, 8, 0x40_0000);
+        put(&mut r, 8 + 32, 4096);
+        assert_eq!(device_spans("cudaResourceDesc", "13.0", &r).unwrap(), [(0x40_0000, 4096)]);
+        assert!(device_spans("cudaPos", "13.0", &r).unwrap().is_empty(), "a record naming no memory");
+    }
+}
