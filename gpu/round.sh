@@ -37,6 +37,9 @@
 #            which cuts the connection $RESUME_CUTS times (every $RESUME_EVERY s): a
 #            resumable session must give the native losses (RESUME_WAN=1: through the 70 ms
 #            relay behind the cutting one)
+#   content  a 2 GB checkpoint (safetensors and torch.save) loaded natively, then twice
+#            through a server with a fresh content store at 70 ms and $CONTENT_MBIT Mbit/s:
+#            the second run should send hashes, not bytes (bytes sent from the trace)
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -349,6 +352,37 @@ if want optimize; then
   cat "$LOGS/gen-compare.txt"
   grep -h "chidori" "$LOGS"/gen-*.err | sort | uniq -c | head -10
   row "optimize" "$( ((rc == 0)) && echo "all cases match (gen-compare.txt)" || echo "MISMATCHES rc=$rc (gen-compare.txt)")"
+fi
+
+if want content; then
+  # Uploads sent once: a checkpoint loaded onto the GPU natively, then twice through a
+  # server with a fresh content store behind a 70 ms, ${CONTENT_MBIT:-1000} Mbit/s relay:
+  # bytes the client sent (trace) and seconds, first and second run.
+  CPORT=43215; CWAN=43316; CK=$B/checkpoint
+  timeout 300 python3 gpu/content/load_checkpoint.py make "$CK" --gb ${CONTENT_GB:-2} > "$LOGS/content-make.txt" 2>&1
+  rm -rf "$B/content-store" "$B/content-client"
+  "$CHIDORI" serve --bind 127.0.0.1 --port $CPORT --module-cache "$CACHE" --content-cache "$B/content-store" \
+    > "$LOGS/serve-content.log" 2>&1 &
+  CS_PID=$!
+  python3 "$SHARED/tools/wan_delay.py" --listen 127.0.0.1:$CWAN --target 127.0.0.1:$CPORT --rtt-ms 70 \
+    --mbit ${CONTENT_MBIT:-1000} --max-seconds 1200 > "$LOGS/wan-content.log" 2>&1 &
+  CW_PID=$!
+  sleep 1
+  secs() { grep -o '"seconds": [0-9.]*' "$1" | head -1 | awk '{print $2}'; }
+  sum() { grep -o '"checksum": [-0-9.e+]*' "$1" | head -1 | awk '{print $2}'; }
+  sent() { awk '$1 ~ /^cu(da)?Memcpy/ {s += $4} END {printf "%.1f", s / 1e6}' "$1"; }
+  for fmt in ${CONTENT_FORMATS:-safetensors torch}; do
+    timeout 200 python3 gpu/content/load_checkpoint.py load "$CK" --format $fmt > "$LOGS/content-$fmt-native.out" 2>&1
+    for run in 1 2; do
+      CHIDORI_CONTENT=1 XDG_CACHE_HOME=$B/content-client timeout ${CONTENT_TIMEOUT:-200} "$CHIDORI" run --trace \
+        -s 127.0.0.1:$CWAN -- python3 gpu/content/load_checkpoint.py load "$CK" --format $fmt \
+        > "$LOGS/content-$fmt-$run.out" 2> "$LOGS/content-$fmt-$run.err"
+    done
+    same=$([[ -n $(sum "$LOGS/content-$fmt-native.out") && $(sum "$LOGS/content-$fmt-native.out") == $(sum "$LOGS/content-$fmt-2.out") ]] && echo "native checksum" || echo "CHECKSUM DIFFERS")
+    row "content $fmt" "native $(secs "$LOGS/content-$fmt-native.out") s; 70ms first $(secs "$LOGS/content-$fmt-1.out") s $(sent "$LOGS/content-$fmt-1.err") MB sent, second $(secs "$LOGS/content-$fmt-2.out") s $(sent "$LOGS/content-$fmt-2.err") MB; $same"
+  done
+  kill $CS_PID $CW_PID 2>/dev/null
+  du -sh "$B/content-store" >> "$LOGS/content-make.txt" 2>&1
 fi
 
 if want opinfo; then

@@ -74,6 +74,13 @@ pub struct ServeArgs {
     /// Size bound of the module cache, in MiB (0: no cache on disk).
     #[arg(long, default_value_t = 4096)]
     pub module_cache_mb: u64,
+    /// Directory where large uploads are kept so that a client sending them again sends
+    /// only their hashes (default: ~/.cache/chidori/content).
+    #[arg(long, env = env::CONTENT_CACHE, value_name = "DIR")]
+    pub content_cache: Option<PathBuf>,
+    /// Size bound of the content store, in MiB (0: keep no uploads).
+    #[arg(long, default_value_t = 16384)]
+    pub content_cache_mb: u64,
 }
 
 #[derive(clap::Args)]
@@ -90,6 +97,10 @@ pub struct SessionArgs {
     pub module_cache: Option<PathBuf>,
     #[arg(long, default_value_t = 4096)]
     pub module_cache_mb: u64,
+    #[arg(long)]
+    pub content_cache: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub content_cache_mb: u64,
     /// Load the backend, print what it found, exit.
     #[arg(long)]
     pub probe: bool,
@@ -155,6 +166,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         heartbeat: Duration::from_secs(args.heartbeat_secs.max(1)),
         module_cache: args.module_cache.unwrap_or_else(chidori_worker::cache::default_dir),
         module_cache_mb: args.module_cache_mb,
+        content_cache: args.content_cache.unwrap_or_else(chidori_worker::content::default_dir),
+        content_cache_mb: args.content_cache_mb,
         exe: std::env::current_exe().context("locating the chidori binary")?,
         secure: secret_files,
         max_sessions: args.max_sessions.unwrap_or(0),
@@ -226,6 +239,10 @@ pub fn session(args: SessionArgs) -> Result<()> {
     let options = chidori_worker::session::Options {
         heartbeat: Duration::from_secs(args.heartbeat_secs.max(1)),
         module_cache,
+        content: match (args.content_cache.clone(), args.content_cache_mb) {
+            (Some(dir), mb) if mb > 0 => Some(Arc::new(chidori_worker::content::Store::new(dir, mb << 20))),
+            _ => None,
+        },
         memory_quota: args.memory_quota_mb.map(|mb| mb << 20),
         resume: args.resume_fd.map(|fd| {
             use std::os::fd::FromRawFd;

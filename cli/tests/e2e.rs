@@ -232,6 +232,7 @@ fn hello() -> Vec<u8> {
         program: "test".into(),
         token: String::new(),
         resume: false,
+        content: None,
     };
     frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &chidori_protocol::messages::encode(&hello), &[]).unwrap()
 }
@@ -1778,4 +1779,86 @@ fn cuda_suite_host_code_compiles_against_the_headers() {
     let script = chidori_tests::root().join("gpu/cuda-suite/check.sh");
     let out = Command::new("bash").arg(&script).arg(&include).output().expect("running check.sh");
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Uploads 24 MiB (a "checkpoint" made from the seed in argv[1]) in one cudaMemcpy and
+/// 8 MiB with cudaMemcpyAsync, reads it all back and compares.
+const UPLOAD: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime.h>
+int main(int argc, char **argv) {
+  unsigned long long x = strtoull(argc > 1 ? argv[1] : "1", NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
+  size_t n = 24u << 20, m = 8u << 20;
+  unsigned char *host = malloc(n), *back = malloc(n);
+  for (size_t i = 0; i < n; i += 8) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    memcpy(host + i, &x, 8);
+  }
+  void *dev, *dev2;
+  if (cudaMalloc(&dev, n) || cudaMalloc(&dev2, m)) { printf("FAIL malloc\n"); return 1; }
+  if (cudaMemcpy(dev, host, n, cudaMemcpyHostToDevice)) { printf("FAIL h2d\n"); return 1; }
+  if (cudaMemcpyAsync(dev2, host + m, m, cudaMemcpyHostToDevice, 0)) { printf("FAIL h2d async\n"); return 1; }
+  if (cudaMemcpy(back, dev, n, cudaMemcpyDeviceToHost)) { printf("FAIL d2h\n"); return 1; }
+  if (memcmp(back, host, n)) { printf("FAIL different bytes\n"); return 1; }
+  if (cudaMemcpy(back, dev2, m, cudaMemcpyDeviceToHost) || memcmp(back, host + m, m)) { printf("FAIL async\n"); return 1; }
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+/// Bytes the client sent for `function` (the trace table's fourth column).
+fn bytes_sent(stderr: &str, function: &str) -> u64 {
+    let line = stderr.lines().find(|l| l.split_whitespace().next() == Some(function)).unwrap_or("");
+    line.split_whitespace().nth(3).and_then(|b| b.parse().ok()).unwrap_or_else(|| panic!("no {function} row: {stderr}"))
+}
+
+/// Issue 19, item 4: a program run again sends the hashes of the large uploads the server
+/// kept, not their bytes, and its device memory holds the same bytes; new content still
+/// travels whole.
+#[test]
+fn a_second_run_sends_large_uploads_by_content() {
+    let dir = chidori_tests::scratch("content-store");
+    let store = dir.join("store");
+    let server = EmulatedServer::start_args(
+        &chidori(),
+        Some(&profile()),
+        &["--content-cache", store.to_str().unwrap(), "--content-cache-mb", "256"],
+    )
+    .expect("starting an emulated server");
+    let exe = program("upload", UPLOAD);
+    let run = |seed: &str| {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
+            .arg(chidori_tests::shim_dir())
+            .arg("--")
+            .arg(&exe)
+            .arg(seed)
+            .env("CHIDORI_CONTENT", "1")
+            .env("XDG_CACHE_HOME", dir.join("client"));
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
+        bytes_sent(&stderr, "cudaMemcpy") + bytes_sent(&stderr, "cudaMemcpyAsync")
+    };
+    let chunks = |dir: &Path| {
+        let names: Vec<std::ffi::OsString> =
+            std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+        names.iter().filter(|n| !n.to_string_lossy().starts_with('.')).count()
+    };
+    let first = run("7");
+    assert!(first >= 32 << 20, "the first run sends every byte: {first}");
+    // The server adds the chunks in the background: wait until the 24 MiB (3 chunks of
+    // 8 MiB) and the 8 MiB (the same bytes as the second chunk) are in.
+    let until = Instant::now() + Duration::from_secs(20);
+    while chunks(&store) < 3 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(chunks(&store), 3, "distinct chunks kept: {:?}", std::fs::read_dir(&store).map(|d| d.count()));
+    let second = run("7");
+    assert!(second * 100 <= first, "the second run sends {second} bytes of {first}: more than 1%");
+    eprintln!("upload bytes sent: first run {first}, second run {second}");
+    let other = run("8");
+    assert!(other >= 32 << 20, "new content travels whole: {other}");
 }

@@ -280,6 +280,7 @@ fn hello() -> Vec<u8> {
         program: "test".into(),
         token: String::new(),
         resume: false,
+        content: None,
     };
     frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).unwrap()
 }

@@ -183,7 +183,12 @@ struct Resume {
 /// Whether to ask for a session that survives a dropped connection: CHIDORI_RESUME, else
 /// yes unless the server is on a loopback address.
 fn wants_resume(addr: &std::net::SocketAddr) -> bool {
-    match std::env::var(env::RESUME).ok().as_deref().map(str::trim) {
+    switch(env::RESUME, addr)
+}
+
+/// An on/off setting from the environment, by default on except for a loopback server.
+fn switch(name: &str, addr: &std::net::SocketAddr) -> bool {
+    match std::env::var(name).ok().as_deref().map(str::trim) {
         Some("1") | Some("yes") | Some("on") | Some("true") => true,
         Some("0") | Some("no") | Some("off") | Some("false") => false,
         _ => !addr.ip().is_loopback(),
@@ -322,6 +327,8 @@ fn connect() -> Result<Conn, String> {
     let server = server_address()?;
     let mut stream = dial(&server)?;
     let resume_wanted = stream.peer_addr().map(|a| wants_resume(&a)).unwrap_or(false);
+    let content_wanted = stream.peer_addr().map(|a| switch(env::CONTENT, &a)).unwrap_or(false);
+    let named = if content_wanted { crate::content::recorded(&server) } else { Vec::new() };
     stream.set_read_timeout(Some(Duration::from_secs(60))).ok();
     let token = chidori_tls::token::from_env()?;
     let mut tls = match token {
@@ -337,6 +344,7 @@ fn connect() -> Result<Conn, String> {
         program: std::env::args().collect::<Vec<_>>().join(" "),
         token: token.clone().unwrap_or_default(),
         resume: resume_wanted,
+        content: content_wanted.then(|| named.clone()),
     };
     let bytes =
         frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).map_err(|e| e.to_string())?;
@@ -362,6 +370,9 @@ fn connect() -> Result<Conn, String> {
     };
     if welcome.devices.is_empty() {
         return Err(format!("Chidori server {server} has no GPU"));
+    }
+    if content_wanted {
+        crate::content::start(&server, &named, &welcome.content_kept, welcome.content_budget);
     }
     let resume = (!welcome.resume_secret.is_empty()).then(|| Resume {
         session: welcome.session,
@@ -839,6 +850,7 @@ fn register_exit_flush() {
             if let Some(conn) = existing().filter(|c| c.forks == FORKS.load(Ordering::Relaxed)) {
                 let _ = conn.flush();
                 conn.goodbye();
+                crate::content::save();
             }
         });
     }

@@ -22,15 +22,14 @@ use sha2::{Digest, Sha256};
 /// A chunk's name.
 pub type Hash = [u8; 32];
 
-/// Copies of at least this many bytes are sent by content (smaller ones cost more to hash
-/// and name than they save).
-pub const MIN_CHUNK: u64 = 1 << 20;
+/// Inputs of at least this many bytes are sent by content.
+pub const MIN_CHUNK: u64 = chidori_protocol::messages::CONTENT_MIN;
 
 /// Hashes a record keeps (2 MiB of them); the oldest go first.
 const MAX_RECORD: usize = 1 << 16;
 
 /// Hashes named at the handshake (the newest of the record).
-pub const MAX_NAMED: usize = 1 << 15;
+pub const MAX_NAMED: usize = chidori_protocol::messages::MAX_CONTENT_NAMED;
 
 /// How one chunk travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

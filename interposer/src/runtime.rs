@@ -13,7 +13,7 @@ use std::time::Instant;
 use chidori_cuda::status;
 use chidori_protocol::desc::{CallDesc, Dir, Ret, Wire};
 use chidori_protocol::frame::{Header, Kind};
-use chidori_protocol::messages::{self, Call, NULL_LEN};
+use chidori_protocol::messages::{self, CONTENT_FLAG, Call, NULL_LEN};
 
 use crate::conn::{self, Conn, OutTarget};
 
@@ -138,7 +138,7 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                 // SAFETY: the caller's array of that many handles, per the API contract.
                 bulk.push(Cow::Borrowed(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) }));
             }
-            Wire::Buf { dir, elem, len, .. } => {
+            Wire::Buf { dir, elem, len, record } => {
                 if a == 0 {
                     lens[i] = NULL_LEN;
                     continue;
@@ -151,7 +151,16 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                 lens[i] = n;
                 if dir != Dir::Out {
                     // SAFETY: the caller's input buffer of n bytes, per the API contract.
-                    bulk.push(Cow::Borrowed(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) }));
+                    let bytes = unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) };
+                    // A large input the server kept from an earlier run travels as its hash.
+                    if let (Dir::In, None, true) = (dir, record, n >= crate::content::MIN_CHUNK)
+                        && let crate::content::Plan::Hash(hash) = crate::content::plan(bytes)
+                    {
+                        lens[i] = n | CONTENT_FLAG;
+                        bulk.push(Cow::Owned(hash.to_vec()));
+                        continue;
+                    }
+                    bulk.push(Cow::Borrowed(bytes));
                 }
                 if dir != Dir::In {
                     outs.push(OutTarget { param: i, ptr: a as usize, len: n as usize });

@@ -80,3 +80,12 @@ pub const RESUME: &str = "CHIDORI_RESUME";
 /// Seconds a session whose connection broke waits for its client to reconnect (the client
 /// tries as long), default 60.
 pub const RESUME_GRACE_SECS: &str = "CHIDORI_RESUME_GRACE_SECS";
+
+/// Client: `1` sends large inputs (host-to-device copies of 1 MiB and more) by content, so
+/// that a server that kept them from an earlier run gets their hash instead of their
+/// bytes; `0` sends every byte. Default: on, except for a server on a loopback address
+/// (where sending is faster than hashing).
+pub const CONTENT: &str = "CHIDORI_CONTENT";
+
+/// `chidori serve`: directory of the content store (default: ~/.cache/chidori/content).
+pub const CONTENT_CACHE: &str = "CHIDORI_CONTENT_CACHE";

@@ -21,4 +21,4 @@ pub mod resume;
 pub use rkyv;
 
 /// Bumped on any incompatible change to frames or messages.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;

@@ -23,6 +23,10 @@ pub struct Hello {
     /// The client keeps what it sends until acknowledged and reconnects when the connection
     /// breaks ([`crate::resume`]); the server grants it with a secret in the Welcome.
     pub resume: bool,
+    /// Content the client sent this server before, by hash (newest last; at most
+    /// [`MAX_CONTENT_NAMED`]), when it sends large inputs by content ([`CONTENT_FLAG`]);
+    /// None: it sends every byte.
+    pub content: Option<Vec<[u8; 32]>>,
 }
 
 /// Server → client: the session is open.
@@ -40,6 +44,11 @@ pub struct Welcome {
     /// The secret a reconnecting client presents with the session id (empty: the session
     /// ends with its connection).
     pub resume_secret: Vec<u8>,
+    /// Of the Hello's `content`, which the server keeps for this session: those the client
+    /// may send as their hash. Empty: none (or the server keeps no content).
+    pub content_kept: Vec<bool>,
+    /// Bytes of new content the server will keep from this session (0: none).
+    pub content_budget: u64,
 }
 
 /// Client → server, inside TLS where there is TLS: reconnecting the session whose id the
@@ -109,6 +118,18 @@ pub struct Call {
 
 /// The length standing for a null pointer.
 pub const NULL_LEN: u64 = u64::MAX;
+
+/// Set in a `lens` entry of an input buffer sent by content: the bulk section holds the
+/// 32-byte SHA-256 of the buffer's bytes (a chunk the server said it keeps, in the
+/// Welcome's `content_kept`) instead of the bytes; the other bits are the buffer's length.
+pub const CONTENT_FLAG: u64 = 1 << 62;
+
+/// Input buffers of at least this many bytes are sent by content, and kept by a server
+/// that keeps content (smaller ones cost more to hash and name than they save).
+pub const CONTENT_MIN: u64 = 1 << 20;
+
+/// Hashes a Hello may name.
+pub const MAX_CONTENT_NAMED: usize = 1 << 15;
 
 /// Server → client: the outcome of a call. `ret` is the raw return value; `lens` gives one
 /// byte length per parameter for the outputs in the bulk section, in parameter order.
@@ -512,6 +533,8 @@ mod tests {
                 props_version: "13.0".into(),
             }],
             resume_secret: vec![9; 32],
+            content_kept: vec![true, false],
+            content_budget: 1 << 30,
         };
         let bytes = to_vec(Header::new(Kind::Welcome, 0, 0, 0), &encode(&w), &[]).unwrap();
         let (frame, _) = Frame::decode(&bytes).unwrap();

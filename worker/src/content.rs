@@ -4,18 +4,18 @@
 //!
 //! At its handshake a client names the chunks it sent this server before (its own record,
 //! `interposer/src/content.rs`); the session pins those the store still has ([`Store::pin`]:
-//! an open file stays readable even when eviction unlinks it), and the client sends only
+//! a hard link of the session's own stays readable when eviction unlinks the chunk), and the client sends only
 //! the hashes of pinned chunks for the rest of the session. Chunks sent with their bytes
-//! are added after the copy ([`Store::put`], on a thread of its own). The key is a
+//! are added after the copy ([`Keeper`], on a thread of its own). The key is a
 //! cryptographic hash computed by the server from the bytes it received, so one client
 //! cannot plant content under another's hash. Size-bounded; the least recently used
 //! chunks go first.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
@@ -38,11 +38,13 @@ pub struct Store {
     max_bytes: u64,
 }
 
-/// Chunks one session may name by hash: open files, readable until the session ends even
-/// if the store evicts them meanwhile.
+/// Chunks one session may name by hash: hard links in a directory of the session's own, so
+/// they stay readable until the session ends even if the store evicts them meanwhile (and
+/// hold no file descriptors, however many there are). The directory goes with the session.
 #[derive(Default)]
 pub struct Pinned {
-    files: HashMap<Hash, (File, u64)>,
+    dir: Option<PathBuf>,
+    files: HashMap<Hash, u64>,
 }
 
 impl Pinned {
@@ -54,13 +56,11 @@ impl Pinned {
     /// The bytes of chunk `hash`, checked against it: None if the session did not pin it,
     /// its length is not `len`, or the file no longer holds those bytes.
     pub fn read(&self, hash: &Hash, len: usize) -> Option<Vec<u8>> {
-        let (file, size) = self.files.get(hash)?;
-        if *size != len as u64 {
+        if *self.files.get(hash)? != len as u64 {
             return None;
         }
-        let mut bytes = vec![0u8; len];
-        file.read_exact_at(&mut bytes, 0).ok()?;
-        (sha256(&bytes) == *hash).then_some(bytes)
+        let bytes = std::fs::read(self.dir.as_ref()?.join(hex(hash))).ok()?;
+        (bytes.len() == len && sha256(&bytes) == *hash).then_some(bytes)
     }
 
     pub fn len(&self) -> usize {
@@ -71,6 +71,17 @@ impl Pinned {
         self.files.is_empty()
     }
 }
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Where sessions keep their pins, inside the store (dot names: never chunks).
+const PINS: &str = ".pins";
 
 fn hex(hash: &Hash) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
@@ -89,18 +100,43 @@ impl Store {
     /// there, in order, and the pins.
     pub fn pin(&self, hashes: &[Hash]) -> (Vec<bool>, Pinned) {
         let mut pinned = Pinned::default();
+        if hashes.is_empty() {
+            return (Vec::new(), pinned);
+        }
+        self.remove_stale_pins();
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.dir.join(PINS).join(format!("{}-{n}", std::process::id()));
+        if std::fs::create_dir_all(&dir).is_err() {
+            return (vec![false; hashes.len()], pinned);
+        }
         let present = hashes
             .iter()
             .map(|hash| {
                 let path = self.path(hash);
-                let Ok(file) = File::open(&path) else { return false };
-                let Ok(meta) = file.metadata() else { return false };
+                let Ok(meta) = std::fs::metadata(&path) else { return false };
+                if std::fs::hard_link(&path, dir.join(hex(hash))).is_err() {
+                    return false;
+                }
                 touch(&path);
-                pinned.files.insert(*hash, (file, meta.len()));
+                pinned.files.insert(*hash, meta.len());
                 true
             })
             .collect();
+        pinned.dir = Some(dir);
         (present, pinned)
+    }
+
+    /// Pins of sessions whose process is gone (killed before they could remove them).
+    fn remove_stale_pins(&self) {
+        let Ok(entries) = std::fs::read_dir(self.dir.join(PINS)) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let pid = name.to_string_lossy().split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 
     /// Keep `bytes` (whose hash the caller computed from them) for later sessions.
@@ -121,13 +157,9 @@ impl Store {
         }
     }
 
-    /// Keep `bytes` from a thread of its own (hashing and writing do not hold up the copy).
-    pub fn put_later(self: &Arc<Self>, bytes: Vec<u8>) {
-        let store = self.clone();
-        let _ = std::thread::Builder::new().name("chidori-content".into()).spawn(move || {
-            let hash = sha256(&bytes);
-            store.put(&hash, &bytes);
-        });
+    /// Bytes one session may add.
+    pub fn session_budget(&self) -> u64 {
+        self.max_bytes
     }
 
     fn evict(&self) {
@@ -150,6 +182,54 @@ impl Store {
                 total -= len;
             }
         }
+    }
+}
+
+/// A session's chunks on their way into the store: hashed and written by a thread of their
+/// own, so the copies they came with do not wait. At most [`Keeper::QUEUE`] chunks wait; a
+/// session that uploads faster than the disk takes them waits for it (only where the
+/// client sends by content: a remote link, slower than a disk).
+pub struct Keeper {
+    queue: Mutex<Option<SyncSender<Vec<u8>>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Keeper {
+    const QUEUE: usize = 8;
+
+    pub fn new(store: Arc<Store>) -> Keeper {
+        let (queue, chunks) = std::sync::mpsc::sync_channel::<Vec<u8>>(Self::QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("chidori-content".into())
+            .spawn(move || {
+                for bytes in chunks {
+                    store.put(&sha256(&bytes), &bytes);
+                }
+            })
+            .map_err(|e| tracing::warn!("no thread for the content store ({e}): this session's uploads are not kept"))
+            .ok();
+        Keeper { queue: Mutex::new(thread.as_ref().map(|_| queue)), thread: Mutex::new(thread) }
+    }
+
+    pub fn keep(&self, bytes: Vec<u8>) {
+        let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(queue) = queue {
+            let _ = queue.send(bytes);
+        }
+    }
+
+    /// Wait until what the session sent is in the store (a run right after finds it).
+    pub fn finish(&self) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 

@@ -273,6 +273,17 @@ impl Emulated {
 
     /// `depth` slices of `height` rows of `width` bytes between device regions.
     fn copy_region(&self, dst: graphs::Region, src: graphs::Region, width: u64, height: u64, depth: u64) -> u64 {
+        if width == 0 {
+            return SUCCESS;
+        }
+        // Rows and slices that overlap are invalid natively (and would let a copy loop over
+        // the same bytes for as long as the extent says).
+        let overlaps = |r: &graphs::Region| {
+            (height > 1 && r.pitch < width) || (depth > 1 && r.slice < r.pitch.saturating_mul(height.max(1)))
+        };
+        if overlaps(&dst) || overlaps(&src) {
+            return INVALID_VALUE;
+        }
         for z in 0..depth.max(1) {
             for y in 0..height.max(1) {
                 let at = |r: &graphs::Region| {

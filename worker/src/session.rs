@@ -21,9 +21,9 @@ use chidori_protocol::PROTOCOL_VERSION;
 use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, RecordRefused, Ret, Wire};
 use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
-    self, Api, AsyncError, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello, HostCallback, HostCallbackDone,
-    KernelInfo, Launch, NULL_LEN, NodeParams, NodeTarget, Progress, Refuse, RefuseReason, Reply, Service, ServiceReply,
-    Welcome,
+    self, Api, AsyncError, CONTENT_FLAG, CONTENT_MIN, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello,
+    HostCallback, HostCallbackDone, KernelInfo, Launch, NULL_LEN, NodeParams, NodeTarget, Progress, Refuse,
+    RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
 use chidori_protocol::resume::SECRET_LEN;
 
@@ -52,6 +52,16 @@ pub struct Options {
     /// Where the supervisor passes a reconnecting client's connection (None: the session
     /// ends with its connection).
     pub resume: Option<std::os::unix::net::UnixStream>,
+    /// Where large uploads are kept across sessions (None: nowhere).
+    pub content: Option<Arc<crate::content::Store>>,
+}
+
+/// A session's share of the content store: the chunks its client may name by hash, and
+/// what it may still add.
+struct Content {
+    pinned: crate::content::Pinned,
+    budget: Mutex<u64>,
+    keeper: crate::content::Keeper,
 }
 
 /// A module loaded in this session.
@@ -84,6 +94,8 @@ struct Session {
     mirrors: Mutex<Mirrors>,
     /// The session's device memory: every device address a call passes must lie in it.
     memory: Mutex<Memory>,
+    /// Large inputs sent by content (None: the client sends every byte).
+    content: Option<Content>,
 }
 
 /// Log target of the per-function time the session spent in the libraries.
@@ -177,6 +189,19 @@ pub fn run(
         (true, Some(control)) => Some((control, crate::auth::random_bytes(SECRET_LEN)?)),
         _ => None,
     };
+    // Content the client sent before: the store pins what it still has for this session.
+    let content = match (&hello.content, &options.content) {
+        (Some(named), Some(store)) => {
+            let named = &named[..named.len().min(messages::MAX_CONTENT_NAMED)];
+            let (kept, pinned) = store.pin(named);
+            let budget = store.session_budget();
+            Some((
+                kept,
+                Content { pinned, budget: Mutex::new(budget), keeper: crate::content::Keeper::new(store.clone()) },
+            ))
+        }
+        _ => None,
+    };
     let welcome = Welcome {
         server_version: env!("CARGO_PKG_VERSION").to_owned(),
         backend: backend.name().to_owned(),
@@ -185,15 +210,21 @@ pub fn run(
         libraries: backend.libraries(),
         devices: backend.devices(),
         resume_secret: resume.as_ref().map(|(_, secret)| secret.clone()).unwrap_or_default(),
+        content_kept: content.as_ref().map(|(kept, _)| kept.clone()).unwrap_or_default(),
+        content_budget: content.as_ref().map(|(_, c)| *lock(&c.budget)).unwrap_or(0),
     };
     writer.send(Header::new(Kind::Welcome, 0, 0, 0), &messages::encode(&welcome), &[])?;
     tracing::info!(
-        "session for {} pid {} ({}) open, backend {}{}",
+        "session for {} pid {} ({}) open, backend {}{}{}",
         hello.host,
         hello.pid,
         hello.program,
         backend.name(),
-        if resume.is_some() { "; it survives a dropped connection" } else { "" }
+        if resume.is_some() { "; it survives a dropped connection" } else { "" },
+        match &content {
+            Some((kept, c)) => format!("; {} of {} uploads it names are kept", c.pinned.len(), kept.len()),
+            None => String::new(),
+        }
     );
     // The stream of a resumable session starts after the Welcome.
     let reader = match resume {
@@ -220,6 +251,7 @@ pub fn run(
         timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
         mirrors: Mutex::new(Mirrors::default()),
         memory: Mutex::new(Memory::new(options.memory_quota)),
+        content: content.map(|(_, c)| c),
     });
     stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
@@ -232,6 +264,9 @@ pub fn run(
         frame_stall(options.heartbeat)
     };
     let result = serve(&session, &mut reader, stall);
+    if let Some(content) = &session.content {
+        content.keeper.finish();
+    }
     log_timing(&session);
     match &result {
         Ok(()) => tracing::info!("session for {} pid {} closed by the client", hello.host, hello.pid),
@@ -518,7 +553,18 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         return Err(Fatal(format!("{}: {} arguments for {n} parameters", desc.name, call.args.len())));
     }
     let mut args: Vec<u64> = call.args.iter().map(|a| a.to_native()).collect();
-    let lens: Vec<u64> = call.lens.iter().map(|l| l.to_native()).collect();
+    let mut lens: Vec<u64> = call.lens.iter().map(|l| l.to_native()).collect();
+    // Inputs sent by content: the bulk holds their hash (only plain input buffers may be).
+    let mut by_content = vec![false; n];
+    for (i, len) in lens.iter_mut().enumerate() {
+        if *len != NULL_LEN && *len & CONTENT_FLAG != 0 {
+            if !matches!(desc.params[i], Wire::Buf { dir: Dir::In, record: None, .. }) || session.content.is_none() {
+                return Err(Fatal(format!("{}: argument {i} sent by content where it cannot be", desc.name)));
+            }
+            *len &= !CONTENT_FLAG;
+            by_content[i] = true;
+        }
+    }
     // Values a wire form fixes (a copy's direction is what its form says), whatever the
     // client sent.
     if let Some(form) = desc.form {
@@ -818,9 +864,30 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     translations[i] = t;
                     continue;
                 }
+                if by_content[i] {
+                    if t.is_some() {
+                        return Err(Fatal(format!("{}: argument {i} sent by content where it cannot be", desc.name)));
+                    }
+                    let hash: [u8; 32] = take(32)?.try_into().map_err(|_| Fatal("content hash".into()))?;
+                    let kept = session.content.as_ref().and_then(|c| c.pinned.read(&hash, len as usize));
+                    let Some(bytes) = kept else {
+                        return invalid(format!(
+                            "argument {i}: sent by content the server does not keep for this session ({len} bytes)"
+                        ));
+                    };
+                    let mut b = Buffer::from(&bytes);
+                    raw[i] = b.addr();
+                    buffers[i] = Some(b);
+                    continue;
+                }
                 if t.is_none() && dir == Dir::In {
                     // Read in place from the frame (copy payloads are most of the bytes).
                     let s = take(len)?;
+                    if len >= CONTENT_MIN
+                        && let Some(content) = &session.content
+                    {
+                        keep(content, s);
+                    }
                     if elem == 1 || (s.as_ptr() as usize).is_multiple_of(8) {
                         raw[i] = s.as_ptr() as u64;
                         continue;
@@ -1129,6 +1196,7 @@ impl Harness {
             timing: None,
             mirrors: Mutex::new(Mirrors::default()),
             memory: Mutex::new(Memory::new(memory_quota)),
+            content: None,
         });
         Harness { session }
     }
@@ -1184,6 +1252,16 @@ pub fn run_on_fd(
     // SAFETY: the supervisor passes an open connected socket at `fd` and nothing else owns it.
     let stream = unsafe { TcpStream::from_raw_fd(fd) };
     run(stream, security, make_backend, options, authenticated).context("session")
+}
+
+/// Add a large input to the store, within the session's budget (the client counts the same).
+fn keep(content: &Content, bytes: &[u8]) {
+    let mut budget = lock(&content.budget);
+    if *budget >= bytes.len() as u64 {
+        *budget -= bytes.len() as u64;
+        drop(budget);
+        content.keeper.keep(bytes.to_vec());
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

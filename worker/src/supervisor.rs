@@ -68,6 +68,9 @@ pub struct ServeOptions {
     pub heartbeat: Duration,
     pub module_cache: PathBuf,
     pub module_cache_mb: u64,
+    /// The content store (large uploads kept by hash) and its bound (0: none).
+    pub content_cache: PathBuf,
+    pub content_cache_mb: u64,
     /// The chidori binary that runs sessions (`chidori session`).
     pub exe: PathBuf,
     /// TLS and token (None: plain TCP, no token; only with `--insecure` or on loopback).
@@ -91,6 +94,10 @@ impl ServeOptions {
             self.module_cache.display().to_string(),
             "--module-cache-mb".to_owned(),
             self.module_cache_mb.to_string(),
+            "--content-cache".to_owned(),
+            self.content_cache.display().to_string(),
+            "--content-cache-mb".to_owned(),
+            self.content_cache_mb.to_string(),
             "--auth-fd".to_owned(),
             AUTH_FD.to_string(),
             "--resume-fd".to_owned(),

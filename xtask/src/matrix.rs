@@ -446,11 +446,17 @@ impl EmulatedServer {
     /// As [`EmulatedServer::start`]; without a profile, the one `chidori serve` finds in its
     /// installation.
     pub fn start_with(chidori: &Path, profile: Option<&Path>) -> Result<EmulatedServer> {
+        EmulatedServer::start_args(chidori, profile, &[])
+    }
+
+    /// As [`EmulatedServer::start_with`], with more arguments of `chidori serve`.
+    pub fn start_args(chidori: &Path, profile: Option<&Path>, extra: &[&str]) -> Result<EmulatedServer> {
         let mut cmd = Command::new(chidori);
         cmd.args(["serve", "--backend", "emulated", "--bind", "127.0.0.1", "--port", "0"]);
         if let Some(profile) = profile {
             cmd.arg("--profile").arg(profile);
         }
+        cmd.args(extra);
         let mut child = cmd
             .env("CHIDORI_LOG", "warn")
             .env_remove("CHIDORI_PROFILE")

@@ -250,12 +250,15 @@ impl Emulated {
         to_array: bool,
     ) -> u64 {
         let Some(info) = self.array(array) else { return INVALID_HANDLE };
-        if x + width > info.pitch() || y + height > info.height.max(1) * info.depth.max(1) {
+        let inside = x.checked_add(width).is_some_and(|end| end <= info.pitch())
+            && y.checked_add(height).is_some_and(|end| end <= info.height.max(1).saturating_mul(info.depth.max(1)));
+        if !inside || (height > 1 && mem_pitch < width) {
             return INVALID_VALUE;
         }
         for r in 0..height {
+            // Inside the array (checked above); the memory side is checked by the copy.
             let a = array + (y + r) * info.pitch() + x;
-            let m = mem + r * mem_pitch;
+            let m = mem.wrapping_add(r.wrapping_mul(mem_pitch));
             // SAFETY: the array is an allocation; a host side is the session's buffer of
             // height * pitch bytes.
             let status = unsafe {
@@ -283,10 +286,10 @@ impl Emulated {
         to_array: bool,
     ) -> u64 {
         let Some(info) = self.array(array) else { return INVALID_HANDLE };
-        let start = y * info.pitch() + x;
-        if start.checked_add(count).is_none_or(|end| end > info.bytes()) {
+        let start = y.checked_mul(info.pitch()).and_then(|r| r.checked_add(x));
+        let Some(start) = start.filter(|s| s.checked_add(count).is_some_and(|end| end <= info.bytes())) else {
             return INVALID_VALUE;
-        }
+        };
         // SAFETY: the array is an allocation; a host side is the session's buffer of `count` bytes.
         unsafe {
             if to_array {
@@ -336,8 +339,8 @@ impl Emulated {
                     // ---- 3D memory ----
                     ("cudart", "cudaMalloc3D") => {
                         let [w, h, d]: [u64; 3] = rd(a[1], 0);
-                        let pitch = w.max(1).div_ceil(ALIGN) * ALIGN;
-                        match self.alloc(pitch * h.max(1) * d.max(1)) {
+                        let pitch = w.max(1).div_ceil(ALIGN).saturating_mul(ALIGN);
+                        match self.alloc(pitch.saturating_mul(h.max(1)).saturating_mul(d.max(1))) {
                             Ok(p) => {
                                 for (i, v) in [p, pitch, w, h].into_iter().enumerate() {
                                     put_u64(a[0] + 8 * i as u64, v);
@@ -351,8 +354,18 @@ impl Emulated {
                         let [ptr, pitch, _, ysize]: [u64; 4] = rd(a[0], 0);
                         let [w, h, d]: [u64; 3] = rd(a[2], 0);
                         let stream = if name == "cudaMemset3DAsync" { stream_at(3) } else { None };
+                        if w == 0 || h == 0 || d == 0 {
+                            return Some(SUCCESS);
+                        }
+                        // The whole extent must lie in one allocation (this also bounds the loop).
+                        let slice = pitch.checked_mul(ysize.max(1));
+                        let span = slice.and_then(|sl| sl.checked_mul(d.max(1)));
+                        if span.is_none_or(|n| self.state().find(ptr, n).is_none()) || w > pitch || h > ysize.max(1) {
+                            return Some(INVALID_VALUE);
+                        }
+                        let slice = slice.unwrap_or(0);
                         for z in 0..d.max(1) {
-                            let at = ptr + z * pitch * ysize.max(1);
+                            let at = ptr.wrapping_add(z.wrapping_mul(slice));
                             let op =
                                 Op::Memset { dst: at, pitch, value: a[1] as u8 as u32, elem: 1, width: w, height: h };
                             let s = self.run_or_record(stream, kind::MEMSET, op);
