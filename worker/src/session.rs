@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::{SCHEMA_HASH, VARIANTS};
 use chidori_cuda::structs;
 use chidori_protocol::PROTOCOL_VERSION;
-use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, RecordRefused, Ret, Wire};
+use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, Form, HandleKind, RecordRefused, Ret, Wire};
 use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
     self, Api, AsyncError, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello, HostCallback, HostCallbackDone,
@@ -876,7 +876,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut kept = None;
     // Outlives the call: raw[4] points into it.
     let data_pointers: Vec<u64>;
-    if desc.form == Some("hostvalues") && lens[4] != NULL_LEN {
+    if desc.form == Some(Form::HostValues) && lens[4] != NULL_LEN {
         // SAFETY: raw[4] addresses the buffer laid out above, lens[4] bytes long.
         let records = unsafe { std::slice::from_raw_parts(raw[4] as *const u8, lens[4] as usize) };
         let Some((pointers, values)) = host_value_pointers(records) else {
@@ -892,7 +892,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         kept = Some(values);
     }
     let started = session.timing.as_ref().map(|_| std::time::Instant::now());
-    let ret = if desc.form == Some("host") {
+    let ret = if desc.form == Some(Form::Host) {
         host_function(session, desc, &raw)
     } else {
         // SAFETY: raw holds values, device addresses and addresses of `buffers`, laid out

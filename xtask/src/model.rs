@@ -754,6 +754,12 @@ fn build_variant(
         if !matches!(disposition, Disposition::Custom { .. }) {
             bail!("wire forms are for custom functions; {} is not custom", decl.name);
         }
+        if chidori_protocol::desc::Form::from_name(form).is_none() {
+            bail!(
+                "{}: wire.{form} is no wire form chidori_protocol::desc::Form names (add it there, then to both sides)",
+                decl.name
+            );
+        }
         let d = classify_call(lib, env, decl, ret_is_status, w.class, &w.params, true, &fspec.sizes)
             .with_context(|| format!("wire form {form}"))?;
         if let Disposition::Unsupported { reason } = d {

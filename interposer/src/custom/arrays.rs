@@ -14,7 +14,7 @@
 use std::ffi::c_void;
 
 use chidori_cuda::calls::{cudart as calls, driver as dcalls};
-use chidori_cuda::desc::{CallDesc, Ctx};
+use chidori_cuda::desc::{CallDesc, Ctx, Form};
 use chidori_cuda::types::{cudaChannelFormatDesc, cudaExtent};
 
 use crate::conn::{self, Conn};
@@ -71,7 +71,7 @@ pub unsafe fn malloc_3d(ctx: &Ctx, pitched: *mut c_void, extent: cudaExtent) -> 
         }
         let extent_at = &extent as *const cudaExtent as u64;
         // SAFETY: the caller's cudaPitchedPtr; the extent travels by value.
-        let s = unsafe { call(conn, ctx.form("call"), &[pitched as u64, extent_at]) };
+        let s = unsafe { call(conn, ctx.form(Form::Call), &[pitched as u64, extent_at]) };
         if s == 0 {
             // SAFETY: written by the reply: ptr, pitch, xsize, ysize.
             let p = unsafe { std::ptr::read_unaligned(pitched as *const PitchedPtr) };
@@ -149,13 +149,13 @@ fn to_array_2d(
         args.extend(stream);
         if device {
             // SAFETY: device addresses and an array handle, by value.
-            return Ok(unsafe { call(conn, ctx.form("d2a"), &args) });
+            return Ok(unsafe { call(conn, ctx.form(Form::D2a), &args) });
         }
         // SAFETY: the source rows lie in the caller's buffer per its pitch.
         let rows = unsafe { gather(src, spitch, width, height) };
         (args[3], args[4]) = (rows.as_ptr() as u64, width as u64);
         // SAFETY: `rows` holds width * height bytes.
-        Ok(unsafe { call(conn, ctx.form("h2a"), &args) })
+        Ok(unsafe { call(conn, ctx.form(Form::H2a), &args) })
     })
 }
 
@@ -181,12 +181,12 @@ fn from_array_2d(
         args.extend(stream);
         if device {
             // SAFETY: device addresses and an array handle, by value.
-            return Ok(unsafe { call(conn, ctx.form("a2d"), &args) });
+            return Ok(unsafe { call(conn, ctx.form(Form::A2d), &args) });
         }
         let mut rows = vec![0u8; width * height];
         (args[0], args[1]) = (rows.as_mut_ptr() as u64, width as u64);
         // SAFETY: `rows` holds width * height bytes for the reply.
-        let s = unsafe { call(conn, ctx.form("a2h"), &args) };
+        let s = unsafe { call(conn, ctx.form(Form::A2h), &args) };
         if s == 0 {
             // SAFETY: the destination rows lie in the caller's buffer per its pitch.
             unsafe { scatter(&rows, dst, dpitch, width, height) };
@@ -272,7 +272,7 @@ fn to_array(ctx: &Ctx, dst: u64, offsets: (u64, u64), src: u64, count: u64, kind
         }
         let mut args = vec![dst, offsets.0, offsets.1, src, count, u64::from(kind)];
         args.extend(stream);
-        let form = if device { ctx.form("d2a") } else { ctx.form("h2a") };
+        let form = if device { ctx.form(Form::D2a) } else { ctx.form(Form::H2a) };
         // SAFETY: a device address, or the caller's buffer of `count` bytes.
         Ok(unsafe { call(conn, form, &args) })
     })
@@ -284,7 +284,7 @@ fn from_array(ctx: &Ctx, dst: u64, src: u64, offsets: (u64, u64), count: u64, ki
         let device = device_side(kind, dst, false)?;
         let mut args = vec![dst, src, offsets.0, offsets.1, count, u64::from(kind)];
         args.extend(stream);
-        let form = if device { ctx.form("a2d") } else { ctx.form("a2h") };
+        let form = if device { ctx.form(Form::A2d) } else { ctx.form(Form::A2h) };
         // SAFETY: a device address, or the caller's buffer of `count` bytes.
         Ok(unsafe { call(conn, form, &args) })
     })
@@ -700,7 +700,7 @@ pub unsafe fn memcpy_3d(ctx: &Ctx, p: *mut c_void) -> u32 {
         }
         // SAFETY: the caller's cudaMemcpy3DParms.
         let m = unsafe { std::ptr::read_unaligned(p as *const Memcpy3DParms) };
-        Ok(copy_3d_runtime(conn, ctx.form("d2d"), m, None))
+        Ok(copy_3d_runtime(conn, ctx.form(Form::D2d), m, None))
     })
 }
 
@@ -711,7 +711,7 @@ pub unsafe fn memcpy_3d_async(ctx: &Ctx, p: *mut c_void, stream: *mut c_void) ->
         }
         // SAFETY: the caller's cudaMemcpy3DParms.
         let m = unsafe { std::ptr::read_unaligned(p as *const Memcpy3DParms) };
-        Ok(copy_3d_runtime(conn, ctx.form("d2d"), m, Some(stream_of(ctx, stream))))
+        Ok(copy_3d_runtime(conn, ctx.form(Form::D2d), m, Some(stream_of(ctx, stream))))
     })
 }
 
@@ -1085,7 +1085,7 @@ fn cu_2d(ctx: &Ctx, p: *mut c_void, stream: Option<u64>) -> u32 {
         }
         // SAFETY: the caller's CUDA_MEMCPY2D.
         let c = unsafe { std::ptr::read_unaligned(p as *const CuMemcpy2D) };
-        let form = ctx.form("d2d");
+        let form = ctx.form(Form::D2d);
         let send = |m: &CuMemcpy3D| -> u32 {
             let c = to_2d(m);
             let mut args = vec![&c as *const CuMemcpy2D as u64];
@@ -1104,7 +1104,7 @@ fn cu_3d(ctx: &Ctx, p: *mut c_void, stream: Option<u64>) -> u32 {
         }
         // SAFETY: the caller's CUDA_MEMCPY3D.
         let m = unsafe { std::ptr::read_unaligned(p as *const CuMemcpy3D) };
-        let form = ctx.form("d2d");
+        let form = ctx.form(Form::D2d);
         let send = |m: &CuMemcpy3D| -> u32 {
             let mut args = vec![m as *const CuMemcpy3D as u64];
             args.extend(stream);
