@@ -9,6 +9,7 @@
 //! [`desc`] holds the types of the generated call descriptors: for every forwarded
 //! function, how each parameter travels. Client and worker interpret the same tables.
 
+pub mod codec;
 pub mod desc;
 pub mod env;
 pub mod frame;
