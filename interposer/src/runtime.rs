@@ -110,10 +110,13 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
     Prepared { call: encoded.call, bulk, outs }
 }
 
-/// The bytes of a host scalar at `addr` for a parameter of `bytes` bytes. An untyped scalar
-/// (`const void *alpha`) travels as 16 bytes, the largest scalar type, but may be a 4-byte
-/// float at the end of the last mapped page: the bytes are read only up to the end of the
-/// scalar's page (a naturally aligned scalar never crosses one) and the rest are zeros.
+/// The bytes of a host scalar at `addr` for a parameter of `bytes` bytes. A scalar travels
+/// as its type's size, an untyped one (`const void *alpha`) as the size its type parameter
+/// gives ([`codec::scalar_bytes`]). Where no parameter gives it (cublasGemmEx's, whose
+/// complexity is Ctype's; cublasLtMatmul's, in its descriptor) it travels as 16 bytes, the
+/// largest scalar type, but may be a 4-byte float at the end of the last mapped page: the
+/// bytes are read only up to the end of the scalar's page (a naturally aligned scalar never
+/// crosses one) and the rest are zeros.
 ///
 /// # Safety
 /// `addr` must point at a readable scalar of the caller's type.

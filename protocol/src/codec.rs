@@ -20,7 +20,7 @@
 //! | `ByValRecord` | the client's address | `bytes` | the record |
 //! | `OutHandle` | the client's address, or the name it gave (`named`) | 8, or [`NULL_LEN`] | — |
 //! | `Str` | the client's address | bytes with the NUL, or [`NULL_LEN`] | the string |
-//! | `Scalar` (host mode) | the client's address | its bytes, or [`NULL_LEN`] | the value, unless `Out` |
+//! | `Scalar` (host mode) | the client's address | its bytes ([`scalar_bytes`]), or [`NULL_LEN`] | the value, unless `Out` |
 //! | `Scalar` (device mode) | a device address | [`DEVICE_LEN`] | — |
 //! | `Handles` | the client's address | 8 × count, or [`NULL_LEN`] | the handles |
 //! | `Buf` | the client's address | elem × count, or [`NULL_LEN`] | the elements, unless `Out` |
@@ -78,10 +78,12 @@ fn bounded(count: u64, elem: u64) -> Option<u64> {
     count.checked_mul(elem).filter(|&b| b <= MAX_BUFFER)
 }
 
-/// Bytes a host-mode scalar parameter travels as, for these arguments.
-pub fn scalar_bytes(wire: &Wire, _args: &[u64]) -> Option<u64> {
+/// Bytes a host-mode scalar parameter travels as, for these arguments: its type's, or for
+/// an untyped scalar what its type parameter gives (None: a type it has no size for).
+pub fn scalar_bytes(wire: &Wire, args: &[u64]) -> Option<u64> {
     match *wire {
-        Wire::Scalar { bytes, .. } => Some(u64::from(bytes)),
+        Wire::Scalar { bytes, size: None, .. } => Some(u64::from(bytes)),
+        Wire::Scalar { bytes, size: Some(size), .. } => size.eval(args).filter(|&b| b > 0 && b <= u64::from(bytes)),
         _ => None,
     }
 }

@@ -193,8 +193,10 @@ pub enum Wire {
     /// A BLAS scalar (alpha, beta, a reduction's result): while the pointer mode the
     /// client recorded for the handle in parameter `mode` is host, `bytes` travel (In) or
     /// come back (Out) like a one-element buffer; in device mode the argument is a device
-    /// address and its length on the wire is [`DEVICE_LEN`].
-    Scalar { dir: Dir, bytes: u32, mode: u8 },
+    /// address and its length on the wire is [`DEVICE_LEN`]. `size`: an untyped scalar's
+    /// (`const void *alpha`) bytes by its type parameter (`alphaType`, `computeType`), at
+    /// most `bytes`; an untyped scalar without one travels as all `bytes`.
+    Scalar { dir: Dir, bytes: u32, mode: u8, size: Option<&'static Len> },
 }
 
 /// A field of a record: where it lies in the layout of one CUDA version, and the values it

@@ -21,5 +21,6 @@ pub mod resume;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages.
-pub const PROTOCOL_VERSION: u16 = 8;
+/// Bumped on any incompatible change to frames or messages (9: an untyped scalar travels as
+/// the size of its type parameter, not 16 bytes).
+pub const PROTOCOL_VERSION: u16 = 9;

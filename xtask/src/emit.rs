@@ -537,7 +537,7 @@ impl<'a> Emitter<'a> {
                 let bytes = *bytes as u32;
                 quote!(Wire::Scratch { bytes: #bytes })
             }
-            Wire::Scalar { dir, bytes, mode } => {
+            Wire::Scalar { dir, bytes, mode, size } => {
                 let dir = match dir {
                     Dir::In => quote!(Dir::In),
                     Dir::Out => quote!(Dir::Out),
@@ -545,7 +545,14 @@ impl<'a> Emitter<'a> {
                 };
                 let bytes = *bytes as u32;
                 let mode = *mode as u8;
-                quote!(Wire::Scalar { dir: #dir, bytes: #bytes, mode: #mode })
+                let size = match size {
+                    Some(l) => {
+                        let r = len_static(l, statics, prefix);
+                        quote!(Some(&#r))
+                    }
+                    None => quote!(None),
+                };
+                quote!(Wire::Scalar { dir: #dir, bytes: #bytes, mode: #mode, size: #size })
             }
         }
     }

@@ -201,7 +201,7 @@ fn build(pieces: &[Piece], client: &mut FakeClient) -> (&'static CallDesc, Vec<u
                 params.push(Wire::Handle { kind: 1, destroy: false });
                 args.push(handle);
                 want.push(Arg::Handle { kind: 1, value: handle, real: handle | 1 << 63, destroy: false });
-                params.push(Wire::Scalar { dir: *dir, bytes: value.len() as u32, mode });
+                params.push(Wire::Scalar { dir: *dir, bytes: value.len() as u32, mode, size: None });
                 match device {
                     Some(d) => {
                         client.device_mode.push(handle);
@@ -352,7 +352,7 @@ fn strings_end_with_their_nul() {
 #[test]
 fn scalars_are_their_size_not_null_and_device_ones_are_the_sessions() {
     let mode = Wire::Handle { kind: 1, destroy: false };
-    let scalar = Wire::Scalar { dir: Dir::In, bytes: 4, mode: 0 };
+    let scalar = Wire::Scalar { dir: Dir::In, bytes: 4, mode: 0, size: None };
     let e = refused(vec![mode, scalar], &[1, 0], &[0, NULL_LEN], &[]);
     assert!(matches!(e, DecodeError::Null { param: 1, .. }), "{e}");
     assert_eq!(e.refusal(), Refusal::InvalidValueQuietly);
@@ -427,5 +427,33 @@ fn oversized_lengths_are_not_read_from_the_program() {
     let encoded = encode(desc, &[MAX_BUFFER, 0x1000], &mut FakeClient::default());
     assert!(encoded.inputs.is_empty());
     let e = decode(desc, &encoded.call.args, &encoded.call.lens, &[], &mut FakeTables::default()).unwrap_err();
+    assert_eq!(e.refusal(), Refusal::InvalidValue);
+}
+
+#[test]
+fn an_untyped_scalar_is_the_size_of_its_type_parameter() {
+    // cublasScalEx(handle, n, alpha, alphaType, ...): a float alpha is 4 bytes, not 16.
+    static SIZES: Len = Len::Table(2, &[4, 8, 2, 1, 8, 16]);
+    let params = vec![
+        Wire::Handle { kind: 1, destroy: false },
+        Wire::Scalar { dir: Dir::In, bytes: 16, mode: 0, size: Some(&SIZES) },
+        Wire::Val { bytes: 4, float: false },
+    ];
+    let desc = desc(params);
+    let mut client = FakeClient::default();
+    let alpha = client.put(1.5f32.to_le_bytes().to_vec());
+    let encoded = encode(desc, &[7, alpha, 0], &mut client);
+    assert_eq!(encoded.inputs, vec![Span { param: 1, addr: alpha, len: 4 }], "only the float is read");
+    let bulk = client.bulk(&encoded);
+    let got = decode(desc, &encoded.call.args, &encoded.call.lens, &bulk, &mut FakeTables::default()).unwrap();
+    assert_eq!(got[1], Arg::Scalar { dir: Dir::In, bytes: 4, input: Some(&1.5f32.to_le_bytes()[..]) });
+    // A double complex (CUDA_C_64F, 5) is all 16.
+    let e = decode(desc, &[7, alpha, 5], &[0, 4, 0], &[0; 4], &mut FakeTables::default()).unwrap_err();
+    assert_eq!(e, DecodeError::Length { param: 1, got: 4, expected: 16 });
+    // A type the table does not know has no size: refused with invalid-value, nothing read.
+    let encoded = encode(desc, &[7, alpha, 99], &mut client);
+    assert!(encoded.inputs.is_empty());
+    let e = decode(desc, &encoded.call.args, &encoded.call.lens, &[], &mut FakeTables::default()).unwrap_err();
+    assert_eq!(e, DecodeError::NoLength { param: 1 });
     assert_eq!(e.refusal(), Refusal::InvalidValue);
 }
