@@ -661,7 +661,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // Parse the arguments (lengths, bulk, handles, device addresses), then lay out the host
     // memory of the call.
     let decoded = {
-        let mut tables = SessionTables { session, desc, args: &args, extents: &extents };
+        let mut tables = SessionTables { session, desc, args: &args, extents };
         match codec::decode(desc, &args, &lens, &frame.bulk, &mut tables) {
             Ok(decoded) => decoded,
             Err(e) => return refuse(session, &header, desc, e),
