@@ -558,10 +558,12 @@ fn device_ok(session: &Session, addr: u64, len: u64) -> bool {
 /// the session for a frame that breaks the protocol.
 fn refuse(session: &Session, header: &Header, desc: &CallDesc, e: DecodeError) -> Result<(), Fatal> {
     let message = match &e {
-        DecodeError::Handle { param, kind, value, element } => format!(
-            "{}: parameter {param}: {}{value:#x} is not a {} of this session",
+        DecodeError::Handle { kind, value, element: None, .. } => {
+            format!("{}: {value:#x} is not a {} of this session", desc.name, Handles::name(*kind))
+        }
+        DecodeError::Handle { kind, value, element: Some(at), .. } => format!(
+            "{}: element {at} of the array, {value:#x}, is not a {} of this session",
             desc.name,
-            element.map(|at| format!("element {at} of the array, ")).unwrap_or_default(),
             Handles::name(*kind)
         ),
         DecodeError::NameTaken { kind, value, .. } => {
