@@ -81,7 +81,7 @@ want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 # The server, with its own module cache, for the whole round.
 CACHE=$B/module-cache
 rm -rf "$CACHE"
-"$CHIDORI" serve --bind 127.0.0.1 --port $PORT --module-cache "$CACHE" > "$LOGS/serve.log" 2>&1 &
+CHIDORI_LOG=${SERVE_LOG:-info} "$CHIDORI" serve --bind 127.0.0.1 --port $PORT --module-cache "$CACHE" > "$LOGS/serve.log" 2>&1 &
 SERVE_PID=$!
 python3 "$SHARED/tools/wan_delay.py" --listen 127.0.0.1:$WAN_PORT --target $SERVER --rtt-ms 70 \
   --max-seconds 3000 > "$LOGS/wan.log" 2>&1 &
@@ -281,10 +281,13 @@ if want resume; then
   losses() { grep -o '"losses": \[[^]]*\]' "$1"; }
   cuts=$(grep -c " cut " "$LOGS/cut-relay.log")
   resumed=$(grep -c "resumed the session" "$LOGS/resume-remote.err")
+  # A second native run: whether the workload itself gives the same losses twice.
+  timeout ${RUN_TIMEOUT:-300} python3 "${args[@]}" > "$LOGS/resume-native2.out" 2>> "$LOGS/resume-native.err"
+  native_same=$([[ $(losses "$LOGS/resume-native.out") == $(losses "$LOGS/resume-native2.out") ]] && echo "native runs agree" || echo "NATIVE RUNS DIFFER")
   if [[ $rc == 0 && -n $(losses "$LOGS/resume-native.out") && $(losses "$LOGS/resume-native.out") == $(losses "$LOGS/resume-remote.out") ]]; then
-    verdict="native losses"
+    verdict="native losses ($native_same)"
   else
-    verdict="DIFFERENT or failed rc=$rc (resume-*.out)"
+    verdict="DIFFERENT or failed rc=$rc (resume-*.out; $native_same)"
   fi
   row "resume (cut $cuts times)" "$verdict; resumed $resumed times; native $(grep -o '"seconds": [0-9.]*' "$LOGS/resume-native.out") remote $(grep -o '"seconds": [0-9.]*' "$LOGS/resume-remote.out")"
 fi
@@ -333,8 +336,8 @@ if want optimize; then
   export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
   compared=()
   if [[ $runs == *" lo-api "* ]]; then
-    timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run -s $SERVER -- python3 $D/generate_cases.py --optimize api "${only[@]}" \
-      > "$LOGS/gen-lo-api.jsonl" 2> "$LOGS/gen-lo-api.err"
+    CHIDORI_LOG=${DECODE_CLIENT_LOG:-warn} timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run -s $SERVER -- \
+      python3 $D/generate_cases.py --optimize api "${only[@]}" > "$LOGS/gen-lo-api.jsonl" 2> "$LOGS/gen-lo-api.err"
     compared+=(lo-api="$LOGS/gen-lo-api.jsonl")
   fi
   if [[ $runs == *" lo-cli "* ]]; then

@@ -1663,6 +1663,9 @@ int main(void) {
   m.srcMemoryType = CU_MEMORYTYPE_UNIFIED; m.srcDevice = d; m.srcPitch = 16 * 4;
   m.dstMemoryType = CU_MEMORYTYPE_UNIFIED; m.dstHost = back; m.dstPitch = sizeof back[0];
   m.WidthInBytes = 16 * 4; m.Height = 4;
+  /* A unified side's address is its device field, as natively (the H200 answers this). */
+  EXPECT(cuMemcpy2D(&m) == CUDA_ERROR_INVALID_VALUE);
+  m.dstDevice = (CUdeviceptr)back;
   CHECK(cuMemcpy2D(&m));
   for (int i = 0; i < 4; ++i) for (int j = 0; j < 16; ++j) EXPECT(back[i][j] == host[i][j + 4]);
   float row[16];

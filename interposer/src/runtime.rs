@@ -11,9 +11,10 @@ use std::ffi::{CStr, c_char};
 use std::time::Instant;
 
 use chidori_cuda::status;
+use chidori_protocol::codec;
 use chidori_protocol::desc::{CallDesc, Dir, Ret, Wire};
 use chidori_protocol::frame::{Header, Kind};
-use chidori_protocol::messages::{self, CONTENT_FLAG, Call, NULL_LEN};
+use chidori_protocol::messages::{self, CONTENT_FLAG, Call};
 
 use crate::conn::{self, Conn, OutTarget};
 
@@ -62,123 +63,73 @@ struct Prepared<'a> {
     outs: Vec<OutTarget>,
 }
 
-/// Marshal raw arguments by the descriptor.
+/// What the encoder asks of this client: string lengths in the program's memory, the
+/// pointer mode recorded for a BLAS handle, names for new handles.
+struct ThisClient;
+
+impl codec::Client for ThisClient {
+    fn c_str_len(&mut self, addr: u64) -> u64 {
+        // SAFETY: the encoder asks only for non-null `Str` arguments, NUL-terminated C strings
+        // per the API contract of the function being forwarded.
+        unsafe { CStr::from_ptr(addr as *const c_char) }.to_bytes_with_nul().len() as u64
+    }
+
+    fn device_mode(&mut self, mode: u64) -> bool {
+        crate::scalars::device_mode(mode)
+    }
+
+    fn new_name(&mut self) -> u64 {
+        next_handle_name()
+    }
+}
+
+/// Marshal raw arguments by the descriptor ([`codec::encode`]), reading the inputs from the
+/// program's memory and writing the names of handles the client names.
 ///
 /// # Safety
 /// Pointer arguments must be valid for the lengths the descriptor computes from the other
 /// arguments (the contract of the CUDA function being called).
 unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
-    let mut lens = vec![0u64; args.len()];
-    let mut bulk: Vec<Cow<'a, [u8]>> = Vec::new();
-    let mut outs = Vec::new();
-    let mut named = Vec::new();
-    for (i, wire) in desc.params.iter().enumerate() {
-        let a = args[i];
-        match *wire {
-            Wire::Val { .. } | Wire::Device | Wire::Handle { .. } | Wire::Null | Wire::Scratch { .. } => {}
-            Wire::ByValRecord { bytes } => {
-                // SAFETY: the generated export passes the address of its by-value copy.
-                bulk.push(Cow::Borrowed(unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) }));
-                lens[i] = u64::from(bytes);
-            }
-            Wire::OutHandle { named: true, .. } => {
-                if a == 0 {
-                    lens[i] = NULL_LEN;
-                } else {
-                    // The client names the handle: the caller has it at once, and the
-                    // worker maps the name to the library's handle.
-                    let name = next_handle_name();
-                    // SAFETY: the caller's pointer to a handle, non-null.
-                    unsafe { std::ptr::write_unaligned(a as *mut u64, name) };
-                    named.push((i, name));
-                    lens[i] = 8;
-                }
-            }
-            Wire::OutHandle { named: false, .. } => {
-                if a == 0 {
-                    lens[i] = NULL_LEN;
-                } else {
-                    lens[i] = 8;
-                    outs.push(OutTarget { param: i, ptr: a as usize, len: 8 });
-                }
-            }
-            Wire::Str => {
-                if a == 0 {
-                    lens[i] = NULL_LEN;
-                } else {
-                    // SAFETY: a C string argument, NUL-terminated per the API.
-                    let s = unsafe { CStr::from_ptr(a as *const c_char) }.to_bytes_with_nul();
-                    lens[i] = s.len() as u64;
-                    bulk.push(Cow::Borrowed(s));
-                }
-            }
-            Wire::Scalar { dir, bytes, mode } => {
-                if a == 0 {
-                    lens[i] = NULL_LEN;
-                } else if crate::scalars::device_mode(args.get(usize::from(mode)).copied().unwrap_or(0)) {
-                    lens[i] = chidori_protocol::desc::DEVICE_LEN;
-                } else {
-                    lens[i] = u64::from(bytes);
-                    if dir != Dir::Out {
-                        // SAFETY: the caller's host scalar (host pointer mode).
-                        bulk.push(unsafe { host_scalar(a, bytes as usize) });
-                    }
-                    if dir != Dir::In {
-                        outs.push(OutTarget { param: i, ptr: a as usize, len: bytes as usize });
-                    }
-                }
-            }
-            Wire::Handles { len, .. } => {
-                if a == 0 {
-                    lens[i] = NULL_LEN;
-                    continue;
-                }
-                let n = len.eval(args).unwrap_or(0).saturating_mul(8);
-                lens[i] = n;
-                // SAFETY: the caller's array of that many handles, per the API contract.
-                bulk.push(Cow::Borrowed(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) }));
-            }
-            Wire::Buf { dir, elem, len, record } => {
-                if a == 0 {
-                    lens[i] = NULL_LEN;
-                    continue;
-                }
-                let count = match len {
-                    Some(expr) => expr.eval(args).unwrap_or(0),
-                    None => 1,
-                };
-                let n = count.saturating_mul(u64::from(elem));
-                lens[i] = n;
-                if dir != Dir::Out {
-                    // SAFETY: the caller's input buffer of n bytes, per the API contract.
-                    let bytes = unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) };
-                    // A large input the server kept from an earlier run travels as its hash.
-                    if let (Dir::In, None, true) = (dir, record, n >= crate::content::MIN_CHUNK)
-                        && let crate::content::Plan::Hash(hash) = crate::content::plan(bytes)
-                    {
-                        lens[i] = n | CONTENT_FLAG;
-                        bulk.push(Cow::Owned(hash.to_vec()));
-                        continue;
-                    }
-                    bulk.push(Cow::Borrowed(bytes));
-                }
-                if dir != Dir::In {
-                    outs.push(OutTarget { param: i, ptr: a as usize, len: n as usize });
-                }
-            }
-        }
+    let encoded = codec::encode(desc, args, &mut ThisClient);
+    for &(at, name) in &encoded.names {
+        // SAFETY: the caller's non-null pointer to a handle.
+        unsafe { std::ptr::write_unaligned(at as *mut u64, name) };
     }
-    let mut args = args.to_vec();
-    for (i, name) in named {
-        args[i] = name;
-    }
-    Prepared { call: Call { args, lens }, bulk, outs }
+    let mut call = encoded.call;
+    let bulk = encoded
+        .inputs
+        .iter()
+        .map(|s| match desc.params.get(s.param) {
+            // SAFETY: the caller's host scalar (host pointer mode).
+            Some(Wire::Scalar { .. }) => unsafe { host_scalar(s.addr, s.len) },
+            Some(&Wire::Buf { dir: Dir::In, record: None, .. }) if s.len as u64 >= crate::content::MIN_CHUNK => {
+                // SAFETY: as below.
+                let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len) };
+                // A large input the server kept from an earlier run travels as its hash.
+                match crate::content::plan(bytes) {
+                    crate::content::Plan::Hash(hash) => {
+                        call.lens[s.param] |= CONTENT_FLAG;
+                        Cow::Owned(hash.to_vec())
+                    }
+                    crate::content::Plan::Bytes(_) => Cow::Borrowed(bytes),
+                }
+            }
+            // SAFETY: the caller's input of that many bytes, per the API contract (the
+            // encoder names no span larger than one call may carry).
+            _ => Cow::Borrowed(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len) }),
+        })
+        .collect();
+    let outs = encoded.outputs.iter().map(|s| OutTarget { param: s.param, ptr: s.addr as usize, len: s.len }).collect();
+    Prepared { call, bulk, outs }
 }
 
-/// The bytes of a host scalar at `addr` for a parameter of `bytes` bytes. An untyped scalar
-/// (`const void *alpha`) travels as 16 bytes, the largest scalar type, but may be a 4-byte
-/// float at the end of the last mapped page: the bytes are read only up to the end of the
-/// scalar's page (a naturally aligned scalar never crosses one) and the rest are zeros.
+/// The bytes of a host scalar at `addr` for a parameter of `bytes` bytes. A scalar travels
+/// as its type's size, an untyped one (`const void *alpha`) as the size its type parameter
+/// gives ([`codec::scalar_bytes`]). Where no parameter gives it (cublasGemmEx's, whose
+/// complexity is Ctype's; cublasLtMatmul's, in its descriptor) it travels as 16 bytes, the
+/// largest scalar type, but may be a 4-byte float at the end of the last mapped page: the
+/// bytes are read only up to the end of the scalar's page (a naturally aligned scalar never
+/// crosses one) and the rest are zeros.
 ///
 /// # Safety
 /// `addr` must point at a readable scalar of the caller's type.

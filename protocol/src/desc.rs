@@ -22,6 +22,108 @@ pub enum Class {
     Custom,
 }
 
+/// A wire form of a custom function: one of the call descriptors its hand-written code picks
+/// from per call (`wire.NAME` in the specs). The generator refuses a spec form this enum does
+/// not name, so client and worker compare forms as values, never as strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Form {
+    /// The call as the program made it (after the client's own bookkeeping).
+    Call,
+    /// Sent without waiting.
+    Async,
+    /// A result or scalar that is a device address (device pointer mode).
+    Device,
+    /// A result received into a host buffer; also a host function that stays on the client
+    /// (`cudaLaunchHostFunc`): the worker runs a stand-in that calls back.
+    Host,
+    /// cuDNN variant-pack data pointers with host scalars inline
+    /// ([`crate::messages::HOST_VALUE_RECORD`]).
+    HostValues,
+    /// An attribute whose elements are descriptors (handles, checked and mapped).
+    Descriptors,
+    /// A new handle the client names itself.
+    Named,
+    /// A pool of handles made ahead (refilled in one round trip).
+    Refill,
+    /// Copies by direction: host to device, device to host, device to device.
+    H2d,
+    D2h,
+    D2d,
+    /// Copies between arrays and host or device memory.
+    H2a,
+    A2h,
+    D2a,
+    A2d,
+}
+
+impl Form {
+    /// Every form, in declaration order.
+    pub const ALL: &'static [Form] = &[
+        Form::Call,
+        Form::Async,
+        Form::Device,
+        Form::Host,
+        Form::HostValues,
+        Form::Descriptors,
+        Form::Named,
+        Form::Refill,
+        Form::H2d,
+        Form::D2h,
+        Form::D2d,
+        Form::H2a,
+        Form::A2h,
+        Form::D2a,
+        Form::A2d,
+    ];
+
+    /// The form's name in the specs (`wire.h2d`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Form::Call => "call",
+            Form::Async => "async",
+            Form::Device => "device",
+            Form::Host => "host",
+            Form::HostValues => "hostvalues",
+            Form::Descriptors => "descriptors",
+            Form::Named => "named",
+            Form::Refill => "refill",
+            Form::H2d => "h2d",
+            Form::D2h => "d2h",
+            Form::D2d => "d2d",
+            Form::H2a => "h2a",
+            Form::A2h => "a2h",
+            Form::D2a => "d2a",
+            Form::A2d => "a2d",
+        }
+    }
+
+    /// The form a spec names `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<Form> {
+        Form::ALL.iter().copied().find(|f| f.name() == name)
+    }
+
+    /// The name of the form's variant of this enum (`HostValues`), for generated code.
+    pub fn variant(self) -> &'static str {
+        match self {
+            Form::Call => "Call",
+            Form::Async => "Async",
+            Form::Device => "Device",
+            Form::Host => "Host",
+            Form::HostValues => "HostValues",
+            Form::Descriptors => "Descriptors",
+            Form::Named => "Named",
+            Form::Refill => "Refill",
+            Form::H2d => "H2d",
+            Form::D2h => "D2h",
+            Form::D2d => "D2d",
+            Form::H2a => "H2a",
+            Form::A2h => "A2h",
+            Form::D2a => "D2a",
+            Form::A2d => "A2d",
+        }
+    }
+}
+
 /// Direction of a host buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dir {
@@ -91,8 +193,10 @@ pub enum Wire {
     /// A BLAS scalar (alpha, beta, a reduction's result): while the pointer mode the
     /// client recorded for the handle in parameter `mode` is host, `bytes` travel (In) or
     /// come back (Out) like a one-element buffer; in device mode the argument is a device
-    /// address and its length on the wire is [`DEVICE_LEN`].
-    Scalar { dir: Dir, bytes: u32, mode: u8 },
+    /// address and its length on the wire is [`DEVICE_LEN`]. `size`: an untyped scalar's
+    /// (`const void *alpha`) bytes by its type parameter (`alphaType`, `computeType`), at
+    /// most `bytes`; an untyped scalar without one travels as all `bytes`.
+    Scalar { dir: Dir, bytes: u32, mode: u8, size: Option<&'static Len> },
 }
 
 /// A field of a record: where it lies in the layout of one CUDA version, and the values it
@@ -230,16 +334,16 @@ pub struct Ctx {
     /// The newest CUDA version whose callers use this variant.
     pub version: &'static str,
     pub library: &'static str,
-    /// The variant's wire forms (`call`, `h2d`, ...), as the spec declares them.
+    /// The variant's wire forms ([`Form::Call`], [`Form::H2d`], ...), as the spec declares them.
     pub forms: &'static [&'static CallDesc],
     /// The library's status codes at that version.
     pub codes: Codes,
 }
 
 impl Ctx {
-    /// The wire form named `form`. Panics if the spec declares none by that name: a
-    /// mismatch between a spec and its implementation, caught by the first test that calls it.
-    pub fn form(&self, form: &str) -> &'static CallDesc {
+    /// The wire form `form`. Panics if the spec declares no such form: a mismatch between a
+    /// spec and its implementation, caught by the first test that calls it.
+    pub fn form(&self, form: Form) -> &'static CallDesc {
         self.forms
             .iter()
             .find(|d| d.form == Some(form))
@@ -265,8 +369,8 @@ pub struct CallDesc {
     pub wire: u32,
     pub call: CallId,
     pub name: &'static str,
-    /// The wire form of a custom function (`h2d`), or None for a plain forwarded variant.
-    pub form: Option<&'static str>,
+    /// The wire form of a custom function ([`Form::H2d`]), or None for a plain forwarded variant.
+    pub form: Option<Form>,
     pub library: &'static str,
     /// The CUDA versions whose callers use this variant ("11.8", …).
     pub versions: &'static [&'static str],
@@ -288,7 +392,17 @@ impl CallDesc {
 
 #[cfg(test)]
 mod tests {
-    use super::Len;
+    use super::{Form, Len};
+
+    #[test]
+    fn forms_are_named_as_the_specs_name_them() {
+        for &form in Form::ALL {
+            assert_eq!(Form::from_name(form.name()), Some(form));
+            assert_eq!(format!("{form:?}"), form.variant());
+        }
+        assert_eq!(Form::from_name("hostvalues"), Some(Form::HostValues));
+        assert_eq!(Form::from_name("HostValues"), None);
+    }
 
     #[test]
     fn lengths_evaluate_and_refuse_overflow() {

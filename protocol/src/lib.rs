@@ -9,6 +9,7 @@
 //! [`desc`] holds the types of the generated call descriptors: for every forwarded
 //! function, how each parameter travels. Client and worker interpret the same tables.
 
+pub mod codec;
 pub mod desc;
 pub mod env;
 pub mod frame;
@@ -20,5 +21,6 @@ pub mod resume;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages.
+/// Bumped on any incompatible change to frames or messages (9: an untyped scalar travels as
+/// the size of its type parameter, not 16 bytes; inputs may travel by content).
 pub const PROTOCOL_VERSION: u16 = 9;

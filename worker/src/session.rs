@@ -18,12 +18,13 @@ use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::{SCHEMA_HASH, VARIANTS};
 use chidori_cuda::structs;
 use chidori_protocol::PROTOCOL_VERSION;
-use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, RecordRefused, Ret, Wire};
+use chidori_protocol::codec::{self, Arg, BufArg, DecodeError, Refusal};
+use chidori_protocol::desc::{CallDesc, Dir, Form, HandleKind, RecordRefused, Ret, Wire};
 use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
-    self, Api, AsyncError, CONTENT_FLAG, CONTENT_MIN, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello,
-    HostCallback, HostCallbackDone, KernelInfo, Launch, NULL_LEN, NodeParams, NodeTarget, Progress, Refuse,
-    RefuseReason, Reply, Service, ServiceReply, Welcome,
+    self, Api, AsyncError, CONTENT_MIN, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello, HostCallback,
+    HostCallbackDone, KernelInfo, Launch, NULL_LEN, NodeParams, NodeTarget, Progress, Refuse, RefuseReason, Reply,
+    Service, ServiceReply, Welcome,
 };
 use chidori_protocol::resume::SECRET_LEN;
 
@@ -40,7 +41,7 @@ use crate::resume::{Acceptor, Resumable, spawn_acceptor};
 type ParamLayout = Arc<Vec<(u32, u32)>>;
 
 /// Largest host buffer one call may move (a frame's bulk section is smaller still).
-const MAX_BUFFER: u64 = chidori_protocol::frame::MAX_BULK;
+const MAX_BUFFER: u64 = codec::MAX_BUFFER;
 
 pub struct Options {
     /// Silence after which the worker sends a heartbeat; three unanswered ones end the session.
@@ -543,28 +544,87 @@ fn translate(from: &structs::StructMap, to: &structs::StructMap, src: &[u8], dst
     }
 }
 
+/// The session's handle tables and memory, as the argument decoder checks them.
+struct SessionTables<'a> {
+    session: &'a Session,
+    desc: &'static CallDesc,
+    args: &'a [u64],
+    /// Lengths of device arguments: (parameter, count parameter, bytes per count).
+    extents: &'a [(usize, usize, u64)],
+}
+
+impl codec::Tables for SessionTables<'_> {
+    fn resolve(&mut self, kind: HandleKind, value: u64) -> Option<u64> {
+        lock(&self.session.handles).resolve(kind, value)
+    }
+
+    fn name_free(&mut self, kind: HandleKind, value: u64) -> bool {
+        lock(&self.session.handles).name_free(kind, value)
+    }
+
+    fn device(&mut self, param: usize, addr: u64, bytes: Option<u64>) -> Result<(), String> {
+        let arg = |j: usize| self.args.get(j).copied().unwrap_or(0);
+        let extent = match bytes {
+            Some(bytes) => Some(bytes),
+            None => match (
+                self.extents.iter().find(|(p, _, _)| *p == param),
+                memory::extents_2d(self.desc.name).iter().find(|(p, _, _, _)| *p == param),
+            ) {
+                (Some(&(_, count, unit)), _) => arg(count).checked_mul(unit),
+                (None, Some(&(_, pitch, width, height))) => memory::span_2d(arg(pitch), arg(width), arg(height)),
+                (None, None) => Some(1),
+            },
+        };
+        let Some(extent) = extent else { return Err("a length past the address space".into()) };
+        if device_ok(self.session, addr, extent) {
+            Ok(())
+        } else {
+            Err(format!("{addr:#x} ({extent} bytes) is not device memory of this session"))
+        }
+    }
+}
+
+/// Whether `[addr, addr + len)` is memory of this session (NULL is left to the library).
+fn device_ok(session: &Session, addr: u64, len: u64) -> bool {
+    addr == 0 || lock(&session.memory).contains(addr, len) || lock(&session.mirrors).contains(addr, len)
+}
+
+/// Answer a call whose arguments the decoder refused: the library's status, or the end of
+/// the session for a frame that breaks the protocol.
+fn refuse(session: &Session, header: &Header, desc: &CallDesc, e: DecodeError) -> Result<(), Fatal> {
+    let message = match &e {
+        DecodeError::Handle { kind, value, element: None, .. } => {
+            format!("{}: {value:#x} is not a {} of this session", desc.name, Handles::name(*kind))
+        }
+        DecodeError::Handle { kind, value, element: Some(at), .. } => format!(
+            "{}: element {at} of the array, {value:#x}, is not a {} of this session",
+            desc.name,
+            Handles::name(*kind)
+        ),
+        DecodeError::NameTaken { kind, value, .. } => {
+            format!("{}: the client named two {} handles {value:#x}", desc.name, Handles::name(*kind))
+        }
+        e => format!("{}: {e}", desc.name),
+    };
+    match e.refusal() {
+        Refusal::Fatal => Err(Fatal(message)),
+        Refusal::InvalidValue => reply_error(session, header, desc, desc.codes.invalid_value, message),
+        Refusal::InvalidValueQuietly => {
+            tracing::debug!("{message}");
+            reply_status(session, header, desc, desc.codes.invalid_value, None)
+        }
+        Refusal::InvalidHandle => reply_error(session, header, desc, desc.codes.invalid_handle, message),
+    }
+}
+
 fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let header = frame.header;
     let desc: &'static CallDesc =
         VARIANTS.get(header.call as usize).copied().ok_or_else(|| Fatal(format!("unknown call {}", header.call)))?;
     let call = messages::access::<Call>(frame, "call").map_err(|e| Fatal(e.to_string()))?;
     let n = desc.params.len();
-    if call.args.len() != n || call.lens.len() != n {
-        return Err(Fatal(format!("{}: {} arguments for {n} parameters", desc.name, call.args.len())));
-    }
     let mut args: Vec<u64> = call.args.iter().map(|a| a.to_native()).collect();
-    let mut lens: Vec<u64> = call.lens.iter().map(|l| l.to_native()).collect();
-    // Inputs sent by content: the bulk holds their hash (only plain input buffers may be).
-    let mut by_content = vec![false; n];
-    for (i, len) in lens.iter_mut().enumerate() {
-        if *len != NULL_LEN && *len & CONTENT_FLAG != 0 {
-            if !matches!(desc.params[i], Wire::Buf { dir: Dir::In, record: None, .. }) || session.content.is_none() {
-                return Err(Fatal(format!("{}: argument {i} sent by content where it cannot be", desc.name)));
-            }
-            *len &= !CONTENT_FLAG;
-            by_content[i] = true;
-        }
-    }
+    let lens: Vec<u64> = call.lens.iter().map(|l| l.to_native()).collect();
     // Values a wire form fixes (a copy's direction is what its form says), whatever the
     // client sent.
     if let Some(form) = desc.form {
@@ -626,9 +686,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     }
     let extents = memory::extents(desc.name);
     // Whether `[addr, addr + len)` is memory of this session (NULL is left to the library).
-    let device_ok = |addr: u64, len: u64| {
-        addr == 0 || lock(&session.memory).contains(addr, len) || lock(&session.mirrors).contains(addr, len)
-    };
+    let device_ok = |addr: u64, len: u64| device_ok(session, addr, len);
 
     // Parameters that select a union's member may hold only the values the spec allows.
     for (i, allowed) in chidori_cuda::checks::params(desc.name) {
@@ -637,14 +695,14 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     }
 
-    // Lay out the host memory of the call.
-    let mut bulk_at = 0usize;
-    let mut take = |len: u64| -> Result<&[u8], Fatal> {
-        let len = usize::try_from(len).map_err(|_| Fatal("length overflow".into()))?;
-        let end = bulk_at.checked_add(len).ok_or_else(|| Fatal("length overflow".into()))?;
-        let s = frame.bulk.get(bulk_at..end).ok_or_else(|| Fatal(format!("{}: bulk section too short", desc.name)))?;
-        bulk_at = end;
-        Ok(s)
+    // Parse the arguments (lengths, bulk, handles, device addresses), then lay out the host
+    // memory of the call.
+    let decoded = {
+        let mut tables = SessionTables { session, desc, args: &args, extents };
+        match codec::decode(desc, &args, &lens, &frame.bulk, &mut tables) {
+            Ok(decoded) => decoded,
+            Err(e) => return refuse(session, &header, desc, e),
+        }
     };
     let mut raw = vec![0u64; n];
     let mut buffers: Vec<Option<Buffer>> = (0..n).map(|_| None).collect();
@@ -652,194 +710,62 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut destroyed: Vec<(HandleKind, u64, u64)> = Vec::new();
     // Outputs the caller passed as NULL: the library writes into a buffer no one reads.
     let mut nulled = vec![false; n];
-    for (i, wire) in desc.params.iter().enumerate() {
-        let (a, len) = (args[i], lens[i]);
-        match *wire {
-            Wire::Val { .. } => raw[i] = a,
-            Wire::Device => {
-                let arg = |j: usize| args.get(j).copied().unwrap_or(0);
-                let extent = match (
-                    extents.iter().find(|(p, _, _)| *p == i),
-                    memory::extents_2d(desc.name).iter().find(|(p, _, _, _)| *p == i),
-                ) {
-                    (Some(&(_, count, unit)), _) => arg(count).checked_mul(unit),
-                    (None, Some(&(_, pitch, width, height))) => memory::span_2d(arg(pitch), arg(width), arg(height)),
-                    (None, None) => Some(1),
-                };
-                let Some(extent) = extent else {
-                    return invalid(format!("argument {i}: a length past the address space"));
-                };
-                if !device_ok(a, extent) {
-                    return invalid(format!(
-                        "argument {i}, {a:#x} ({extent} bytes), is not device memory of this session"
-                    ));
-                }
-                raw[i] = a;
-            }
-            Wire::Null => raw[i] = 0,
-            Wire::Scratch { bytes } => {
-                let mut b = Buffer::zeroed(bytes as usize);
-                raw[i] = b.addr();
-                buffers[i] = Some(b);
-            }
-            Wire::Handle { kind, destroy } => {
-                let real = session.handles.lock().unwrap_or_else(|p| p.into_inner()).resolve(kind, a);
-                let Some(real) = real else {
-                    return fail(
-                        desc.codes.invalid_handle,
-                        format!("{}: {a:#x} is not a {} of this session", desc.name, Handles::name(kind)),
-                    );
-                };
+    for (i, (wire, arg)) in desc.params.iter().zip(decoded).enumerate() {
+        let mut keep = |raw: &mut u64, mut b: Buffer| {
+            *raw = b.addr();
+            buffers[i] = Some(b);
+        };
+        match arg {
+            Arg::Val(v) | Arg::Device(v) | Arg::ScalarDevice(v) => raw[i] = v,
+            Arg::Scratch(bytes) => keep(&mut raw[i], Buffer::zeroed(bytes)),
+            Arg::Handle { kind, value, real, destroy } => {
                 if destroy {
-                    destroyed.push((kind, a, real));
+                    destroyed.push((kind, value, real));
                 }
                 raw[i] = real;
             }
-            Wire::ByValRecord { bytes } => {
-                if len != u64::from(bytes) {
-                    return Err(Fatal(format!("{}: record of {len} bytes, expected {bytes}", desc.name)));
-                }
-                let mut b = Buffer::from(take(len)?);
-                raw[i] = b.addr();
-                buffers[i] = Some(b);
-            }
-            Wire::OutHandle { kind, named } => {
-                if len == NULL_LEN {
-                    return quiet(format!("argument {i}: NULL where the new handle is written"));
-                }
-                if named && !session.handles.lock().unwrap_or_else(|p| p.into_inner()).name_free(kind, a) {
-                    return fail(
-                        desc.codes.invalid_handle,
-                        format!("{}: the client named two {} handles {a:#x}", desc.name, Handles::name(kind)),
-                    );
-                }
-                let mut b = Buffer::zeroed(8);
-                raw[i] = b.addr();
-                buffers[i] = Some(b);
-            }
-            Wire::Scalar { dir, bytes, .. } => {
-                if len == NULL_LEN {
-                    return quiet(format!("argument {i}: a NULL scalar"));
-                }
-                if len == DEVICE_LEN {
-                    // Device pointer mode: a device address.
-                    if !device_ok(a, u64::from(bytes)) || a == 0 {
-                        return invalid(format!("scalar {i} at {a:#x} is not device memory of this session"));
-                    }
-                    raw[i] = a;
-                    continue;
-                }
-                if len != u64::from(bytes) {
-                    return Err(Fatal(format!("{}: scalar {i} of {len} bytes, expected {bytes}", desc.name)));
-                }
-                let mut b = if dir == Dir::Out { Buffer::zeroed(bytes as usize) } else { Buffer::from(take(len)?) };
-                raw[i] = b.addr();
-                buffers[i] = Some(b);
-            }
-            Wire::Str => {
-                if len == NULL_LEN {
-                    continue;
-                }
-                let s = take(len)?;
-                if s.last() != Some(&0) {
-                    return Err(Fatal(format!("{}: string argument is not NUL-terminated", desc.name)));
-                }
-                let mut b = Buffer::from(s);
-                raw[i] = b.addr();
-                buffers[i] = Some(b);
-            }
-            Wire::Handles { kind, len: count } => {
-                let Some(count) = count.eval(&args) else {
-                    return invalid(format!("argument {i}: the arguments give no length"));
+            Arg::Record(bytes) | Arg::Str(Some(bytes)) => keep(&mut raw[i], Buffer::from(bytes)),
+            Arg::Str(None) | Arg::Handles(None) | Arg::Buf(BufArg::Absent) => {}
+            Arg::NewHandle { .. } => keep(&mut raw[i], Buffer::zeroed(8)),
+            Arg::Scalar { bytes, input, .. } => {
+                let b = match input {
+                    Some(value) => Buffer::from(value),
+                    None => Buffer::zeroed(bytes),
                 };
-                if len == NULL_LEN {
-                    if count > 0 {
-                        return quiet(format!("argument {i}: NULL for {count} handles"));
-                    }
-                    continue;
-                }
-                let Some(expected) = count.checked_mul(8).filter(|&b| b <= MAX_BUFFER) else {
-                    return invalid(format!("argument {i}: {count} handles are more than one call may carry"));
-                };
-                if expected != len {
-                    return Err(Fatal(format!("{}: {len} bytes for {count} handles", desc.name)));
-                }
-                let mut b = Buffer::from(take(len)?);
-                let handles = session.handles.lock().unwrap_or_else(|p| p.into_inner());
-                for (at, chunk) in b.bytes_mut().chunks_exact_mut(8).enumerate() {
-                    let value = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-                    let Some(real) = handles.resolve(kind, value) else {
-                        drop(handles);
-                        return fail(
-                            desc.codes.invalid_handle,
-                            format!(
-                                "{}: element {at} of the array, {value:#x}, is not a {} of this session",
-                                desc.name,
-                                Handles::name(kind)
-                            ),
-                        );
-                    };
-                    chunk.copy_from_slice(&real.to_le_bytes());
-                }
-                drop(handles);
-                raw[i] = b.addr();
-                buffers[i] = Some(b);
+                keep(&mut raw[i], b);
             }
-            Wire::Buf { dir, elem, len: count, record } => {
-                let count = match count {
-                    Some(expr) => match expr.eval(&args) {
-                        Some(c) => c,
-                        None => return invalid(format!("argument {i}: the arguments give no length")),
-                    },
-                    None => 1,
+            Arg::Handles(Some(mapped)) => keep(&mut raw[i], Buffer::from(&mapped)),
+            Arg::Buf(BufArg::Discarded { bytes }) => {
+                let Wire::Buf { elem, record, .. } = *wire else { continue };
+                let bytes = match (translation(session, desc, record), bytes) {
+                    (Some(t), _) => u64::from(t.server.size),
+                    (None, Some(b)) => b,
+                    (None, None) => return invalid(format!("argument {i}: {elem} bytes is too large")),
                 };
-                let expected = count.checked_mul(u64::from(elem)).filter(|&b| b <= MAX_BUFFER);
+                keep(&mut raw[i], Buffer::zeroed(bytes as usize));
+                nulled[i] = true;
+            }
+            Arg::Buf(BufArg::Content { len, hash }) => {
+                // Bytes the client sent before, which the session pinned at its handshake.
+                let Some(content) = &session.content else {
+                    return Err(Fatal(format!("{}: argument {i} sent by content to a session without", desc.name)));
+                };
+                let Some(bytes) = content.pinned.read(&hash, len as usize) else {
+                    return invalid(format!(
+                        "argument {i}: sent by content the server does not keep for this session ({len} bytes)"
+                    ));
+                };
+                keep(&mut raw[i], Buffer::from(&bytes));
+            }
+            Arg::Buf(BufArg::Present { len, input }) => {
+                let Wire::Buf { dir, elem, record, .. } = *wire else { continue };
                 let t = translation(session, desc, record);
-                if len == NULL_LEN {
-                    let single = desc_len_is_single(wire);
-                    if count == 0 || (dir == Dir::In && (single || edge_data(desc.name))) {
-                        // An empty array, or an optional input (NULL meaning "none", or for
-                        // a graph's edge data "the default edges").
-                        continue;
-                    }
-                    if !single {
-                        // An array at NULL is read or written by the library, so it is
-                        // refused, except where the API makes a NULL output array ask for the
-                        // count only, whatever count the caller named.
-                        if dir == Dir::Out && counts_only_at_null(desc.name) {
-                            continue;
-                        }
-                        return quiet(format!("argument {i}: NULL for {count} elements"));
-                    }
-                    // A single value the library writes: it writes into a buffer no one
-                    // reads (libraries differ on whether NULL is allowed there; none may
-                    // crash the worker).
-                    let bytes = match (&t, expected) {
-                        (Some(t), _) => u64::from(t.server.size),
-                        (None, Some(b)) => b,
-                        (None, None) => return invalid(format!("argument {i}: {elem} bytes is too large")),
-                    };
-                    let mut b = Buffer::zeroed(bytes as usize);
-                    raw[i] = b.addr();
-                    buffers[i] = Some(b);
-                    nulled[i] = true;
-                    continue;
-                }
-                let Some(expected) = expected else {
-                    return invalid(format!("argument {i}: {count} × {elem} bytes is more than one call may carry"));
-                };
-                if expected != len {
-                    return Err(Fatal(format!(
-                        "{}: buffer {i} of {len} bytes, the arguments say {count} × {elem}",
-                        desc.name
-                    )));
-                }
                 // Handles inside input records are checked and mapped, restricted fields
                 // checked, in the client's layout, before any translation.
                 let checks = record.zip(desc.versions.last()).and_then(|(r, v)| chidori_cuda::checks::record(v, r));
-                if let (Some(checks), false) = (checks, dir == Dir::Out) {
-                    let mut bytes = take(len)?.to_vec();
-                    let handles = session.handles.lock().unwrap_or_else(|p| p.into_inner());
+                if let (Some(checks), Some(input)) = (checks, input) {
+                    let mut bytes = input.to_vec();
+                    let handles = lock(&session.handles);
                     let checked = checks.apply(&mut bytes, |kind, value| handles.resolve(kind, value));
                     drop(handles);
                     match checked {
@@ -851,7 +777,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                             return fail(desc.codes.invalid_value, format!("{}: parameter {i}: {why}", desc.name));
                         }
                     }
-                    let mut b = match &t {
+                    let b = match &t {
                         Some(t) => {
                             let mut b = Buffer::zeroed(t.server.size as usize);
                             translate(t.client, t.server, &bytes, b.bytes_mut());
@@ -859,63 +785,40 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         }
                         None => Buffer::from(&bytes),
                     };
-                    raw[i] = b.addr();
-                    buffers[i] = Some(b);
+                    keep(&mut raw[i], b);
                     translations[i] = t;
                     continue;
                 }
-                if by_content[i] {
-                    if t.is_some() {
-                        return Err(Fatal(format!("{}: argument {i} sent by content where it cannot be", desc.name)));
-                    }
-                    let hash: [u8; 32] = take(32)?.try_into().map_err(|_| Fatal("content hash".into()))?;
-                    let kept = session.content.as_ref().and_then(|c| c.pinned.read(&hash, len as usize));
-                    let Some(bytes) = kept else {
-                        return invalid(format!(
-                            "argument {i}: sent by content the server does not keep for this session ({len} bytes)"
-                        ));
-                    };
-                    let mut b = Buffer::from(&bytes);
-                    raw[i] = b.addr();
-                    buffers[i] = Some(b);
-                    continue;
-                }
-                if t.is_none() && dir == Dir::In {
-                    // Read in place from the frame (copy payloads are most of the bytes).
-                    let s = take(len)?;
+                if let (None, Dir::In, Some(s)) = (&t, dir, input) {
+                    // Kept for a later run that sends it again (within the session's budget).
                     if len >= CONTENT_MIN
                         && let Some(content) = &session.content
                     {
-                        keep(content, s);
+                        keep_content(content, s);
                     }
+                    // Read in place from the frame (copy payloads are most of the bytes).
                     if elem == 1 || (s.as_ptr() as usize).is_multiple_of(8) {
                         raw[i] = s.as_ptr() as u64;
                         continue;
                     }
-                    let mut b = Buffer::from(s);
-                    raw[i] = b.addr();
-                    buffers[i] = Some(b);
+                    keep(&mut raw[i], Buffer::from(s));
                     continue;
                 }
-                let mut b = match (&t, dir) {
-                    (Some(t), _) => {
+                let b = match (&t, input) {
+                    (Some(t), input) => {
                         let mut b = Buffer::zeroed(t.server.size as usize);
-                        if dir != Dir::Out {
-                            translate(t.client, t.server, take(len)?, b.bytes_mut());
+                        if let Some(input) = input {
+                            translate(t.client, t.server, input, b.bytes_mut());
                         }
                         b
                     }
-                    (None, Dir::Out) => Buffer::zeroed(len as usize),
-                    (None, _) => Buffer::from(take(len)?),
+                    (None, None) => Buffer::zeroed(len as usize),
+                    (None, Some(input)) => Buffer::from(input),
                 };
-                raw[i] = b.addr();
-                buffers[i] = Some(b);
+                keep(&mut raw[i], b);
                 translations[i] = t;
             }
         }
-    }
-    if bulk_at != frame.bulk.len() {
-        return Err(Fatal(format!("{}: {} unexpected bulk bytes", desc.name, frame.bulk.len() - bulk_at)));
     }
 
     // Device memory named inside input records (copies, memsets, resources): the session's.
@@ -943,7 +846,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut kept = None;
     // Outlives the call: raw[4] points into it.
     let data_pointers: Vec<u64>;
-    if desc.form == Some("hostvalues") && lens[4] != NULL_LEN {
+    if desc.form == Some(Form::HostValues) && lens[4] != NULL_LEN {
         // SAFETY: raw[4] addresses the buffer laid out above, lens[4] bytes long.
         let records = unsafe { std::slice::from_raw_parts(raw[4] as *const u8, lens[4] as usize) };
         let Some((pointers, values)) = host_value_pointers(records) else {
@@ -959,7 +862,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         kept = Some(values);
     }
     let started = session.timing.as_ref().map(|_| std::time::Instant::now());
-    let ret = if desc.form == Some("host") {
+    let ret = if desc.form == Some(Form::Host) {
         host_function(session, desc, &raw)
     } else {
         // SAFETY: raw holds values, device addresses and addresses of `buffers`, laid out
@@ -1074,35 +977,6 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         .collect();
     let h = Header::new(Kind::Reply, header.call, header.thread, header.seq);
     session.writer.send(h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
-}
-
-/// Functions whose only host input arrays are a graph's edge data, which may be NULL with
-/// a nonzero count (default edges): adding and removing dependencies, capturing into a
-/// graph, updating a capture's dependencies.
-fn edge_data(name: &str) -> bool {
-    let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
-    name.starts_with("cudaGraph")
-        || name.starts_with("cuGraph")
-        || ((name.starts_with("cudaStream") || name.starts_with("cuStream")) && name.contains("Capture"))
-}
-
-/// Functions whose output array may be NULL with a nonzero count, to ask for the count:
-/// cuDNN's `cudnnBackendGetAttribute`, and the graph queries of the runtime and the driver.
-fn counts_only_at_null(name: &str) -> bool {
-    let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
-    name == "cudnnBackendGetAttribute"
-        || (name.starts_with("cudaGraph") || name.starts_with("cuGraph"))
-            && ["GetNodes", "GetRootNodes", "GetEdges", "GetDependencies", "GetDependentNodes"]
-                .iter()
-                .any(|q| name.contains(q))
-        || name.starts_with("cudaStreamGetCaptureInfo")
-        || name.starts_with("cuStreamGetCaptureInfo")
-}
-
-/// Whether a buffer parameter is a single element (no length expression): NULL may mean
-/// "none" for such an input (cuBLASLt's optional algorithm, for one).
-fn desc_len_is_single(wire: &Wire) -> bool {
-    matches!(wire, Wire::Buf { len: None, .. })
 }
 
 /// The value of the first status named `names` in `desc`'s library, from the headers of
@@ -1255,7 +1129,7 @@ pub fn run_on_fd(
 }
 
 /// Add a large input to the store, within the session's budget (the client counts the same).
-fn keep(content: &Content, bytes: &[u8]) {
+fn keep_content(content: &Content, bytes: &[u8]) {
     let mut budget = lock(&content.budget);
     if *budget >= bytes.len() as u64 {
         *budget -= bytes.len() as u64;
@@ -1578,6 +1452,13 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
             handles.insert(CUgraphNode_st, made.node);
             for &g in &made.graphs {
                 handles.insert(CUgraph_st, g);
+            }
+            drop(handles);
+            // The address a graph allocation node reserves is the session's memory: kernels,
+            // copies and memsets of the graph name it (not counted against the quota: the
+            // memory exists only while the graph runs).
+            if let (NodeParams::MemAlloc { bytesize, .. }, true) = (&request.params, made.address != 0) {
+                lock(&session.memory).insert(made.address, *bytesize, Origin::Reserved);
             }
             ServiceReply::Node { node: made.node, graphs: made.graphs, address: made.address }
         }

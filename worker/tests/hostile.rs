@@ -8,7 +8,7 @@
 use std::panic::AssertUnwindSafe;
 
 use chidori_cuda::calls::VARIANTS;
-use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Wire};
+use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Form, Wire};
 use chidori_protocol::frame::{self, Frame, Header, Kind};
 use chidori_protocol::messages::{self, Call, NULL_LEN, Reply};
 use chidori_worker::fuzz;
@@ -143,7 +143,7 @@ fn frames_in_pieces_never_crash_the_reader() {
     }
 }
 
-fn newest(name: &str, form: Option<&str>) -> &'static CallDesc {
+fn newest(name: &str, form: Option<Form>) -> &'static CallDesc {
     VARIANTS.iter().rev().find(|d| d.name == name && d.form == form).copied().unwrap_or_else(|| panic!("{name}"))
 }
 
@@ -156,7 +156,7 @@ fn ret_of(harness: &Harness, desc: &CallDesc, args: Vec<u64>, lens: Vec<u64>, bu
 
 /// Allocate `bytes` with cudaMalloc: the device address.
 fn malloc(harness: &Harness, bytes: u64) -> (i64, u64) {
-    let desc = newest("cudaMalloc", Some("call"));
+    let desc = newest("cudaMalloc", Some(Form::Call));
     harness.run(&frame_of(desc, vec![0, bytes], vec![8, 0], &[])).unwrap();
     let reply = harness.last_reply().unwrap();
     let r: Reply = messages::decode(&reply, "reply").unwrap();
@@ -167,7 +167,7 @@ fn malloc(harness: &Harness, bytes: u64) -> (i64, u64) {
 #[test]
 fn device_addresses_must_be_the_sessions_own() {
     let harness = fuzz::emulated_harness();
-    let d2h = newest("cudaMemcpy", Some("d2h"));
+    let d2h = newest("cudaMemcpy", Some(Form::D2h));
     let invalid = d2h.codes.invalid_value;
     let copy = |src: u64, n: u64| ret_of(&harness, d2h, vec![0, src, n, 2], vec![n, 0, 0, 0], &[]);
     // A made-up address, and one a handle's value would be (worker heap).
@@ -196,7 +196,7 @@ fn allocations_beyond_the_quota_are_out_of_memory() {
     assert_eq!(malloc(&harness, 600 << 10).0, 2, "cudaErrorMemoryAllocation past the quota");
     assert_eq!(malloc(&harness, 400 << 10).0, 0, "what is left still fits");
     // A NULL where the address would go is refused, not allocated for no one.
-    let desc = newest("cudaMalloc", Some("call"));
+    let desc = newest("cudaMalloc", Some(Form::Call));
     assert_eq!(ret_of(&harness, desc, vec![0, 16], vec![NULL_LEN, 0], &[]), desc.codes.invalid_value);
 }
 

@@ -52,6 +52,13 @@ fn lit_str(s: &str) -> Literal {
     Literal::string(s)
 }
 
+/// `Form::H2d` for the spec's wire form `h2d` (the model refused names `Form` lacks).
+fn form_path(name: &str) -> TokenStream {
+    let form = chidori_protocol::desc::Form::from_name(name).expect("the model checked every wire form's name");
+    let variant = ident(form.variant());
+    quote!(Form::#variant)
+}
+
 /// Everything emitted for a set of versions (`None`: all).
 pub fn emit(model: &Model, only_version: Option<&str>) -> Result<Vec<Output>> {
     let mut out = Vec::new();
@@ -440,7 +447,7 @@ impl<'a> Emitter<'a> {
             }
         }
         let fixed = fixed.into_iter().map(|((name, form, i), value)| {
-            let (name, form) = (lit_str(&name), lit_str(&form));
+            let (name, form) = (lit_str(&name), form_path(&form));
             quote!((#name, #form, #i, #value))
         });
         let records = records.into_values();
@@ -453,7 +460,7 @@ impl<'a> Emitter<'a> {
             PREAMBLE_ALL,
             "What the worker checks beyond each parameter's wire kind: handles inside input records\n//! and restricted fields (specs' `[record.NAME]`), and the values some parameters may hold\n//! (`allow` of a function).",
             quote! {
-                use chidori_protocol::desc::{FieldHandle, FieldIs, RecordChecks};
+                use chidori_protocol::desc::{FieldHandle, FieldIs, Form, RecordChecks};
                 /// (CUDA version, record, its checks at that version's layout), sorted.
                 pub static RECORDS: &[(&str, &str, RecordChecks)] = &[#(#records),*];
                 /// The checks of `record` in the layout of CUDA `version`.
@@ -470,9 +477,9 @@ impl<'a> Emitter<'a> {
                     PARAMS.iter().filter(move |(f, _, _)| *f == function).map(|(_, i, v)| (*i, *v))
                 }
                 /// (function, wire form, parameter index, the value the worker passes), sorted.
-                pub static FIXED: &[(&str, &str, u8, u64)] = &[#(#fixed),*];
+                pub static FIXED: &[(&str, Form, u8, u64)] = &[#(#fixed),*];
                 /// The parameters wire form `form` of `function` fixes: (index, value).
-                pub fn fixed<'a>(function: &'a str, form: &'a str) -> impl Iterator<Item = (u8, u64)> + 'a {
+                pub fn fixed(function: &str, form: Form) -> impl Iterator<Item = (u8, u64)> + '_ {
                     FIXED.iter().filter(move |(f, w, _, _)| *f == function && *w == form).map(|(_, _, i, v)| (*i, *v))
                 }
             },
@@ -530,7 +537,7 @@ impl<'a> Emitter<'a> {
                 let bytes = *bytes as u32;
                 quote!(Wire::Scratch { bytes: #bytes })
             }
-            Wire::Scalar { dir, bytes, mode } => {
+            Wire::Scalar { dir, bytes, mode, size } => {
                 let dir = match dir {
                     Dir::In => quote!(Dir::In),
                     Dir::Out => quote!(Dir::Out),
@@ -538,7 +545,14 @@ impl<'a> Emitter<'a> {
                 };
                 let bytes = *bytes as u32;
                 let mode = *mode as u8;
-                quote!(Wire::Scalar { dir: #dir, bytes: #bytes, mode: #mode })
+                let size = match size {
+                    Some(l) => {
+                        let r = len_static(l, statics, prefix);
+                        quote!(Some(&#r))
+                    }
+                    None => quote!(None),
+                };
+                quote!(Wire::Scalar { dir: #dir, bytes: #bytes, mode: #mode, size: #size })
             }
         }
     }
@@ -586,7 +600,7 @@ impl<'a> Emitter<'a> {
             let only_waits = self.only_waits(&e.library, &e.function);
             let form = match &e.form {
                 Some(f) => {
-                    let f = lit_str(f);
+                    let f = form_path(f);
                     quote!(Some(#f))
                 }
                 None => quote!(None),

@@ -262,7 +262,8 @@ pub enum Wire {
     Scratch { bytes: u64 },
     /// A BLAS scalar: `bytes` by value (In) or written back (Out) while the pointer mode
     /// recorded for parameter `mode` is host, else a device address.
-    Scalar { dir: Dir, bytes: u64, mode: usize },
+    /// `size`: an untyped scalar's bytes by the arguments (then `bytes` is the most it may be).
+    Scalar { dir: Dir, bytes: u64, mode: usize, size: Option<Len> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -754,6 +755,12 @@ fn build_variant(
         if !matches!(disposition, Disposition::Custom { .. }) {
             bail!("wire forms are for custom functions; {} is not custom", decl.name);
         }
+        if chidori_protocol::desc::Form::from_name(form).is_none() {
+            bail!(
+                "{}: wire.{form} is no wire form chidori_protocol::desc::Form names (add it there, then to both sides)",
+                decl.name
+            );
+        }
         let d = classify_call(lib, env, decl, ret_is_status, w.class, &w.params, true, &fspec.sizes)
             .with_context(|| format!("wire form {form}"))?;
         if let Disposition::Unsupported { reason } = d {
@@ -948,7 +955,7 @@ fn classify(
                 Kind::Handle { kind } => Wire::Handle { kind, destroy: true },
                 other => bail!("{}: `destroy` needs a handle, not {other:?}", p.name),
             },
-            ParamSpec::Scalar { mode, dir, count } => {
+            ParamSpec::Scalar { mode, dir, count, bytes: size_expr } => {
                 let Some(mode) = decl.params.iter().position(|q| &q.name == mode) else {
                     return Ok(Err(format!("scalar: no parameter {mode} holds the pointer mode")));
                 };
@@ -960,12 +967,20 @@ fn classify(
                     spec::ScalarDir::InOut => Dir::InOut,
                 };
                 let bytes = match (dir, untyped) {
-                    // The largest scalar (double complex); the callee reads what its type needs.
+                    // At most the largest scalar (double complex); of the size its type
+                    // parameter gives where the spec names it, else (FIXME: a type only a
+                    // descriptor knows, cusparseAxpby's or cublasLtMatmul's) all 16 bytes,
+                    // read no further than the end of the scalar's page.
                     (Dir::In, true) if *count == 1 => 16,
                     (_, false) => size * u64::from(*count),
                     (_, true) => return Ok(Err("untyped scalar array or output: how large?".into())),
                 };
-                Wire::Scalar { dir, bytes, mode }
+                let size = match size_expr {
+                    Some(e) if untyped => Some(len(e)?),
+                    Some(_) => bail!("{}: scalar(size): only an untyped (void *) scalar needs a size", p.name),
+                    None => None,
+                };
+                Wire::Scalar { dir, bytes, mode, size }
             }
             ParamSpec::Handles { kind: h, len: e } => match kind {
                 Kind::Pointer { .. } => {

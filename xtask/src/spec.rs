@@ -312,6 +312,9 @@ pub enum ParamSpec {
         dir: ScalarDir,
         /// Elements (`scalar[n]@h`): one unless the parameter is a small array.
         count: u32,
+        /// The bytes of an untyped scalar (`const void *alpha`) by the arguments
+        /// (`scalar(size(alphaType))@h`): the type parameter the API documents for it.
+        bytes: Option<LenExpr>,
     },
 }
 
@@ -366,6 +369,14 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         return Ok(p);
     }
     if let Some((head, mode)) = s.split_once('@') {
+        // `scalar(size(alphaType))@h`: an untyped scalar of the size its type parameter gives.
+        let (head, bytes) = match head.trim().split_once('(') {
+            Some((base, expr)) => {
+                let expr = expr.strip_suffix(')').with_context(|| format!("missing ) in {s:?}"))?;
+                (base, Some(parse_expr(expr).with_context(|| format!("in {s:?}"))?))
+            }
+            None => (head, None),
+        };
         // `scalar[5]@h`: an array of five scalars that follows the pointer mode as one.
         let (base, count) = match head.trim().split_once('[') {
             Some((base, n)) => {
@@ -380,7 +391,10 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
             "scalar_inout" => ScalarDir::InOut,
             other => bail!("unknown parameter kind {other:?} in {s:?}"),
         };
-        return Ok(ParamSpec::Scalar { mode: mode.trim().to_owned(), dir, count });
+        if bytes.is_some() && count != 1 {
+            bail!("a scalar array has the size of its elements' type, not {s:?}");
+        }
+        return Ok(ParamSpec::Scalar { mode: mode.trim().to_owned(), dir, count, bytes });
     }
     let (head, rest) = s.split_once('[').with_context(|| format!("unknown parameter kind {s:?}"))?;
     let body = rest.strip_suffix(']').with_context(|| format!("missing ] in {s:?}"))?;
@@ -521,12 +535,22 @@ mod tests {
         assert!(parse_param("handles(a b)[count]").is_err());
         assert_eq!(
             parse_param("scalar_out[5]@handle").unwrap(),
-            ParamSpec::Scalar { mode: "handle".into(), dir: ScalarDir::Out, count: 5 }
+            ParamSpec::Scalar { mode: "handle".into(), dir: ScalarDir::Out, count: 5, bytes: None }
         );
         assert_eq!(
             parse_param("scalar@handle").unwrap(),
-            ParamSpec::Scalar { mode: "handle".into(), dir: ScalarDir::In, count: 1 }
+            ParamSpec::Scalar { mode: "handle".into(), dir: ScalarDir::In, count: 1, bytes: None }
         );
+        assert_eq!(
+            parse_param("scalar(size(alphaType))@handle").unwrap(),
+            ParamSpec::Scalar {
+                mode: "handle".into(),
+                dir: ScalarDir::In,
+                count: 1,
+                bytes: Some(LenExpr::Size("alphaType".into()))
+            }
+        );
+        assert!(parse_param("scalar(size(t))[2]@handle").is_err());
         assert!(parse_param("scalar[0]@handle").is_err());
         assert!(parse_param("scalar[x]@handle").is_err());
         assert!(parse_param("sideways").is_err());

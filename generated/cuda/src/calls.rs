@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 6524680440923677431u64;
+pub const SCHEMA_HASH: u64 = 16194523454409853412u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2483usize] = [
@@ -7775,7 +7775,71 @@ pub static VARIANTS: &[&CallDesc] = &[
 ];
 pub mod cublas {
     use chidori_protocol::desc::*;
-    static LEN_cublasDotEx__host_0: Len = Len::Lit(16u64);
+    static LEN_cublasAxpyEx_0: Len = Len::Table(
+        3u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cublasAxpyEx_64_1: Len = Len::Table(
+        3u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cublasDotEx__host_2: Len = Len::Lit(16u64);
+    static LEN_cublasRotEx_3: Len = Len::Table(
+        10u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cublasRotEx_4: Len = Len::Table(
+        10u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cublasRotEx_64_5: Len = Len::Table(
+        10u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cublasRotEx_64_6: Len = Len::Table(
+        10u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cublasScalEx_7: Len = Len::Table(
+        3u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cublasScalEx_64_8: Len = Len::Table(
+        3u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
     pub static cublasAxpyEx: CallDesc = CallDesc {
         wire: 904u32,
         call: 793u32,
@@ -7797,6 +7861,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cublasAxpyEx_0),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -7856,6 +7921,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cublasAxpyEx_64_1),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -7950,6 +8016,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -7993,6 +8060,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8258,6 +8326,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -8301,6 +8370,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -8344,6 +8414,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -8387,6 +8458,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -8493,6 +8565,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8508,6 +8581,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8562,6 +8636,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8577,6 +8652,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8627,6 +8703,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8637,6 +8714,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8692,6 +8770,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8702,6 +8781,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8879,6 +8959,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8894,6 +8975,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8948,6 +9030,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -8963,6 +9046,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9021,6 +9105,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9036,6 +9121,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9094,6 +9180,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9117,6 +9204,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9175,6 +9263,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9198,6 +9287,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9256,6 +9346,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9279,6 +9370,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9341,6 +9433,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9364,6 +9457,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9426,6 +9520,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9441,6 +9536,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9495,6 +9591,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9510,6 +9607,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9568,6 +9666,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9583,6 +9682,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9641,6 +9741,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9664,6 +9765,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9722,6 +9824,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9745,6 +9848,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9803,6 +9907,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9826,6 +9931,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9888,6 +9994,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9911,6 +10018,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9973,6 +10081,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -9988,6 +10097,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10042,6 +10152,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10057,6 +10168,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10152,6 +10264,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10175,6 +10288,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10229,6 +10343,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10252,6 +10367,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10306,6 +10422,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10321,6 +10438,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10367,6 +10485,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10382,6 +10501,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10516,6 +10636,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10568,6 +10689,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10664,6 +10786,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10716,6 +10839,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10966,6 +11090,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -10981,6 +11106,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11027,6 +11153,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11042,6 +11169,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11145,6 +11273,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11160,6 +11289,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11210,6 +11340,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11225,6 +11356,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11312,6 +11444,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11327,6 +11460,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11369,6 +11503,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11384,6 +11519,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11512,6 +11648,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11564,6 +11701,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11680,6 +11818,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11695,6 +11834,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11745,6 +11885,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11760,6 +11901,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11802,6 +11944,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11849,6 +11992,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11958,6 +12102,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -11972,6 +12117,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12026,6 +12172,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12040,6 +12187,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12094,6 +12242,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12108,6 +12257,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12162,6 +12312,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12176,6 +12327,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12230,6 +12382,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12240,6 +12393,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12290,6 +12444,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12300,6 +12455,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12350,6 +12506,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12365,6 +12522,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12415,6 +12573,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12430,6 +12589,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12518,6 +12678,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Buf {
                 dir: Dir::In,
@@ -12534,6 +12695,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12576,6 +12738,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Buf {
                 dir: Dir::In,
@@ -12592,6 +12755,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12705,7 +12869,7 @@ pub mod cublas {
         wire: 988u32,
         call: 877u32,
         name: "cublasCreate_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12795,11 +12959,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -12843,11 +13009,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -12877,21 +13045,25 @@ pub mod cublas {
                 dir: Dir::InOut,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::InOut,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -12955,6 +13127,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -12993,6 +13166,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13083,11 +13257,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -13131,11 +13307,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -13202,6 +13380,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13240,6 +13419,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13453,6 +13633,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13468,6 +13649,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13518,6 +13700,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13533,6 +13716,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13575,6 +13759,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13590,6 +13775,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13632,6 +13818,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13647,6 +13834,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13689,6 +13877,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13741,6 +13930,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13854,6 +14044,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13869,6 +14060,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13919,6 +14111,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13934,6 +14127,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -13976,6 +14170,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14023,6 +14218,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14126,6 +14322,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14140,6 +14337,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14194,6 +14392,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14208,6 +14407,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14262,6 +14462,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14276,6 +14477,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14330,6 +14532,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14344,6 +14547,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14398,6 +14602,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14408,6 +14613,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14458,6 +14664,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14468,6 +14675,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14518,6 +14726,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14533,6 +14742,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14583,6 +14793,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -14598,6 +14809,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -15368,6 +15580,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -15436,6 +15649,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -15705,6 +15919,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -15772,6 +15987,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -15839,6 +16055,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -15902,6 +16119,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16128,6 +16346,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -16166,6 +16385,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -16237,6 +16457,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16280,6 +16501,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16582,6 +16804,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -16625,6 +16848,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -16761,6 +16985,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16776,6 +17001,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16830,6 +17056,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16845,6 +17072,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16895,6 +17123,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16905,6 +17134,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16960,6 +17190,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -16970,6 +17201,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17153,6 +17385,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17168,6 +17401,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17226,6 +17460,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17241,6 +17476,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17299,6 +17535,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17322,6 +17559,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17384,6 +17622,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17407,6 +17646,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17469,6 +17709,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17484,6 +17725,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17538,6 +17780,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17553,6 +17796,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17654,6 +17898,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17677,6 +17922,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17731,6 +17977,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17754,6 +18001,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17808,6 +18056,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17823,6 +18072,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17869,6 +18119,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -17884,6 +18135,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -18021,6 +18273,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -18073,6 +18326,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -18303,6 +18557,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -18341,6 +18596,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -18357,7 +18613,7 @@ pub mod cublas {
         wire: 1096u32,
         call: 985u32,
         name: "cublasDotEx",
-        form: Some("device"),
+        form: Some(Form::Device),
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -18412,7 +18668,7 @@ pub mod cublas {
         wire: 1097u32,
         call: 985u32,
         name: "cublasDotEx",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18446,7 +18702,7 @@ pub mod cublas {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cublasDotEx__host_0),
+                len: Some(&LEN_cublasDotEx__host_2),
                 record: None,
             },
             Wire::Val {
@@ -18541,11 +18797,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -18589,11 +18847,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -18623,21 +18883,25 @@ pub mod cublas {
                 dir: Dir::InOut,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::InOut,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -18681,6 +18945,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 40u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -18710,26 +18975,31 @@ pub mod cublas {
                 dir: Dir::InOut,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::InOut,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::InOut,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 40u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -18826,6 +19096,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -18841,6 +19112,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -18887,6 +19159,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -18902,6 +19175,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -18973,6 +19247,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19011,6 +19286,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19230,6 +19506,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19245,6 +19522,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19295,6 +19573,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19310,6 +19589,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19403,6 +19683,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19418,6 +19699,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19460,6 +19742,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19475,6 +19758,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19606,6 +19890,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19658,6 +19943,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19777,6 +20063,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19792,6 +20079,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19842,6 +20130,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19857,6 +20146,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19899,6 +20189,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -19946,6 +20237,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20055,6 +20347,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20065,6 +20358,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20115,6 +20409,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20125,6 +20420,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20175,6 +20471,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20190,6 +20487,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20240,6 +20538,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20255,6 +20554,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20687,6 +20987,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -20755,6 +21056,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21027,6 +21329,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21094,6 +21397,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21161,6 +21465,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21224,6 +21529,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21450,6 +21756,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -21488,6 +21795,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -21558,6 +21866,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -21596,6 +21905,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -21645,6 +21955,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21668,6 +21979,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21738,6 +22050,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21761,6 +22074,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21831,6 +22145,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21854,6 +22169,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21920,6 +22236,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -21943,6 +22260,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -22009,6 +22327,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -22040,6 +22359,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -22114,6 +22434,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -22145,6 +22466,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -22257,7 +22579,7 @@ pub mod cublas {
         wire: 1168u32,
         call: 1056u32,
         name: "cublasGetMathMode",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22371,6 +22693,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22413,6 +22736,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22455,6 +22779,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22497,6 +22822,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22567,6 +22893,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22605,6 +22932,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22675,6 +23003,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22713,6 +23042,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22783,6 +23113,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22821,6 +23152,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22891,6 +23223,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -22929,6 +23262,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23018,6 +23352,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23056,6 +23391,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23126,6 +23462,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23164,6 +23501,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23234,6 +23572,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23272,6 +23611,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23342,6 +23682,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23380,6 +23721,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23431,11 +23773,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cublasRotEx_3),
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cublasRotEx_4),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -23495,11 +23839,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cublasRotEx_64_5),
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cublasRotEx_64_6),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -23578,6 +23924,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23616,6 +23963,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23687,6 +24035,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -23730,6 +24079,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -23773,6 +24123,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cublasScalEx_7),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -23823,6 +24174,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cublasScalEx_64_8),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -23910,6 +24262,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -23948,6 +24301,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -24018,6 +24372,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -24056,6 +24411,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -24348,6 +24704,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -24391,6 +24748,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -24599,7 +24957,7 @@ pub mod cublas {
         wire: 1231u32,
         call: 1119u32,
         name: "cublasSetMathMode",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -24627,7 +24985,7 @@ pub mod cublas {
         wire: 1232u32,
         call: 1120u32,
         name: "cublasSetPointerMode_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -24836,6 +25194,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -24851,6 +25210,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -24905,6 +25265,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -24920,6 +25281,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -24970,6 +25332,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -24980,6 +25343,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25035,6 +25399,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25045,6 +25410,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25228,6 +25594,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25243,6 +25610,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25301,6 +25669,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25316,6 +25685,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25374,6 +25744,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25397,6 +25768,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25455,6 +25827,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25478,6 +25851,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25536,6 +25910,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25559,6 +25934,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25621,6 +25997,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25644,6 +26021,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25706,6 +26084,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25721,6 +26100,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25775,6 +26155,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25790,6 +26171,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25891,6 +26273,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25914,6 +26297,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25968,6 +26352,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -25991,6 +26376,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -26045,6 +26431,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -26060,6 +26447,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -26106,6 +26494,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -26121,6 +26510,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -26258,6 +26648,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -26310,6 +26701,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -26559,6 +26951,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -26597,6 +26990,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -26682,11 +27076,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -26730,11 +27126,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -26764,21 +27162,25 @@ pub mod cublas {
                 dir: Dir::InOut,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::InOut,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -26822,6 +27224,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 20u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -26851,26 +27254,31 @@ pub mod cublas {
                 dir: Dir::InOut,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::InOut,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::InOut,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 20u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -26967,6 +27375,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -26982,6 +27391,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27028,6 +27438,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27043,6 +27454,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27114,6 +27526,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27152,6 +27565,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27371,6 +27785,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27386,6 +27801,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27436,6 +27852,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27451,6 +27868,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27544,6 +27962,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27559,6 +27978,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27601,6 +28021,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27616,6 +28037,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27747,6 +28169,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27799,6 +28222,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27918,6 +28342,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27933,6 +28358,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27983,6 +28409,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -27998,6 +28425,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28040,6 +28468,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28087,6 +28516,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28196,6 +28626,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28206,6 +28637,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28256,6 +28688,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28266,6 +28699,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28316,6 +28750,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28331,6 +28766,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28381,6 +28817,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28396,6 +28833,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28828,6 +29266,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -28896,6 +29335,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29168,6 +29608,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29235,6 +29676,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29302,6 +29744,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29365,6 +29808,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29770,6 +30214,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29785,6 +30230,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29835,6 +30281,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29850,6 +30297,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29900,6 +30348,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29915,6 +30364,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29965,6 +30415,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -29975,6 +30426,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30025,6 +30477,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30040,6 +30493,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30114,6 +30568,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Buf {
                 dir: Dir::In,
@@ -30130,6 +30585,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30180,6 +30636,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30195,6 +30652,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30245,6 +30703,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30260,6 +30719,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30310,6 +30770,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30320,6 +30781,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30370,6 +30832,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30385,6 +30848,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30443,6 +30907,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30511,6 +30976,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30594,6 +31060,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30609,6 +31076,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30659,6 +31127,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30674,6 +31143,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30724,6 +31194,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30739,6 +31210,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30789,6 +31261,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30799,6 +31272,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30849,6 +31323,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30864,6 +31339,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30922,6 +31398,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -30990,6 +31467,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31171,6 +31649,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31186,6 +31665,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31236,6 +31716,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31251,6 +31732,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31301,6 +31783,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31316,6 +31799,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31366,6 +31850,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31376,6 +31861,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31426,6 +31912,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31441,6 +31928,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31499,6 +31987,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31567,6 +32056,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31626,6 +32116,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31641,6 +32132,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31691,6 +32183,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31706,6 +32199,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31756,6 +32250,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31771,6 +32266,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31821,6 +32317,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31831,6 +32328,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31881,6 +32379,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31896,6 +32395,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -31946,6 +32446,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Buf {
                 dir: Dir::In,
@@ -31962,6 +32463,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32012,6 +32514,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32027,6 +32530,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32077,6 +32581,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32092,6 +32597,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32142,6 +32648,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32152,6 +32659,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32202,6 +32710,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32217,6 +32726,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32275,6 +32785,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32343,6 +32854,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32421,6 +32933,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32464,6 +32977,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -32729,6 +33243,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -32772,6 +33287,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -32815,6 +33331,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -32858,6 +33375,7 @@ pub mod cublas {
                 dir: Dir::Out,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -32943,11 +33461,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -32991,11 +33511,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -33062,6 +33584,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33100,6 +33623,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33211,6 +33735,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33226,6 +33751,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33280,6 +33806,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33295,6 +33822,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33345,6 +33873,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33355,6 +33884,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33410,6 +33940,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33420,6 +33951,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33597,6 +34129,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33612,6 +34145,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33666,6 +34200,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33681,6 +34216,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33735,6 +34271,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33750,6 +34287,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33808,6 +34346,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33823,6 +34362,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33881,6 +34421,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33904,6 +34445,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33966,6 +34508,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -33989,6 +34532,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34051,6 +34595,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34066,6 +34611,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34120,6 +34666,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34135,6 +34682,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34230,6 +34778,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34253,6 +34802,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34307,6 +34857,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34330,6 +34881,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34384,6 +34936,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34399,6 +34952,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34445,6 +34999,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34460,6 +35015,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34594,6 +35150,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34646,6 +35203,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34742,6 +35300,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -34794,6 +35353,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35044,6 +35604,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35059,6 +35620,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35105,6 +35667,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35120,6 +35683,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35223,6 +35787,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35238,6 +35803,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35288,6 +35854,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35303,6 +35870,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35390,6 +35958,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35405,6 +35974,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35447,6 +36017,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35462,6 +36033,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35590,6 +36162,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35642,6 +36215,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35758,6 +36332,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35773,6 +36348,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35823,6 +36399,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35838,6 +36415,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35880,6 +36458,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -35927,6 +36506,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36036,6 +36616,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36046,6 +36627,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36096,6 +36678,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36106,6 +36689,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36156,6 +36740,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36171,6 +36756,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36221,6 +36807,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36236,6 +36823,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36324,6 +36912,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Buf {
                 dir: Dir::In,
@@ -36340,6 +36929,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36382,6 +36972,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Buf {
                 dir: Dir::In,
@@ -36398,6 +36989,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36485,11 +37077,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -36533,11 +37127,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -36567,21 +37163,25 @@ pub mod cublas {
                 dir: Dir::InOut,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::InOut,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Scalar {
                 dir: Dir::Out,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -36645,6 +37245,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36683,6 +37284,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36896,6 +37498,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36911,6 +37514,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36961,6 +37565,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -36976,6 +37581,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37018,6 +37624,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37033,6 +37640,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37075,6 +37683,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37090,6 +37699,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37132,6 +37742,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37184,6 +37795,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37297,6 +37909,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37312,6 +37925,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37362,6 +37976,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37377,6 +37992,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37419,6 +38035,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37466,6 +38083,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37569,6 +38187,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37579,6 +38198,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37629,6 +38249,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37639,6 +38260,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37689,6 +38311,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37704,6 +38327,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37754,6 +38378,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -37769,6 +38394,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -38539,6 +39165,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -38607,6 +39234,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -38876,6 +39504,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -38943,6 +39572,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -39010,6 +39640,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -39073,6 +39704,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -39563,6 +40195,7 @@ pub mod cublaslt {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 1u8,
+                size: None,
             },
             Wire::Device,
             Wire::Handle {
@@ -39578,6 +40211,7 @@ pub mod cublaslt {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 1u8,
+                size: None,
             },
             Wire::Device,
             Wire::Handle {
@@ -39636,6 +40270,7 @@ pub mod cublaslt {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 1u8,
+                size: None,
             },
             Wire::Device,
             Wire::Handle {
@@ -39651,6 +40286,7 @@ pub mod cublaslt {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 1u8,
+                size: None,
             },
             Wire::Device,
             Wire::Handle {
@@ -39692,7 +40328,7 @@ pub mod cublaslt {
         wire: 1512u32,
         call: 1399u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Sync,
@@ -39756,7 +40392,7 @@ pub mod cublaslt {
         wire: 1513u32,
         call: 1399u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["12.1"],
         class: Class::Sync,
@@ -39820,7 +40456,7 @@ pub mod cublaslt {
         wire: 1514u32,
         call: 1399u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -39884,7 +40520,7 @@ pub mod cublaslt {
         wire: 1515u32,
         call: 1400u32,
         name: "cublasLtMatmulDescCreate",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -39916,7 +40552,7 @@ pub mod cublaslt {
         wire: 1516u32,
         call: 1400u32,
         name: "cublasLtMatmulDescCreate",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -39948,7 +40584,7 @@ pub mod cublaslt {
         wire: 1517u32,
         call: 1401u32,
         name: "cublasLtMatmulDescDestroy",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -39972,7 +40608,7 @@ pub mod cublaslt {
         wire: 1518u32,
         call: 1401u32,
         name: "cublasLtMatmulDescDestroy",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -40068,7 +40704,7 @@ pub mod cublaslt {
         wire: 1521u32,
         call: 1403u32,
         name: "cublasLtMatmulDescSetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -40106,7 +40742,7 @@ pub mod cublaslt {
         wire: 1522u32,
         call: 1403u32,
         name: "cublasLtMatmulDescSetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -40144,7 +40780,7 @@ pub mod cublaslt {
         wire: 1523u32,
         call: 1404u32,
         name: "cublasLtMatmulPreferenceCreate",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Async,
@@ -40168,7 +40804,7 @@ pub mod cublaslt {
         wire: 1524u32,
         call: 1404u32,
         name: "cublasLtMatmulPreferenceCreate",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -40192,7 +40828,7 @@ pub mod cublaslt {
         wire: 1525u32,
         call: 1405u32,
         name: "cublasLtMatmulPreferenceDestroy",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Async,
@@ -40216,7 +40852,7 @@ pub mod cublaslt {
         wire: 1526u32,
         call: 1405u32,
         name: "cublasLtMatmulPreferenceDestroy",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -40296,7 +40932,7 @@ pub mod cublaslt {
         wire: 1529u32,
         call: 1407u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Async,
@@ -40334,7 +40970,7 @@ pub mod cublaslt {
         wire: 1530u32,
         call: 1407u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -40372,7 +41008,7 @@ pub mod cublaslt {
         wire: 1531u32,
         call: 1408u32,
         name: "cublasLtMatrixLayoutCreate",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -40412,7 +41048,7 @@ pub mod cublaslt {
         wire: 1532u32,
         call: 1409u32,
         name: "cublasLtMatrixLayoutDestroy",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -40480,7 +41116,7 @@ pub mod cublaslt {
         wire: 1534u32,
         call: 1411u32,
         name: "cublasLtMatrixLayoutSetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -42210,7 +42846,7 @@ pub mod cudart {
         wire: 43u32,
         call: 38u32,
         name: "cudaDeviceReset",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -43028,7 +43664,7 @@ pub mod cudart {
         wire: 72u32,
         call: 66u32,
         name: "cudaFree",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -43071,7 +43707,7 @@ pub mod cudart {
         wire: 74u32,
         call: 68u32,
         name: "cudaFreeAsync",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -43096,7 +43732,7 @@ pub mod cudart {
         wire: 75u32,
         call: 69u32,
         name: "cudaFreeAsync_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -43848,7 +44484,7 @@ pub mod cudart {
         wire: 98u32,
         call: 87u32,
         name: "cudaGraphAddMemcpyNode",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -43890,7 +44526,7 @@ pub mod cudart {
         wire: 99u32,
         call: 88u32,
         name: "cudaGraphAddMemcpyNode1D",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -44482,7 +45118,7 @@ pub mod cudart {
         wire: 118u32,
         call: 107u32,
         name: "cudaGraphExecMemcpyNodeSetParams",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -44516,7 +45152,7 @@ pub mod cudart {
         wire: 119u32,
         call: 108u32,
         name: "cudaGraphExecMemcpyNodeSetParams1D",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -45348,7 +45984,7 @@ pub mod cudart {
         wire: 144u32,
         call: 123u32,
         name: "cudaGraphMemcpyNodeSetParams",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -45378,7 +46014,7 @@ pub mod cudart {
         wire: 145u32,
         call: 124u32,
         name: "cudaGraphMemcpyNodeSetParams1D",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46241,7 +46877,7 @@ pub mod cudart {
         wire: 172u32,
         call: 150u32,
         name: "cudaLaunchHostFunc",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46273,7 +46909,7 @@ pub mod cudart {
         wire: 173u32,
         call: 151u32,
         name: "cudaLaunchHostFunc_ptsz",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46487,7 +47123,7 @@ pub mod cudart {
         wire: 180u32,
         call: 158u32,
         name: "cudaMalloc",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46517,7 +47153,7 @@ pub mod cudart {
         wire: 181u32,
         call: 159u32,
         name: "cudaMalloc3D",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46621,7 +47257,7 @@ pub mod cudart {
         wire: 184u32,
         call: 162u32,
         name: "cudaMallocAsync",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46655,7 +47291,7 @@ pub mod cudart {
         wire: 185u32,
         call: 163u32,
         name: "cudaMallocAsync_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46689,7 +47325,7 @@ pub mod cudart {
         wire: 186u32,
         call: 164u32,
         name: "cudaMallocFromPoolAsync",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46727,7 +47363,7 @@ pub mod cudart {
         wire: 187u32,
         call: 165u32,
         name: "cudaMallocFromPoolAsync_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46804,7 +47440,7 @@ pub mod cudart {
         wire: 189u32,
         call: 167u32,
         name: "cudaMallocPitch",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -47890,7 +48526,7 @@ pub mod cudart {
         wire: 218u32,
         call: 192u32,
         name: "cudaMemcpy",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -47920,7 +48556,7 @@ pub mod cudart {
         wire: 219u32,
         call: 192u32,
         name: "cudaMemcpy",
-        form: Some("d2h"),
+        form: Some(Form::D2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -47955,7 +48591,7 @@ pub mod cudart {
         wire: 220u32,
         call: 192u32,
         name: "cudaMemcpy",
-        form: Some("h2d"),
+        form: Some(Form::H2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -47990,7 +48626,7 @@ pub mod cudart {
         wire: 221u32,
         call: 193u32,
         name: "cudaMemcpy2D",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48032,7 +48668,7 @@ pub mod cudart {
         wire: 222u32,
         call: 193u32,
         name: "cudaMemcpy2D",
-        form: Some("d2h"),
+        form: Some(Form::D2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -48079,7 +48715,7 @@ pub mod cudart {
         wire: 223u32,
         call: 193u32,
         name: "cudaMemcpy2D",
-        form: Some("h2d"),
+        form: Some(Form::H2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48238,7 +48874,7 @@ pub mod cudart {
         wire: 226u32,
         call: 196u32,
         name: "cudaMemcpy2DAsync",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48284,7 +48920,7 @@ pub mod cudart {
         wire: 227u32,
         call: 196u32,
         name: "cudaMemcpy2DAsync",
-        form: Some("d2h"),
+        form: Some(Form::D2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -48335,7 +48971,7 @@ pub mod cudart {
         wire: 228u32,
         call: 196u32,
         name: "cudaMemcpy2DAsync",
-        form: Some("h2d"),
+        form: Some(Form::H2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48386,7 +49022,7 @@ pub mod cudart {
         wire: 229u32,
         call: 197u32,
         name: "cudaMemcpy2DAsync_ptsz",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48432,7 +49068,7 @@ pub mod cudart {
         wire: 230u32,
         call: 197u32,
         name: "cudaMemcpy2DAsync_ptsz",
-        form: Some("d2h"),
+        form: Some(Form::D2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -48483,7 +49119,7 @@ pub mod cudart {
         wire: 231u32,
         call: 197u32,
         name: "cudaMemcpy2DAsync_ptsz",
-        form: Some("h2d"),
+        form: Some(Form::H2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48534,7 +49170,7 @@ pub mod cudart {
         wire: 232u32,
         call: 198u32,
         name: "cudaMemcpy2DFromArray",
-        form: Some("a2d"),
+        form: Some(Form::A2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48583,7 +49219,7 @@ pub mod cudart {
         wire: 233u32,
         call: 198u32,
         name: "cudaMemcpy2DFromArray",
-        form: Some("a2h"),
+        form: Some(Form::A2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -48637,7 +49273,7 @@ pub mod cudart {
         wire: 234u32,
         call: 199u32,
         name: "cudaMemcpy2DFromArrayAsync",
-        form: Some("a2d"),
+        form: Some(Form::A2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48690,7 +49326,7 @@ pub mod cudart {
         wire: 235u32,
         call: 199u32,
         name: "cudaMemcpy2DFromArrayAsync",
-        form: Some("a2h"),
+        form: Some(Form::A2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -48748,7 +49384,7 @@ pub mod cudart {
         wire: 236u32,
         call: 200u32,
         name: "cudaMemcpy2DFromArrayAsync_ptsz",
-        form: Some("a2d"),
+        form: Some(Form::A2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48801,7 +49437,7 @@ pub mod cudart {
         wire: 237u32,
         call: 200u32,
         name: "cudaMemcpy2DFromArrayAsync_ptsz",
-        form: Some("a2h"),
+        form: Some(Form::A2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -48859,7 +49495,7 @@ pub mod cudart {
         wire: 238u32,
         call: 201u32,
         name: "cudaMemcpy2DFromArray_ptds",
-        form: Some("a2d"),
+        form: Some(Form::A2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -48908,7 +49544,7 @@ pub mod cudart {
         wire: 239u32,
         call: 201u32,
         name: "cudaMemcpy2DFromArray_ptds",
-        form: Some("a2h"),
+        form: Some(Form::A2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -48962,7 +49598,7 @@ pub mod cudart {
         wire: 240u32,
         call: 202u32,
         name: "cudaMemcpy2DToArray",
-        form: Some("d2a"),
+        form: Some(Form::D2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49011,7 +49647,7 @@ pub mod cudart {
         wire: 241u32,
         call: 202u32,
         name: "cudaMemcpy2DToArray",
-        form: Some("h2a"),
+        form: Some(Form::H2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49065,7 +49701,7 @@ pub mod cudart {
         wire: 242u32,
         call: 203u32,
         name: "cudaMemcpy2DToArrayAsync",
-        form: Some("d2a"),
+        form: Some(Form::D2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49118,7 +49754,7 @@ pub mod cudart {
         wire: 243u32,
         call: 203u32,
         name: "cudaMemcpy2DToArrayAsync",
-        form: Some("h2a"),
+        form: Some(Form::H2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49176,7 +49812,7 @@ pub mod cudart {
         wire: 244u32,
         call: 204u32,
         name: "cudaMemcpy2DToArrayAsync_ptsz",
-        form: Some("d2a"),
+        form: Some(Form::D2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49229,7 +49865,7 @@ pub mod cudart {
         wire: 245u32,
         call: 204u32,
         name: "cudaMemcpy2DToArrayAsync_ptsz",
-        form: Some("h2a"),
+        form: Some(Form::H2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49287,7 +49923,7 @@ pub mod cudart {
         wire: 246u32,
         call: 205u32,
         name: "cudaMemcpy2DToArray_ptds",
-        form: Some("d2a"),
+        form: Some(Form::D2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49336,7 +49972,7 @@ pub mod cudart {
         wire: 247u32,
         call: 205u32,
         name: "cudaMemcpy2DToArray_ptds",
-        form: Some("h2a"),
+        form: Some(Form::H2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49390,7 +50026,7 @@ pub mod cudart {
         wire: 248u32,
         call: 206u32,
         name: "cudaMemcpy2D_ptds",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49432,7 +50068,7 @@ pub mod cudart {
         wire: 249u32,
         call: 206u32,
         name: "cudaMemcpy2D_ptds",
-        form: Some("d2h"),
+        form: Some(Form::D2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -49479,7 +50115,7 @@ pub mod cudart {
         wire: 250u32,
         call: 206u32,
         name: "cudaMemcpy2D_ptds",
-        form: Some("h2d"),
+        form: Some(Form::H2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49526,7 +50162,7 @@ pub mod cudart {
         wire: 251u32,
         call: 207u32,
         name: "cudaMemcpy3D",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49552,7 +50188,7 @@ pub mod cudart {
         wire: 252u32,
         call: 208u32,
         name: "cudaMemcpy3DAsync",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49582,7 +50218,7 @@ pub mod cudart {
         wire: 253u32,
         call: 209u32,
         name: "cudaMemcpy3DAsync_ptsz",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49724,7 +50360,7 @@ pub mod cudart {
         wire: 258u32,
         call: 214u32,
         name: "cudaMemcpy3D_ptds",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49854,7 +50490,7 @@ pub mod cudart {
         wire: 261u32,
         call: 217u32,
         name: "cudaMemcpyAsync",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49888,7 +50524,7 @@ pub mod cudart {
         wire: 262u32,
         call: 217u32,
         name: "cudaMemcpyAsync",
-        form: Some("d2h"),
+        form: Some(Form::D2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -49927,7 +50563,7 @@ pub mod cudart {
         wire: 263u32,
         call: 217u32,
         name: "cudaMemcpyAsync",
-        form: Some("h2d"),
+        form: Some(Form::H2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -49966,7 +50602,7 @@ pub mod cudart {
         wire: 264u32,
         call: 218u32,
         name: "cudaMemcpyAsync_ptsz",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50000,7 +50636,7 @@ pub mod cudart {
         wire: 265u32,
         call: 218u32,
         name: "cudaMemcpyAsync_ptsz",
-        form: Some("d2h"),
+        form: Some(Form::D2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -50039,7 +50675,7 @@ pub mod cudart {
         wire: 266u32,
         call: 218u32,
         name: "cudaMemcpyAsync_ptsz",
-        form: Some("h2d"),
+        form: Some(Form::H2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50078,7 +50714,7 @@ pub mod cudart {
         wire: 267u32,
         call: 219u32,
         name: "cudaMemcpyFromArray",
-        form: Some("a2d"),
+        form: Some(Form::A2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50119,7 +50755,7 @@ pub mod cudart {
         wire: 268u32,
         call: 219u32,
         name: "cudaMemcpyFromArray",
-        form: Some("a2h"),
+        form: Some(Form::A2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -50165,7 +50801,7 @@ pub mod cudart {
         wire: 269u32,
         call: 220u32,
         name: "cudaMemcpyFromArrayAsync",
-        form: Some("a2d"),
+        form: Some(Form::A2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50210,7 +50846,7 @@ pub mod cudart {
         wire: 270u32,
         call: 220u32,
         name: "cudaMemcpyFromArrayAsync",
-        form: Some("a2h"),
+        form: Some(Form::A2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -50260,7 +50896,7 @@ pub mod cudart {
         wire: 271u32,
         call: 221u32,
         name: "cudaMemcpyFromArrayAsync_ptsz",
-        form: Some("a2d"),
+        form: Some(Form::A2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50305,7 +50941,7 @@ pub mod cudart {
         wire: 272u32,
         call: 221u32,
         name: "cudaMemcpyFromArrayAsync_ptsz",
-        form: Some("a2h"),
+        form: Some(Form::A2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -50355,7 +50991,7 @@ pub mod cudart {
         wire: 273u32,
         call: 222u32,
         name: "cudaMemcpyFromArray_ptds",
-        form: Some("a2d"),
+        form: Some(Form::A2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50396,7 +51032,7 @@ pub mod cudart {
         wire: 274u32,
         call: 222u32,
         name: "cudaMemcpyFromArray_ptds",
-        form: Some("a2h"),
+        form: Some(Form::A2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -50514,7 +51150,7 @@ pub mod cudart {
         wire: 277u32,
         call: 225u32,
         name: "cudaMemcpyToArray",
-        form: Some("d2a"),
+        form: Some(Form::D2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50555,7 +51191,7 @@ pub mod cudart {
         wire: 278u32,
         call: 225u32,
         name: "cudaMemcpyToArray",
-        form: Some("h2a"),
+        form: Some(Form::H2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50601,7 +51237,7 @@ pub mod cudart {
         wire: 279u32,
         call: 226u32,
         name: "cudaMemcpyToArrayAsync",
-        form: Some("d2a"),
+        form: Some(Form::D2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50646,7 +51282,7 @@ pub mod cudart {
         wire: 280u32,
         call: 226u32,
         name: "cudaMemcpyToArrayAsync",
-        form: Some("h2a"),
+        form: Some(Form::H2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50696,7 +51332,7 @@ pub mod cudart {
         wire: 281u32,
         call: 227u32,
         name: "cudaMemcpyToArrayAsync_ptsz",
-        form: Some("d2a"),
+        form: Some(Form::D2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50741,7 +51377,7 @@ pub mod cudart {
         wire: 282u32,
         call: 227u32,
         name: "cudaMemcpyToArrayAsync_ptsz",
-        form: Some("h2a"),
+        form: Some(Form::H2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50791,7 +51427,7 @@ pub mod cudart {
         wire: 283u32,
         call: 228u32,
         name: "cudaMemcpyToArray_ptds",
-        form: Some("d2a"),
+        form: Some(Form::D2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50832,7 +51468,7 @@ pub mod cudart {
         wire: 284u32,
         call: 228u32,
         name: "cudaMemcpyToArray_ptds",
-        form: Some("h2a"),
+        form: Some(Form::H2a),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50878,7 +51514,7 @@ pub mod cudart {
         wire: 285u32,
         call: 229u32,
         name: "cudaMemcpy_ptds",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -50908,7 +51544,7 @@ pub mod cudart {
         wire: 286u32,
         call: 229u32,
         name: "cudaMemcpy_ptds",
-        form: Some("d2h"),
+        form: Some(Form::D2h),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -50943,7 +51579,7 @@ pub mod cudart {
         wire: 287u32,
         call: 229u32,
         name: "cudaMemcpy_ptds",
-        form: Some("h2d"),
+        form: Some(Form::H2d),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -51434,7 +52070,7 @@ pub mod cudart {
         wire: 302u32,
         call: 244u32,
         name: "cudaSetDevice",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -51458,7 +52094,7 @@ pub mod cudart {
         wire: 303u32,
         call: 245u32,
         name: "cudaSetDeviceFlags",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -51564,7 +52200,7 @@ pub mod cudart {
         wire: 307u32,
         call: 249u32,
         name: "cudaStreamAddCallback",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -51600,7 +52236,7 @@ pub mod cudart {
         wire: 308u32,
         call: 250u32,
         name: "cudaStreamAddCallback_ptsz",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -51702,7 +52338,7 @@ pub mod cudart {
         wire: 311u32,
         call: 253u32,
         name: "cudaStreamBeginCapture",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -51730,7 +52366,7 @@ pub mod cudart {
         wire: 312u32,
         call: 254u32,
         name: "cudaStreamBeginCaptureToGraph",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -51776,7 +52412,7 @@ pub mod cudart {
         wire: 313u32,
         call: 255u32,
         name: "cudaStreamBeginCaptureToGraph_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -51822,7 +52458,7 @@ pub mod cudart {
         wire: 314u32,
         call: 256u32,
         name: "cudaStreamBeginCapture_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -51958,7 +52594,7 @@ pub mod cudart {
         wire: 319u32,
         call: 261u32,
         name: "cudaStreamCreateWithPriority",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -52014,7 +52650,7 @@ pub mod cudart {
         wire: 321u32,
         call: 263u32,
         name: "cudaStreamEndCapture",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -52042,7 +52678,7 @@ pub mod cudart {
         wire: 322u32,
         call: 264u32,
         name: "cudaStreamEndCapture_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -52410,7 +53046,7 @@ pub mod cudart {
         wire: 333u32,
         call: 267u32,
         name: "cudaStreamGetCaptureInfo",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -52446,7 +53082,7 @@ pub mod cudart {
         wire: 334u32,
         call: 267u32,
         name: "cudaStreamGetCaptureInfo",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -52494,7 +53130,7 @@ pub mod cudart {
         wire: 335u32,
         call: 268u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -52530,7 +53166,7 @@ pub mod cudart {
         wire: 336u32,
         call: 268u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -52886,7 +53522,7 @@ pub mod cudart {
         wire: 347u32,
         call: 279u32,
         name: "cudaStreamIsCapturing",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -52916,7 +53552,7 @@ pub mod cudart {
         wire: 348u32,
         call: 280u32,
         name: "cudaStreamIsCapturing_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -54429,7 +55065,7 @@ pub mod cudnn {
         wire: 1545u32,
         call: 1420u32,
         name: "cudnnBackendCreateDescriptor",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -54457,7 +55093,7 @@ pub mod cudnn {
         wire: 1546u32,
         call: 1420u32,
         name: "cudnnBackendCreateDescriptor",
-        form: Some("named"),
+        form: Some(Form::Named),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -54485,7 +55121,7 @@ pub mod cudnn {
         wire: 1547u32,
         call: 1420u32,
         name: "cudnnBackendCreateDescriptor",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -54513,7 +55149,7 @@ pub mod cudnn {
         wire: 1548u32,
         call: 1420u32,
         name: "cudnnBackendCreateDescriptor",
-        form: Some("named"),
+        form: Some(Form::Named),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -54541,7 +55177,7 @@ pub mod cudnn {
         wire: 1549u32,
         call: 1421u32,
         name: "cudnnBackendDestroyDescriptor",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -54565,7 +55201,7 @@ pub mod cudnn {
         wire: 1550u32,
         call: 1421u32,
         name: "cudnnBackendDestroyDescriptor",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -54653,7 +55289,7 @@ pub mod cudnn {
         wire: 1553u32,
         call: 1423u32,
         name: "cudnnBackendFinalize",
-        form: Some("async"),
+        form: Some(Form::Async),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -54677,7 +55313,7 @@ pub mod cudnn {
         wire: 1554u32,
         call: 1423u32,
         name: "cudnnBackendFinalize",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -54701,7 +55337,7 @@ pub mod cudnn {
         wire: 1555u32,
         call: 1423u32,
         name: "cudnnBackendFinalize",
-        form: Some("async"),
+        form: Some(Form::Async),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -54725,7 +55361,7 @@ pub mod cudnn {
         wire: 1556u32,
         call: 1423u32,
         name: "cudnnBackendFinalize",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -54749,7 +55385,7 @@ pub mod cudnn {
         wire: 1557u32,
         call: 1424u32,
         name: "cudnnBackendGetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -54797,7 +55433,7 @@ pub mod cudnn {
         wire: 1558u32,
         call: 1424u32,
         name: "cudnnBackendGetAttribute",
-        form: Some("descriptors"),
+        form: Some(Form::Descriptors),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -54843,7 +55479,7 @@ pub mod cudnn {
         wire: 1559u32,
         call: 1424u32,
         name: "cudnnBackendGetAttribute",
-        form: Some("refill"),
+        form: Some(Form::Refill),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -54884,7 +55520,7 @@ pub mod cudnn {
         wire: 1560u32,
         call: 1424u32,
         name: "cudnnBackendGetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -54932,7 +55568,7 @@ pub mod cudnn {
         wire: 1561u32,
         call: 1424u32,
         name: "cudnnBackendGetAttribute",
-        form: Some("descriptors"),
+        form: Some(Form::Descriptors),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -54978,7 +55614,7 @@ pub mod cudnn {
         wire: 1562u32,
         call: 1424u32,
         name: "cudnnBackendGetAttribute",
-        form: Some("refill"),
+        form: Some(Form::Refill),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -55103,7 +55739,7 @@ pub mod cudnn {
         wire: 1566u32,
         call: 1427u32,
         name: "cudnnBackendSetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -55145,7 +55781,7 @@ pub mod cudnn {
         wire: 1567u32,
         call: 1427u32,
         name: "cudnnBackendSetAttribute",
-        form: Some("descriptors"),
+        form: Some(Form::Descriptors),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -55185,7 +55821,7 @@ pub mod cudnn {
         wire: 1568u32,
         call: 1427u32,
         name: "cudnnBackendSetAttribute",
-        form: Some("hostvalues"),
+        form: Some(Form::HostValues),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -55227,7 +55863,7 @@ pub mod cudnn {
         wire: 1569u32,
         call: 1427u32,
         name: "cudnnBackendSetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -55269,7 +55905,7 @@ pub mod cudnn {
         wire: 1570u32,
         call: 1427u32,
         name: "cudnnBackendSetAttribute",
-        form: Some("descriptors"),
+        form: Some(Form::Descriptors),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -55309,7 +55945,7 @@ pub mod cudnn {
         wire: 1571u32,
         call: 1427u32,
         name: "cudnnBackendSetAttribute",
-        form: Some("hostvalues"),
+        form: Some(Form::HostValues),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -58054,7 +58690,7 @@ pub mod cudnn {
         wire: 1644u32,
         call: 1468u32,
         name: "cudnnDestroy",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -58078,7 +58714,7 @@ pub mod cudnn {
         wire: 1645u32,
         call: 1468u32,
         name: "cudnnDestroy",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -61956,7 +62592,7 @@ pub mod cudnn {
         wire: 1751u32,
         call: 1524u32,
         name: "cudnnGetCudartVersion",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -61978,7 +62614,7 @@ pub mod cudnn {
         wire: 1752u32,
         call: 1524u32,
         name: "cudnnGetCudartVersion",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -64032,7 +64668,7 @@ pub mod cudnn {
         wire: 1796u32,
         call: 1551u32,
         name: "cudnnGetRNNWeightParams",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -64093,7 +64729,7 @@ pub mod cudnn {
         wire: 1797u32,
         call: 1551u32,
         name: "cudnnGetRNNWeightParams",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -64498,7 +65134,7 @@ pub mod cudnn {
         wire: 1806u32,
         call: 1556u32,
         name: "cudnnGetStream",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -64526,7 +65162,7 @@ pub mod cudnn {
         wire: 1807u32,
         call: 1556u32,
         name: "cudnnGetStream",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -64700,7 +65336,7 @@ pub mod cudnn {
         wire: 1810u32,
         call: 1558u32,
         name: "cudnnGetTensorNdDescriptor",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -64752,7 +65388,7 @@ pub mod cudnn {
         wire: 1811u32,
         call: 1558u32,
         name: "cudnnGetTensorNdDescriptor",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -64980,7 +65616,7 @@ pub mod cudnn {
         wire: 1816u32,
         call: 1561u32,
         name: "cudnnGetVersion",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -65002,7 +65638,7 @@ pub mod cudnn {
         wire: 1817u32,
         call: 1561u32,
         name: "cudnnGetVersion",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -68987,7 +69623,7 @@ pub mod cudnn {
         wire: 1907u32,
         call: 1616u32,
         name: "cudnnSetStream",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -69015,7 +69651,7 @@ pub mod cudnn {
         wire: 1908u32,
         call: 1616u32,
         name: "cudnnSetStream",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -83740,6 +84376,294 @@ pub mod cusolver {
 }
 pub mod cusparse {
     use chidori_protocol::desc::*;
+    static LEN_cusparseConstrainedGeMM_0: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cusparseConstrainedGeMM_1: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cusparseConstrainedGeMM_bufferSize_2: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cusparseConstrainedGeMM_bufferSize_3: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cusparseSDDMM_4: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSDDMM_5: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSDDMM_bufferSize_6: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSDDMM_bufferSize_7: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSDDMM_preprocess_8: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSDDMM_preprocess_9: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpGEMM_compute_10: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpGEMM_compute_11: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpGEMM_copy_12: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpGEMM_copy_13: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpGEMM_workEstimation_14: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpGEMM_workEstimation_15: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpGEMMreuse_compute_16: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpGEMMreuse_compute_17: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMM_18: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMM_19: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMM_bufferSize_20: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMM_bufferSize_21: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMM_preprocess_22: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMM_preprocess_23: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMV_24: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMV_25: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMV_bufferSize_26: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMV_bufferSize_27: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMV_preprocess_28: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMV_preprocess_29: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpSM_analysis_30: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpSM_bufferSize_31: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpSM_solve_32: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpSV_analysis_33: Len = Len::Table(
+        6u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpSV_bufferSize_34: Len = Len::Table(
+        6u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpSV_solve_35: Len = Len::Table(
+        6u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
     pub static cusparseAxpby: CallDesc = CallDesc {
         wire: 2153u32,
         call: 1851u32,
@@ -83757,6 +84681,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 92u16,
@@ -83766,6 +84691,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 85u16,
@@ -84203,6 +85129,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -84224,6 +85151,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -84278,6 +85206,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -84295,6 +85224,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -84486,6 +85416,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -84682,6 +85613,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -84757,6 +85689,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -84776,6 +85709,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -85032,6 +85966,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85048,6 +85983,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85104,6 +86040,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85120,6 +86057,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85185,6 +86123,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85212,6 +86151,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85276,6 +86216,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85301,6 +86242,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85568,6 +86510,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85642,6 +86585,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -85809,6 +86753,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -86424,6 +87369,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseConstrainedGeMM_0),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -86437,6 +87383,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseConstrainedGeMM_1),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -86483,6 +87430,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseConstrainedGeMM_bufferSize_2),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -86496,6 +87444,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseConstrainedGeMM_bufferSize_3),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -86613,7 +87562,7 @@ pub mod cusparse {
         wire: 2204u32,
         call: 1902u32,
         name: "cusparseCreate",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -87970,6 +88919,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -87991,6 +88941,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -88045,6 +88996,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88062,6 +89014,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -88253,6 +89206,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88449,6 +89403,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88524,6 +89479,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88543,6 +89499,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -88799,6 +89756,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88815,6 +89773,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88871,6 +89830,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88887,6 +89847,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88952,6 +89913,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -88979,6 +89941,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -89043,6 +90006,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -89068,6 +90032,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -89335,6 +90300,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -89409,6 +90375,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -89576,6 +90543,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 8u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -90802,6 +91770,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 104u16,
@@ -91079,6 +92048,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSDDMM_4),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -91092,6 +92062,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSDDMM_5),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -91142,6 +92113,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSDDMM_bufferSize_6),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -91155,6 +92127,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSDDMM_bufferSize_7),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -91210,6 +92183,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSDDMM_preprocess_8),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -91223,6 +92197,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSDDMM_preprocess_9),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -91629,6 +92604,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -91650,6 +92626,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -91704,6 +92681,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -91721,6 +92699,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -91912,6 +92891,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92108,6 +93088,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92183,6 +93164,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92202,6 +93184,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -92490,6 +93473,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92506,6 +93490,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92562,6 +93547,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92578,6 +93564,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92643,6 +93630,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92670,6 +93658,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92734,6 +93723,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -92759,6 +93749,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -93026,6 +94017,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -93100,6 +94092,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -93267,6 +94260,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -93538,7 +94532,7 @@ pub mod cusparse {
         wire: 2351u32,
         call: 2049u32,
         name: "cusparseSetPointerMode",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -93866,6 +94860,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMM_compute_10),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -93879,6 +94874,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMM_compute_11),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -93939,6 +94935,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMM_copy_12),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -93952,6 +94949,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMM_copy_13),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94053,6 +95051,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMM_workEstimation_14),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94066,6 +95065,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMM_workEstimation_15),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94126,6 +95126,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMMreuse_compute_16),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94139,6 +95140,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMMreuse_compute_17),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94251,6 +95253,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMM_18),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94264,6 +95267,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMM_19),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -94363,6 +95367,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMM_bufferSize_20),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94376,6 +95381,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMM_bufferSize_21),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -94431,6 +95437,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMM_preprocess_22),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94444,6 +95451,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMM_preprocess_23),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -94490,6 +95498,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMV_24),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94503,6 +95512,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMV_25),
             },
             Wire::Handle {
                 kind: 85u16,
@@ -94549,6 +95559,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMV_bufferSize_26),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94562,6 +95573,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMV_bufferSize_27),
             },
             Wire::Handle {
                 kind: 85u16,
@@ -94613,6 +95625,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMV_preprocess_28),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94626,6 +95639,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpMV_preprocess_29),
             },
             Wire::Handle {
                 kind: 85u16,
@@ -94862,6 +95876,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpSM_analysis_30),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -94924,6 +95939,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpSM_bufferSize_31),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -95039,6 +96055,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpSM_solve_32),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -95096,6 +96113,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpSV_analysis_33),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -95154,6 +96172,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpSV_bufferSize_34),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -95265,6 +96284,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: Some(&LEN_cusparseSpSV_solve_35),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -95598,6 +96618,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 104u16,
@@ -95636,6 +96657,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -95669,6 +96691,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -95702,6 +96725,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -95735,6 +96759,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -95953,6 +96978,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -96051,6 +97077,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -96114,6 +97141,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -96191,6 +97219,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 29u16,
@@ -96229,6 +97258,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -96262,6 +97292,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -96295,6 +97326,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -96416,6 +97448,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
         ],
         ret: Ret::Status,
@@ -96544,6 +97577,7 @@ pub mod cusparse {
                 dir: Dir::Out,
                 bytes: 4u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -96938,6 +97972,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -96959,6 +97994,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
             Wire::Val {
@@ -97013,6 +98049,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97030,6 +98067,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -97221,6 +98259,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97417,6 +98456,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97492,6 +98532,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97511,6 +98552,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Device,
         ],
@@ -97767,6 +98809,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97783,6 +98826,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97839,6 +98883,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97855,6 +98900,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97920,6 +98966,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -97947,6 +98994,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -98011,6 +99059,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -98036,6 +99085,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -98303,6 +99353,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -98377,6 +99428,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -98544,6 +99596,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
+                size: None,
             },
             Wire::Handle {
                 kind: 86u16,
@@ -99928,7 +100981,7 @@ pub mod driver {
         wire: 397u32,
         call: 319u32,
         name: "cuCtxCreate_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -99960,7 +101013,7 @@ pub mod driver {
         wire: 398u32,
         call: 320u32,
         name: "cuCtxCreate_v3",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -100026,7 +101079,7 @@ pub mod driver {
         wire: 400u32,
         call: 322u32,
         name: "cuCtxDestroy_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -100210,7 +101263,7 @@ pub mod driver {
         wire: 407u32,
         call: 329u32,
         name: "cuCtxGetCurrent",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -100556,7 +101609,7 @@ pub mod driver {
         wire: 419u32,
         call: 340u32,
         name: "cuCtxPopCurrent_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -100604,7 +101657,7 @@ pub mod driver {
         wire: 421u32,
         call: 342u32,
         name: "cuCtxPushCurrent_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -100699,7 +101752,7 @@ pub mod driver {
         wire: 425u32,
         call: 346u32,
         name: "cuCtxSetCurrent",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -101575,7 +102628,7 @@ pub mod driver {
         wire: 453u32,
         call: 372u32,
         name: "cuDevicePrimaryCtxGetState",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -101659,7 +102712,7 @@ pub mod driver {
         wire: 456u32,
         call: 375u32,
         name: "cuDevicePrimaryCtxReset",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -101683,7 +102736,7 @@ pub mod driver {
         wire: 457u32,
         call: 376u32,
         name: "cuDevicePrimaryCtxReset_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -101735,7 +102788,7 @@ pub mod driver {
         wire: 459u32,
         call: 378u32,
         name: "cuDevicePrimaryCtxSetFlags",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -101763,7 +102816,7 @@ pub mod driver {
         wire: 460u32,
         call: 379u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -102477,7 +103530,7 @@ pub mod driver {
         wire: 484u32,
         call: 403u32,
         name: "cuFuncSetAttribute",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -105766,7 +106819,7 @@ pub mod driver {
         wire: 586u32,
         call: 496u32,
         name: "cuLaunchHostFunc",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -105798,7 +106851,7 @@ pub mod driver {
         wire: 587u32,
         call: 497u32,
         name: "cuLaunchHostFunc_ptsz",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -106216,7 +107269,7 @@ pub mod driver {
         wire: 600u32,
         call: 510u32,
         name: "cuMemAllocAsync",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -106250,7 +107303,7 @@ pub mod driver {
         wire: 601u32,
         call: 511u32,
         name: "cuMemAllocAsync_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -106284,7 +107337,7 @@ pub mod driver {
         wire: 602u32,
         call: 512u32,
         name: "cuMemAllocFromPoolAsync",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -106322,7 +107375,7 @@ pub mod driver {
         wire: 603u32,
         call: 513u32,
         name: "cuMemAllocFromPoolAsync_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -106360,7 +107413,7 @@ pub mod driver {
         wire: 604u32,
         call: 514u32,
         name: "cuMemAllocPitch_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -106404,7 +107457,7 @@ pub mod driver {
         wire: 605u32,
         call: 515u32,
         name: "cuMemAlloc_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -106850,7 +107903,7 @@ pub mod driver {
         wire: 616u32,
         call: 526u32,
         name: "cuMemFree_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -106910,7 +107963,7 @@ pub mod driver {
         wire: 618u32,
         call: 528u32,
         name: "cuMemGetAddressRange_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -107144,7 +108197,7 @@ pub mod driver {
         wire: 625u32,
         call: 535u32,
         name: "cuMemMap",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -107933,7 +108986,7 @@ pub mod driver {
         wire: 647u32,
         call: 556u32,
         name: "cuMemUnmap",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -107993,7 +109046,7 @@ pub mod driver {
         wire: 649u32,
         call: 558u32,
         name: "cuMemcpy2DAsync_v2",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108023,7 +109076,7 @@ pub mod driver {
         wire: 650u32,
         call: 559u32,
         name: "cuMemcpy2DAsync_v2_ptsz",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108053,7 +109106,7 @@ pub mod driver {
         wire: 651u32,
         call: 560u32,
         name: "cuMemcpy2DUnaligned_v2",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108079,7 +109132,7 @@ pub mod driver {
         wire: 652u32,
         call: 561u32,
         name: "cuMemcpy2DUnaligned_v2_ptds",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108105,7 +109158,7 @@ pub mod driver {
         wire: 653u32,
         call: 562u32,
         name: "cuMemcpy2D_v2",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108131,7 +109184,7 @@ pub mod driver {
         wire: 654u32,
         call: 563u32,
         name: "cuMemcpy2D_v2_ptds",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108157,7 +109210,7 @@ pub mod driver {
         wire: 655u32,
         call: 564u32,
         name: "cuMemcpy3DAsync_v2",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108187,7 +109240,7 @@ pub mod driver {
         wire: 656u32,
         call: 565u32,
         name: "cuMemcpy3DAsync_v2_ptsz",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108329,7 +109382,7 @@ pub mod driver {
         wire: 661u32,
         call: 570u32,
         name: "cuMemcpy3D_v2",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -108355,7 +109408,7 @@ pub mod driver {
         wire: 662u32,
         call: 571u32,
         name: "cuMemcpy3D_v2_ptds",
-        form: Some("d2d"),
+        form: Some(Form::D2d),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -109233,7 +110286,7 @@ pub mod driver {
         wire: 686u32,
         call: 595u32,
         name: "cuMemcpyDtoHAsync_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -109271,7 +110324,7 @@ pub mod driver {
         wire: 687u32,
         call: 596u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -109309,7 +110362,7 @@ pub mod driver {
         wire: 688u32,
         call: 597u32,
         name: "cuMemcpyDtoH_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -109343,7 +110396,7 @@ pub mod driver {
         wire: 689u32,
         call: 598u32,
         name: "cuMemcpyDtoH_v2_ptds",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -109617,7 +110670,7 @@ pub mod driver {
         wire: 696u32,
         call: 605u32,
         name: "cuMemcpyHtoDAsync_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -109655,7 +110708,7 @@ pub mod driver {
         wire: 697u32,
         call: 606u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -109693,7 +110746,7 @@ pub mod driver {
         wire: 698u32,
         call: 607u32,
         name: "cuMemcpyHtoD_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -109727,7 +110780,7 @@ pub mod driver {
         wire: 699u32,
         call: 608u32,
         name: "cuMemcpyHtoD_v2_ptds",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -112114,7 +113167,7 @@ pub mod driver {
         wire: 765u32,
         call: 674u32,
         name: "cuStreamAddCallback",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112150,7 +113203,7 @@ pub mod driver {
         wire: 766u32,
         call: 675u32,
         name: "cuStreamAddCallback_ptsz",
-        form: Some("host"),
+        form: Some(Form::Host),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112562,7 +113615,7 @@ pub mod driver {
         wire: 777u32,
         call: 682u32,
         name: "cuStreamBeginCapture",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112586,7 +113639,7 @@ pub mod driver {
         wire: 778u32,
         call: 683u32,
         name: "cuStreamBeginCaptureToGraph",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112632,7 +113685,7 @@ pub mod driver {
         wire: 779u32,
         call: 684u32,
         name: "cuStreamBeginCaptureToGraph_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112678,7 +113731,7 @@ pub mod driver {
         wire: 780u32,
         call: 685u32,
         name: "cuStreamBeginCapture_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112702,7 +113755,7 @@ pub mod driver {
         wire: 781u32,
         call: 686u32,
         name: "cuStreamBeginCapture_v2",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112730,7 +113783,7 @@ pub mod driver {
         wire: 782u32,
         call: 687u32,
         name: "cuStreamBeginCapture_v2_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112922,7 +113975,7 @@ pub mod driver {
         wire: 789u32,
         call: 694u32,
         name: "cuStreamEndCapture",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -112950,7 +114003,7 @@ pub mod driver {
         wire: 790u32,
         call: 695u32,
         name: "cuStreamEndCapture_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -113846,7 +114899,7 @@ pub mod driver {
         wire: 818u32,
         call: 715u32,
         name: "cuStreamIsCapturing",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -113876,7 +114929,7 @@ pub mod driver {
         wire: 819u32,
         call: 716u32,
         name: "cuStreamIsCapturing_ptsz",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -124459,7 +125512,7 @@ pub mod nvrtc {
         wire: 2727u32,
         call: 2425u32,
         name: "nvrtcGetSupportedArchs",
-        form: Some("call"),
+        form: Some(Form::Call),
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,

@@ -169,7 +169,7 @@ int main() {
   m.srcDevice = pitched;
   m.srcPitch = pitch;
   m.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
-  m.dstHost = rows.data();
+  m.dstDevice = reinterpret_cast<CUdeviceptr>(rows.data());
   m.dstPitch = W * sizeof(float);
   m.WidthInBytes = W * sizeof(float);
   m.Height = H;

@@ -14,7 +14,7 @@
 use std::ffi::c_void;
 
 use chidori_cuda::calls::{cudart as calls, driver as dcalls};
-use chidori_cuda::desc::{CallDesc, Ctx};
+use chidori_cuda::desc::{CallDesc, Ctx, Form};
 use chidori_cuda::types::{cudaChannelFormatDesc, cudaExtent};
 
 use crate::conn::{self, Conn};
@@ -71,7 +71,7 @@ pub unsafe fn malloc_3d(ctx: &Ctx, pitched: *mut c_void, extent: cudaExtent) -> 
         }
         let extent_at = &extent as *const cudaExtent as u64;
         // SAFETY: the caller's cudaPitchedPtr; the extent travels by value.
-        let s = unsafe { call(conn, ctx.form("call"), &[pitched as u64, extent_at]) };
+        let s = unsafe { call(conn, ctx.form(Form::Call), &[pitched as u64, extent_at]) };
         if s == 0 {
             // SAFETY: written by the reply: ptr, pitch, xsize, ysize.
             let p = unsafe { std::ptr::read_unaligned(pitched as *const PitchedPtr) };
@@ -149,13 +149,13 @@ fn to_array_2d(
         args.extend(stream);
         if device {
             // SAFETY: device addresses and an array handle, by value.
-            return Ok(unsafe { call(conn, ctx.form("d2a"), &args) });
+            return Ok(unsafe { call(conn, ctx.form(Form::D2a), &args) });
         }
         // SAFETY: the source rows lie in the caller's buffer per its pitch.
         let rows = unsafe { gather(src, spitch, width, height) };
         (args[3], args[4]) = (rows.as_ptr() as u64, width as u64);
         // SAFETY: `rows` holds width * height bytes.
-        Ok(unsafe { call(conn, ctx.form("h2a"), &args) })
+        Ok(unsafe { call(conn, ctx.form(Form::H2a), &args) })
     })
 }
 
@@ -181,12 +181,12 @@ fn from_array_2d(
         args.extend(stream);
         if device {
             // SAFETY: device addresses and an array handle, by value.
-            return Ok(unsafe { call(conn, ctx.form("a2d"), &args) });
+            return Ok(unsafe { call(conn, ctx.form(Form::A2d), &args) });
         }
         let mut rows = vec![0u8; width * height];
         (args[0], args[1]) = (rows.as_mut_ptr() as u64, width as u64);
         // SAFETY: `rows` holds width * height bytes for the reply.
-        let s = unsafe { call(conn, ctx.form("a2h"), &args) };
+        let s = unsafe { call(conn, ctx.form(Form::A2h), &args) };
         if s == 0 {
             // SAFETY: the destination rows lie in the caller's buffer per its pitch.
             unsafe { scatter(&rows, dst, dpitch, width, height) };
@@ -272,7 +272,7 @@ fn to_array(ctx: &Ctx, dst: u64, offsets: (u64, u64), src: u64, count: u64, kind
         }
         let mut args = vec![dst, offsets.0, offsets.1, src, count, u64::from(kind)];
         args.extend(stream);
-        let form = if device { ctx.form("d2a") } else { ctx.form("h2a") };
+        let form = if device { ctx.form(Form::D2a) } else { ctx.form(Form::H2a) };
         // SAFETY: a device address, or the caller's buffer of `count` bytes.
         Ok(unsafe { call(conn, form, &args) })
     })
@@ -284,7 +284,7 @@ fn from_array(ctx: &Ctx, dst: u64, src: u64, offsets: (u64, u64), count: u64, ki
         let device = device_side(kind, dst, false)?;
         let mut args = vec![dst, src, offsets.0, offsets.1, count, u64::from(kind)];
         args.extend(stream);
-        let form = if device { ctx.form("a2d") } else { ctx.form("a2h") };
+        let form = if device { ctx.form(Form::A2d) } else { ctx.form(Form::A2h) };
         // SAFETY: a device address, or the caller's buffer of `count` bytes.
         Ok(unsafe { call(conn, form, &args) })
     })
@@ -700,7 +700,7 @@ pub unsafe fn memcpy_3d(ctx: &Ctx, p: *mut c_void) -> u32 {
         }
         // SAFETY: the caller's cudaMemcpy3DParms.
         let m = unsafe { std::ptr::read_unaligned(p as *const Memcpy3DParms) };
-        Ok(copy_3d_runtime(conn, ctx.form("d2d"), m, None))
+        Ok(copy_3d_runtime(conn, ctx.form(Form::D2d), m, None))
     })
 }
 
@@ -711,7 +711,7 @@ pub unsafe fn memcpy_3d_async(ctx: &Ctx, p: *mut c_void, stream: *mut c_void) ->
         }
         // SAFETY: the caller's cudaMemcpy3DParms.
         let m = unsafe { std::ptr::read_unaligned(p as *const Memcpy3DParms) };
-        Ok(copy_3d_runtime(conn, ctx.form("d2d"), m, Some(stream_of(ctx, stream))))
+        Ok(copy_3d_runtime(conn, ctx.form(Form::D2d), m, Some(stream_of(ctx, stream))))
     })
 }
 
@@ -941,10 +941,10 @@ const _: () = {
 
 /// A driver copy side's memory type, with unified addresses resolved by the interval map
 /// (pinned memory is the client's unless the server mirrors it).
-fn resolve_type(ty: u32, host: u64, device: u64) -> u32 {
+fn resolve_type(ty: u32, device: u64) -> u32 {
     match ty {
         UNIFIED => {
-            let addr = if host != 0 { host } else { device };
+            let addr = device;
             if crate::mirror::is_mirrored(addr) || (state::is_device(addr) && !state::is_pinned(addr)) {
                 DEVICE
             } else {
@@ -958,14 +958,17 @@ fn resolve_type(ty: u32, host: u64, device: u64) -> u32 {
 /// A driver 3D copy (a 2D one has depth 1): sent as is between device memory and arrays,
 /// through a staging buffer where a side is host memory. `send` issues the device-side copy.
 fn copy_3d_driver(conn: &Conn, mut m: CuMemcpy3D, stream: Option<u64>, send: &dyn Fn(&CuMemcpy3D) -> u32) -> u32 {
-    m.src_type = resolve_type(m.src_type, m.src_host, m.src_device);
-    m.dst_type = resolve_type(m.dst_type, m.dst_host, m.dst_device);
-    // A unified side resolved to device memory: its address is the device address.
-    if m.src_type == DEVICE && m.src_device == 0 {
-        m.src_device = m.src_host;
+    // A unified side's address is its device field (its host field is not read, natively).
+    if m.src_type == UNIFIED {
+        m.src_host = m.src_device;
     }
-    if m.dst_type == DEVICE && m.dst_device == 0 {
-        m.dst_device = m.dst_host;
+    if m.dst_type == UNIFIED {
+        m.dst_host = m.dst_device;
+    }
+    m.src_type = resolve_type(m.src_type, m.src_device);
+    m.dst_type = resolve_type(m.dst_type, m.dst_device);
+    if (m.src_type == HOST && m.src_host == 0) || (m.dst_type == HOST && m.dst_host == 0) {
+        return chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
     }
     let (w, h, d) = (m.width as usize, m.height.max(1) as usize, m.depth.max(1) as usize);
     let host_region = |host: u64, x: u64, y: u64, z: u64, pitch: u64, rows: u64| HostRegion {
@@ -1085,7 +1088,7 @@ fn cu_2d(ctx: &Ctx, p: *mut c_void, stream: Option<u64>) -> u32 {
         }
         // SAFETY: the caller's CUDA_MEMCPY2D.
         let c = unsafe { std::ptr::read_unaligned(p as *const CuMemcpy2D) };
-        let form = ctx.form("d2d");
+        let form = ctx.form(Form::D2d);
         let send = |m: &CuMemcpy3D| -> u32 {
             let c = to_2d(m);
             let mut args = vec![&c as *const CuMemcpy2D as u64];
@@ -1104,7 +1107,7 @@ fn cu_3d(ctx: &Ctx, p: *mut c_void, stream: Option<u64>) -> u32 {
         }
         // SAFETY: the caller's CUDA_MEMCPY3D.
         let m = unsafe { std::ptr::read_unaligned(p as *const CuMemcpy3D) };
-        let form = ctx.form("d2d");
+        let form = ctx.form(Form::D2d);
         let send = |m: &CuMemcpy3D| -> u32 {
             let mut args = vec![m as *const CuMemcpy3D as u64];
             args.extend(stream);
@@ -1144,10 +1147,10 @@ fn cu_batch(ctx: &Ctx, dsts: u64, srcs: u64, sizes: u64, count: usize, fail: u64
                 unsafe { (*(dsts as *const u64).add(i), *(srcs as *const u64).add(i), *(sizes as *const u64).add(i)) };
             let m = CuMemcpy3D {
                 src_type: UNIFIED,
-                src_host: src,
+                src_device: src,
                 src_pitch: size,
                 dst_type: UNIFIED,
-                dst_host: dst,
+                dst_device: dst,
                 dst_pitch: size,
                 width: size,
                 height: 1,
@@ -1226,7 +1229,7 @@ fn cu_batch_3d(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, stream: u64) -> u
                         src_y: r.src_pos[1],
                         src_z: r.src_pos[2],
                         src_type: if r.src_array != 0 { ARRAY } else { UNIFIED },
-                        src_host: r.src_ptr.ptr,
+                        src_device: r.src_ptr.ptr,
                         src_array: r.src_array,
                         src_pitch: r.src_ptr.pitch,
                         src_height: r.src_ptr.ysize,
@@ -1234,7 +1237,7 @@ fn cu_batch_3d(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, stream: u64) -> u
                         dst_y: r.dst_pos[1],
                         dst_z: r.dst_pos[2],
                         dst_type: if r.dst_array != 0 { ARRAY } else { UNIFIED },
-                        dst_host: r.dst_ptr.ptr,
+                        dst_device: r.dst_ptr.ptr,
                         dst_array: r.dst_array,
                         dst_pitch: r.dst_ptr.pitch,
                         dst_height: r.dst_ptr.ysize,

@@ -11,7 +11,7 @@
 use std::ffi::c_void;
 
 use chidori_cuda::calls::cudart;
-use chidori_protocol::desc::{CallDesc, Ctx};
+use chidori_protocol::desc::{CallDesc, Ctx, Form};
 use chidori_protocol::messages::GraphList;
 
 use crate::conn;
@@ -114,23 +114,23 @@ fn base_name(ctx: &Ctx) -> &'static str {
 /// cudaStreamBeginCapture, cuStreamBeginCapture_v2 and their `_ptsz` forms.
 pub unsafe fn begin_capture(ctx: &Ctx, stream: *mut c_void, mode: u32) -> u32 {
     let args = [stream as u64, u64::from(mode)];
-    begin(base_name(ctx), ctx.form("call"), &args, ctx.per_thread(), ctx.library == "cudart")
+    begin(base_name(ctx), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cuStreamBeginCapture (no mode: global) and its `_ptsz` form.
 pub unsafe fn begin_capture_without_mode(ctx: &Ctx, stream: *mut c_void) -> u32 {
-    begin(base_name(ctx), ctx.form("call"), &[stream as u64], ctx.per_thread(), ctx.library == "cudart")
+    begin(base_name(ctx), ctx.form(Form::Call), &[stream as u64], ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms.
 pub unsafe fn end_capture(ctx: &Ctx, stream: *mut c_void, graph: *mut c_void) -> u32 {
     let args = [stream as u64, graph as u64];
-    end(base_name(ctx), ctx.form("call"), &args, ctx.per_thread(), ctx.library == "cudart")
+    end(base_name(ctx), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cudaStreamIsCapturing, cuStreamIsCapturing and their `_ptsz` forms.
 pub unsafe fn stream_is_capturing(ctx: &Ctx, stream: *mut c_void, status: *mut c_void) -> u32 {
-    is_capturing(base_name(ctx), ctx.form("call"), stream as u64, status, ctx.library == "cudart")
+    is_capturing(base_name(ctx), ctx.form(Form::Call), stream as u64, status, ctx.library == "cudart")
 }
 
 /// cudaStreamGetCaptureInfo: nothing captures → status None without a round trip; else
@@ -282,7 +282,7 @@ pub unsafe fn begin_capture_to_graph(
     mode: u32,
 ) -> u32 {
     let args = [stream as u64, graph as u64, deps as u64, data as u64, count as u64, u64::from(mode)];
-    begin(base_name(ctx), ctx.form("call"), &args, ctx.per_thread(), ctx.library == "cudart")
+    begin(base_name(ctx), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 pub unsafe fn cudaStreamGetCaptureInfo__cu118(

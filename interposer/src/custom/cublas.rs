@@ -243,8 +243,17 @@ mod tests {
     #[test]
     fn rotm_parameter_arrays_follow_the_pointer_mode_as_five_scalars() {
         // The handle (parameter 0) holds the pointer mode; host mode sends or returns all five.
-        assert!(matches!(calls::cublasSrotm_v2.params[6], Wire::Scalar { dir: Dir::In, bytes: 20, mode: 0 }));
-        assert!(matches!(calls::cublasDrotmg_v2.params[5], Wire::Scalar { dir: Dir::Out, bytes: 40, mode: 0 }));
-        assert!(matches!(calls::cublasDrotmg_v2.params[1], Wire::Scalar { dir: Dir::InOut, bytes: 8, mode: 0 }));
+        assert!(matches!(
+            calls::cublasSrotm_v2.params[6],
+            Wire::Scalar { dir: Dir::In, bytes: 20, mode: 0, size: None }
+        ));
+        assert!(matches!(
+            calls::cublasDrotmg_v2.params[5],
+            Wire::Scalar { dir: Dir::Out, bytes: 40, mode: 0, size: None }
+        ));
+        assert!(matches!(
+            calls::cublasDrotmg_v2.params[1],
+            Wire::Scalar { dir: Dir::InOut, bytes: 8, mode: 0, size: None }
+        ));
     }
 }

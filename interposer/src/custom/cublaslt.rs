@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use chidori_protocol::desc::{CallDesc, Ctx, Wire};
+use chidori_protocol::desc::{CallDesc, Ctx, Form, Wire};
 
 use crate::ahead::Answers;
 
@@ -205,7 +205,7 @@ fn heuristic(
 
 pub unsafe fn matmul_desc_create(ctx: &Ctx, matmulDesc: *mut c_void, computeType: u32, scaleType: u32) -> u32 {
     let args = [matmulDesc as u64, u64::from(computeType), u64::from(scaleType)];
-    create(ctx.name, ctx.form("call"), DescKind::Matmul, &args)
+    create(ctx.name, ctx.form(Form::Call), DescKind::Matmul, &args)
 }
 
 pub unsafe fn matrix_layout_create(
@@ -217,11 +217,11 @@ pub unsafe fn matrix_layout_create(
     ld: i64,
 ) -> u32 {
     let args = [matLayout as u64, u64::from(r#type), rows, cols, ld as u64];
-    create(ctx.name, ctx.form("call"), DescKind::Layout, &args)
+    create(ctx.name, ctx.form(Form::Call), DescKind::Layout, &args)
 }
 
 pub unsafe fn preference_create(ctx: &Ctx, pref: *mut c_void) -> u32 {
-    create(ctx.name, ctx.form("call"), DescKind::Preference, &[pref as u64])
+    create(ctx.name, ctx.form(Form::Call), DescKind::Preference, &[pref as u64])
 }
 
 /// cublasLtMatmulDescSetAttribute, cublasLtMatrixLayoutSetAttribute,
@@ -233,12 +233,12 @@ pub unsafe fn descriptor_set_attribute(
     buf: *mut c_void,
     sizeInBytes: usize,
 ) -> u32 {
-    set_attribute(ctx.name, ctx.form("call"), descriptor as u64, attr, buf as u64, sizeInBytes)
+    set_attribute(ctx.name, ctx.form(Form::Call), descriptor as u64, attr, buf as u64, sizeInBytes)
 }
 
 /// cublasLtMatmulDescDestroy, cublasLtMatrixLayoutDestroy, cublasLtMatmulPreferenceDestroy.
 pub unsafe fn descriptor_destroy(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
-    destroy(ctx.name, ctx.form("call"), descriptor as u64)
+    destroy(ctx.name, ctx.form(Form::Call), descriptor as u64)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -256,7 +256,7 @@ pub unsafe fn matmul_algo_get_heuristic(
     returnAlgoCount: *mut c_void,
 ) -> u32 {
     heuristic(
-        ctx.form("call"),
+        ctx.form(Form::Call),
         lightHandle as u64,
         operationDesc as u64,
         [Adesc as u64, Bdesc as u64, Cdesc as u64, Ddesc as u64],

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use chidori_cuda::calls::cudart as calls;
-use chidori_cuda::desc::Ctx;
+use chidori_cuda::desc::{Ctx, Form};
 use chidori_cuda::types::dim3;
 use chidori_protocol::messages::PropValue;
 
@@ -381,7 +381,7 @@ pub unsafe fn malloc_async(ctx: &Ctx, dev_ptr: *mut c_void, size: usize, stream:
         let conn = connection()?;
         // SAFETY: as cudaMalloc.
         let args = [dev_ptr as u64, size as u64, stream as u64];
-        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         record_alloc(s, dev_ptr, size as u64);
         Ok(s)
     })
@@ -426,7 +426,7 @@ pub unsafe fn cudaFree(devPtr: *mut c_void) -> u32 {
 
 /// cudaFreeAsync and cudaFreeAsync_ptsz.
 pub unsafe fn free_async(ctx: &Ctx, devPtr: *mut c_void, hStream: *mut c_void) -> u32 {
-    free(ctx.form("call"), &[devPtr as u64, hStream as u64])
+    free(ctx.form(Form::Call), &[devPtr as u64, hStream as u64])
 }
 
 // ---- Pinned host memory: client memory, recorded as pinned ----
@@ -535,7 +535,7 @@ pub unsafe fn get_pointer_attributes(ctx: &Ctx, attributes: *mut c_void, ptr: *m
 
 /// The three forms of a copy export, from its context.
 fn copy_forms(ctx: &Ctx) -> CopyForms {
-    CopyForms { h2d: ctx.form("h2d"), d2h: ctx.form("d2h"), d2d: ctx.form("d2d") }
+    CopyForms { h2d: ctx.form(Form::H2d), d2h: ctx.form(Form::D2h), d2d: ctx.form(Form::D2d) }
 }
 
 fn memcpy(forms: &CopyForms, dst: u64, src: u64, count: u64, kind: u32, tail: &[u64], asynchronous: bool) -> u32 {
@@ -602,7 +602,7 @@ type StreamCallback = unsafe extern "C" fn(*mut c_void, u32, *mut c_void);
 
 /// cudaLaunchHostFunc and cudaLaunchHostFunc_ptsz.
 pub unsafe fn launch_host_func(ctx: &Ctx, stream: *mut c_void, f: *mut c_void, user: *mut c_void) -> u32 {
-    let desc = ctx.form("host");
+    let desc = ctx.form(Form::Host);
     if f.is_null() {
         return INVALID_VALUE;
     }
@@ -619,7 +619,7 @@ pub unsafe fn launch_host_func(ctx: &Ctx, stream: *mut c_void, f: *mut c_void, u
 
 /// cudaStreamAddCallback and cudaStreamAddCallback_ptsz.
 pub unsafe fn stream_callback(ctx: &Ctx, stream: *mut c_void, cb: *mut c_void, user: *mut c_void, flags: u32) -> u32 {
-    let desc = ctx.form("host");
+    let desc = ctx.form(Form::Host);
     if cb.is_null() {
         return INVALID_VALUE;
     }
@@ -711,7 +711,7 @@ pub unsafe fn malloc_from_pool(
         let stream = if ctx.per_thread() { per_thread(stream) } else { stream };
         let args = [ptr as u64, size as u64, pool as u64, stream as u64];
         // SAFETY: the caller's void**; handles and sizes by value.
-        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         record_alloc(s, ptr, size as u64);
         Ok(s)
     })

@@ -20,7 +20,7 @@ use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
 use chidori_cuda::calls::cudnn as calls;
-use chidori_protocol::desc::{CallDesc, Ctx};
+use chidori_protocol::desc::{CallDesc, Ctx, Form};
 use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
 
 use crate::ahead::Answers;
@@ -731,15 +731,15 @@ fn once(cell: &OnceLock<usize>, desc: &'static CallDesc) -> usize {
 }
 
 pub unsafe fn get_version(ctx: &Ctx) -> usize {
-    once(&VERSION, ctx.form("call"))
+    once(&VERSION, ctx.form(Form::Call))
 }
 
 pub unsafe fn get_cudart_version(ctx: &Ctx) -> usize {
-    once(&CUDART_VERSION, ctx.form("call"))
+    once(&CUDART_VERSION, ctx.form(Form::Call))
 }
 
 pub unsafe fn set_stream(ctx: &Ctx, handle: *mut c_void, stream: *mut c_void) -> u32 {
-    let (desc, bad_param) = (ctx.form("call"), ctx.status(ctx.codes.invalid_value));
+    let (desc, bad_param) = (ctx.form(Form::Call), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnSetStream", bad_param, || {
         // SAFETY: values.
         let s = unsafe { crate::runtime::call(desc, &[handle as u64, stream as u64]) } as u32;
@@ -751,7 +751,7 @@ pub unsafe fn set_stream(ctx: &Ctx, handle: *mut c_void, stream: *mut c_void) ->
 }
 
 pub unsafe fn get_stream(ctx: &Ctx, handle: *mut c_void, out: *mut c_void) -> u32 {
-    let (desc, bad_param) = (ctx.form("call"), ctx.status(ctx.codes.invalid_value));
+    let (desc, bad_param) = (ctx.form(Form::Call), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnGetStream", bad_param, || {
         if out.is_null() {
             return bad_param;
@@ -774,7 +774,7 @@ pub unsafe fn get_stream(ctx: &Ctx, handle: *mut c_void, out: *mut c_void) -> u3
 }
 
 pub unsafe fn destroy(ctx: &Ctx, handle: *mut c_void) -> u32 {
-    let (desc, bad_param) = (ctx.form("call"), ctx.status(ctx.codes.invalid_value));
+    let (desc, bad_param) = (ctx.form(Form::Call), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnDestroy", bad_param, || {
         CLIENT.cudnn_streams.remove(&(handle as u64));
         // SAFETY: a value.

@@ -775,7 +775,7 @@ pub unsafe fn cuProfilerStop() -> u32 {
 
 // ---- Allocations that enter the interval map ----
 
-use chidori_protocol::desc::Ctx;
+use chidori_protocol::desc::{Ctx, Form};
 
 fn record_device(dptr: *mut c_void, len: u64) {
     // SAFETY: the server just wrote the allocation's address there.
@@ -796,7 +796,7 @@ pub unsafe fn mem_alloc_async(ctx: &Ctx, dptr: *mut c_void, bytesize: usize, str
         let conn = connection()?;
         let args = [dptr as u64, bytesize as u64, stream_arg(ctx, stream)];
         // SAFETY: the caller's CUdeviceptr*, a size and a stream.
-        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         if s == SUCCESS && !dptr.is_null() {
             record_device(dptr, bytesize as u64);
         }
@@ -816,7 +816,7 @@ pub unsafe fn mem_alloc_from_pool_async(
         let conn = connection()?;
         let args = [dptr as u64, bytesize as u64, pool as u64, stream_arg(ctx, stream)];
         // SAFETY: as cuMemAllocAsync, with a pool handle.
-        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         if s == SUCCESS && !dptr.is_null() {
             record_device(dptr, bytesize as u64);
         }
@@ -837,7 +837,7 @@ pub unsafe fn mem_alloc_pitch(
         let conn = connection()?;
         let args = [dptr as u64, pitch as u64, width as u64, height as u64, u64::from(element_size)];
         // SAFETY: the caller's CUdeviceptr* and size_t*; values.
-        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         if s == SUCCESS && !dptr.is_null() && !pitch.is_null() {
             // SAFETY: written by the reply.
             let p = unsafe { std::ptr::read_unaligned(pitch as *const u64) };
@@ -853,7 +853,7 @@ pub unsafe fn mem_map(ctx: &Ctx, ptr: u64, size: usize, offset: usize, handle: u
         let conn = connection()?;
         // SAFETY: values only.
         let s = unsafe {
-            crate::runtime::call_on(&conn, ctx.form("call"), &[ptr, size as u64, offset as u64, handle, flags])
+            crate::runtime::call_on(&conn, ctx.form(Form::Call), &[ptr, size as u64, offset as u64, handle, flags])
         } as u32;
         if s == SUCCESS {
             state::add(ptr, size as u64, Memory::Device { device: state::current_device() });
@@ -867,7 +867,7 @@ pub unsafe fn mem_unmap(ctx: &Ctx, ptr: u64, size: usize) -> u32 {
     driver(ctx.name, || {
         let conn = connection()?;
         // SAFETY: values only.
-        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &[ptr, size as u64]) } as u32;
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &[ptr, size as u64]) } as u32;
         if s == SUCCESS {
             state::remove(ptr);
         }
@@ -893,7 +893,7 @@ pub unsafe fn mem_get_address_range(ctx: &Ctx, pbase: *mut c_void, psize: *mut c
         }
         let conn = connection()?;
         // SAFETY: as above.
-        Ok(unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &[pbase as u64, psize as u64, dptr]) } as u32)
+        Ok(unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &[pbase as u64, psize as u64, dptr]) } as u32)
     })
 }
 
@@ -1131,7 +1131,7 @@ pub unsafe fn stream_add_callback(
         );
         // SAFETY: values only: the stream, the callback id in place of the function, flags.
         let status =
-            unsafe { crate::runtime::call_on(&conn, ctx.form("host"), &[stream, id, 0, u64::from(flags)]) } as u32;
+            unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Host), &[stream, id, 0, u64::from(flags)]) } as u32;
         if status != SUCCESS {
             conn.drop_callback(id);
         }

@@ -19,7 +19,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use chidori_cuda::calls::{cudart as calls, driver as dcalls};
-use chidori_cuda::desc::{CallDesc, Ctx};
+use chidori_cuda::desc::{CallDesc, Ctx, Form};
 use chidori_protocol::messages::{Api, GraphList, GraphNode, NodeParams, NodeTarget, Service, ServiceReply};
 
 use crate::conn::{self, Conn};
@@ -701,15 +701,15 @@ pub unsafe fn add_memcpy_node(
     p: *mut c_void,
 ) -> u32 {
     let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
-    memcpy_node(ctx, target, p, ctx.form("call"))
+    memcpy_node(ctx, target, p, ctx.form(Form::Call))
 }
 
 pub unsafe fn memcpy_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
-    memcpy_node(ctx, Target::Set { node: node as u64 }, p, ctx.form("call"))
+    memcpy_node(ctx, Target::Set { node: node as u64 }, p, ctx.form(Form::Call))
 }
 
 pub unsafe fn exec_memcpy_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
-    memcpy_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p, ctx.form("call"))
+    memcpy_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p, ctx.form(Form::Call))
 }
 
 /// A 1D copy node: device memory only, Default resolved (the form fixes the kind).
@@ -745,7 +745,7 @@ pub unsafe fn add_memcpy_node_1d(
     kind: u32,
 ) -> u32 {
     let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
-    memcpy_1d(ctx, target, dst as u64, src as u64, n as u64, kind, ctx.form("call"))
+    memcpy_1d(ctx, target, dst as u64, src as u64, n as u64, kind, ctx.form(Form::Call))
 }
 
 pub unsafe fn memcpy_node_set_params_1d(
@@ -756,7 +756,7 @@ pub unsafe fn memcpy_node_set_params_1d(
     n: usize,
     kind: u32,
 ) -> u32 {
-    memcpy_1d(ctx, Target::Set { node: node as u64 }, dst as u64, src as u64, n as u64, kind, ctx.form("call"))
+    memcpy_1d(ctx, Target::Set { node: node as u64 }, dst as u64, src as u64, n as u64, kind, ctx.form(Form::Call))
 }
 
 pub unsafe fn exec_memcpy_node_set_params_1d(
@@ -769,7 +769,7 @@ pub unsafe fn exec_memcpy_node_set_params_1d(
     kind: u32,
 ) -> u32 {
     let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
-    memcpy_1d(ctx, target, dst as u64, src as u64, n as u64, kind, ctx.form("call"))
+    memcpy_1d(ctx, target, dst as u64, src as u64, n as u64, kind, ctx.form(Form::Call))
 }
 
 /// A symbol's device address (its module loaded), checked against `offset + count`.
