@@ -1573,6 +1573,13 @@ int main(void) {
   size_t nd = 0;
   CHECK(cudaStreamGetCaptureInfo(s, &status, &id, &got, &frontier, &edges, &nd));
   EXPECT(status == cudaStreamCaptureStatusActive && got == cg && nd == 1);
+  /* Every output but the status is optional (torch asks with NULL graph and frontier). */
+  status = cudaStreamCaptureStatusNone;
+  unsigned long long id2 = 0;
+  CHECK(cudaStreamGetCaptureInfo(s, &status, &id2, NULL, NULL, NULL, NULL));
+  EXPECT(status == cudaStreamCaptureStatusActive && id2 == id);
+  CHECK(cudaStreamGetCaptureInfo(s, &status, NULL, NULL, NULL, NULL, NULL));
+  EXPECT(status == cudaStreamCaptureStatusActive);
   CHECK(cudaGraphNodeGetType(frontier[0], &type));
   EXPECT(type == cudaGraphNodeTypeMemset);
   CHECK(cudaStreamEndCapture(s, &got));

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from typing import Any, Callable
 
 import torch
@@ -182,7 +183,8 @@ def main() -> int:
         try:
             record = {"case": name, "ok": True, **CASES[name](a)}
         except Exception as e:  # noqa: BLE001 - a failing case is reported, the next runs
-            record = {"case": name, "ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
+            where = "".join(traceback.format_tb(e.__traceback__)[-4:])
+            record = {"case": name, "ok": False, "error": f"{type(e).__name__}: {e}"[:500], "where": where[-2000:]}
         record["case_seconds"] = round(time.perf_counter() - t0, 2)
         print(json.dumps(record), flush=True)
         torch.cuda.empty_cache()

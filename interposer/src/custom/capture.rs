@@ -134,8 +134,8 @@ pub unsafe fn stream_is_capturing(ctx: &Ctx, stream: *mut c_void, status: *mut c
 }
 
 /// cudaStreamGetCaptureInfo: nothing captures → status None without a round trip; else
-/// asked of the server. The 13.x dependency and edge arrays live in the server's runtime:
-/// when a capture is active and the caller asks for them, the answer is not-supported.
+/// asked of the worker ([`frontier`]), whose answer fills the outputs the caller gave
+/// (each but the status may be NULL).
 #[allow(clippy::too_many_arguments)]
 fn capture_info(
     desc: &'static CallDesc,
@@ -146,7 +146,6 @@ fn capture_info(
     deps: *mut c_void,
     edges: *mut c_void,
     count: *mut c_void,
-    full: bool,
 ) -> u32 {
     guarded("cudaStreamGetCaptureInfo", true, || {
         if status.is_null() {
@@ -168,15 +167,10 @@ fn capture_info(
             }
             return Ok(SUCCESS);
         }
-        if !deps.is_null() || !edges.is_null() {
-            return frontier(stream, [status, id, graph, deps, edges, count], 100);
-        }
-        let args: Vec<u64> = if full {
-            vec![stream, status as u64, id as u64, graph as u64, 0, 0, count as u64]
-        } else {
-            vec![stream, status as u64, id as u64]
-        };
-        call(desc, &args, 100)
+        let stream = per_thread(stream, desc.name.ends_with("_ptsz"));
+        // Every output is optional but the status: the worker's answer is written here, so
+        // a NULL graph or id is never handed to the worker as an output handle to fill.
+        frontier(stream, [status, id, graph, deps, edges, count], 100)
     })
 }
 
@@ -197,11 +191,16 @@ fn frontier(stream: u64, out: [*mut c_void; 6], no_device: u32) -> Result<u32, u
     // No edge data from the worker: every edge's is the default (zero).
     let mut edges = listed.edge_data;
     edges.resize(n, 0);
-    let (deps_at, edges_at) = FRONTIER.with(|f| {
-        let mut f = f.borrow_mut();
-        *f = (listed.nodes, edges);
-        (f.0.as_ptr() as u64, f.1.as_ptr() as u64)
-    });
+    // Arrays handed out earlier stay where they are unless this call asks for new ones.
+    let (deps_at, edges_at) = if out[3].is_null() && out[4].is_null() {
+        (0, 0)
+    } else {
+        FRONTIER.with(|f| {
+            let mut f = f.borrow_mut();
+            *f = (listed.nodes, edges);
+            (f.0.as_ptr() as u64, f.1.as_ptr() as u64)
+        })
+    };
     let values = [u64::from(status), id, graph, deps_at, edges_at, n as u64];
     for (i, (p, v)) in out.iter().zip(values).enumerate() {
         if p.is_null() {
@@ -292,7 +291,7 @@ pub unsafe fn cudaStreamGetCaptureInfo__cu118(
 ) -> u32 {
     let n = std::ptr::null_mut();
     let desc = &cudart::cudaStreamGetCaptureInfo__cu118__call;
-    capture_info(desc, stream as u64, pCaptureStatus, pId, n, n, n, n, false)
+    capture_info(desc, stream as u64, pCaptureStatus, pId, n, n, n, n)
 }
 
 pub unsafe fn cudaStreamGetCaptureInfo_ptsz__cu118(
@@ -302,7 +301,7 @@ pub unsafe fn cudaStreamGetCaptureInfo_ptsz__cu118(
 ) -> u32 {
     let n = std::ptr::null_mut();
     let desc = &cudart::cudaStreamGetCaptureInfo_ptsz__cu118__call;
-    capture_info(desc, stream as u64, pCaptureStatus, pId, n, n, n, n, false)
+    capture_info(desc, stream as u64, pCaptureStatus, pId, n, n, n, n)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -317,7 +316,7 @@ pub unsafe fn cudaStreamGetCaptureInfo__cu130(
 ) -> u32 {
     let desc = &cudart::cudaStreamGetCaptureInfo__cu130__call;
     let (s, st, id, g) = (stream as u64, captureStatus_out, id_out, graph_out);
-    capture_info(desc, s, st, id, g, dependencies_out, edgeData_out, numDependencies_out, true)
+    capture_info(desc, s, st, id, g, dependencies_out, edgeData_out, numDependencies_out)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -332,5 +331,5 @@ pub unsafe fn cudaStreamGetCaptureInfo_ptsz__cu130(
 ) -> u32 {
     let desc = &cudart::cudaStreamGetCaptureInfo_ptsz__cu130__call;
     let (s, st, id, g) = (stream as u64, captureStatus_out, id_out, graph_out);
-    capture_info(desc, s, st, id, g, dependencies_out, edgeData_out, numDependencies_out, true)
+    capture_info(desc, s, st, id, g, dependencies_out, edgeData_out, numDependencies_out)
 }
