@@ -37,6 +37,8 @@
 #            which cuts the connection $RESUME_CUTS times (every $RESUME_EVERY s): a
 #            resumable session must give the native losses (RESUME_WAN=1: through the 70 ms
 #            relay behind the cutting one)
+#   copies   bulk copies at 70 ms and $COPY_MBIT (1000) Mbit/s through gpu/tools/wan_relay.py:
+#            what the relay carries alone, then 1 GiB each way, as fractions of the cap
 #   content  a 2 GB checkpoint (safetensors and torch.save) loaded natively, then twice
 #            through a server with a fresh content store at 70 ms and $CONTENT_MBIT Mbit/s:
 #            the second run should send hashes, not bytes (bytes sent from the trace)
@@ -357,6 +359,21 @@ if want optimize; then
   row "optimize" "$( ((rc == 0)) && echo "all cases match (gen-compare.txt)" || echo "MISMATCHES rc=$rc (gen-compare.txt)")"
 fi
 
+if want copies; then
+  # Bulk copies at link speed: what the relay itself carries at 70 ms and $COPY_MBIT Mbit/s,
+  # then 1 GiB each way (pageable and pinned) through it, as a fraction of the cap.
+  [[ -x $B/rtt ]] || nv gpu/bench/rtt.cu -o "$B/rtt" || row copies "BUILD FAILED"
+  KPORT=43317; mbit=${COPY_MBIT:-1000}
+  row "relay alone ${mbit} Mbit" "$(timeout 120 python3 gpu/tools/wan_relay.py --measure 1024 --rtt-ms 70 --mbit $mbit 2>&1 | tail -1)"
+  python3 gpu/tools/wan_relay.py --listen 127.0.0.1:$KPORT --target $SERVER --rtt-ms 70 --mbit $mbit \
+    --max-seconds 400 > "$LOGS/wan-copies.log" 2>&1 &
+  K_PID=$!
+  sleep 1
+  timeout ${COPY_TIMEOUT:-240} "$CHIDORI" run -s 127.0.0.1:$KPORT -- "$B/rtt" 20 1 1 > "$LOGS/copies-wan.json" 2> "$LOGS/copies-wan.err"
+  kill $K_PID 2>/dev/null
+  row "1 GiB copies 70ms ${mbit}M" "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); cap=float(sys.argv[2])/8e3; print(", ".join(f"{k[:-5]} {v:.3f} GB/s ({v/cap:.2f} of cap)" for k,v in r.items() if k.endswith("_gbps")))' "$LOGS/copies-wan.json" $mbit 2>&1 | tail -1)"
+fi
+
 if want content; then
   # Uploads sent once: a checkpoint loaded onto the GPU natively, then twice through a
   # server with a fresh content store behind a 70 ms, ${CONTENT_MBIT:-1000} Mbit/s relay:
@@ -367,7 +384,8 @@ if want content; then
   "$CHIDORI" serve --bind 127.0.0.1 --port $CPORT --module-cache "$CACHE" --content-cache "$B/content-store" \
     > "$LOGS/serve-content.log" 2>&1 &
   CS_PID=$!
-  python3 "$SHARED/tools/wan_delay.py" --listen 127.0.0.1:$CWAN --target 127.0.0.1:$CPORT --rtt-ms 70 \
+  # The repository's relay: the shared one cannot carry a 1 Gbit/s cap (gpu/tools/wan_relay.py).
+  python3 gpu/tools/wan_relay.py --listen 127.0.0.1:$CWAN --target 127.0.0.1:$CPORT --rtt-ms 70 \
     --mbit ${CONTENT_MBIT:-1000} --max-seconds 1200 > "$LOGS/wan-content.log" 2>&1 &
   CW_PID=$!
   sleep 1

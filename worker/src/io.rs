@@ -76,8 +76,31 @@ pub fn read_frame(r: &mut impl Read, stall: Duration) -> Result<Frame, ReadError
     let mut archive = AlignedVec::new();
     read_growing(r, &mut archive, header.archive_len as usize, stall, "archive")?;
     let mut bulk = Vec::new();
-    read_growing(r, &mut bulk, header.bulk_len as usize, stall, "bulk")?;
+    read_bulk(r, &mut bulk, header.bulk_len as usize, stall)?;
     Ok(Frame { header, archive, bulk })
+}
+
+/// Read `total` bytes of a frame's bulk into `into`, which std's `read_to_end` grows as
+/// the bytes arrive (doubling) and fills without zeroing first: bulk is most of what a
+/// session reads (every host-to-device copy), so it is read once, not zeroed and read.
+fn read_bulk(r: &mut impl Read, into: &mut Vec<u8>, total: usize, stall: Duration) -> Result<(), ReadError> {
+    let mut progress = Instant::now();
+    while into.len() < total {
+        let before = into.len();
+        let left = (total - before) as u64;
+        let result = r.by_ref().take(left).read_to_end(into);
+        if into.len() > before {
+            progress = Instant::now();
+        }
+        match result {
+            Ok(_) if into.len() < total => return Err(ReadError::Frame(FrameError::Truncated("bulk"))),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) => check_stall(progress, stall, "bulk")?,
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+    Ok(())
 }
 
 fn check_stall(progress: Instant, stall: Duration, what: &'static str) -> Result<(), ReadError> {
@@ -404,5 +427,13 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
         let mut nothing = Trickle { bytes: Vec::new(), at: 0 };
         assert!(matches!(read_frame(&mut nothing, Duration::from_millis(100)), Err(ReadError::Timeout)));
+    }
+
+    #[test]
+    fn a_bulk_cut_short_is_truncated() {
+        let mut bytes = frame::to_vec(Header::new(Kind::Call, 1, 2, 3), &[9u8; 10], &[&[7u8; 300_000]]).unwrap();
+        bytes.truncate(bytes.len() - 1);
+        let err = read_frame(&mut bytes.as_slice(), Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, ReadError::Frame(FrameError::Truncated("bulk"))), "{err}");
     }
 }
