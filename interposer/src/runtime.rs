@@ -125,8 +125,9 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
 
 /// The bytes of a host scalar at `addr` for a parameter of `bytes` bytes. A scalar travels
 /// as its type's size, an untyped one (`const void *alpha`) as the size its type parameter
-/// gives ([`codec::scalar_bytes`]). Where no parameter gives it (cublasGemmEx's, whose
-/// complexity is Ctype's; cublasLtMatmul's, in its descriptor) it travels as 16 bytes, the
+/// gives ([`codec::scalar_bytes`]). Where no parameter gives it (cublasLtMatmul's, in its
+/// descriptor; cublasGemmEx's for a compute type outside its enumeration) it travels as up
+/// to 16 bytes, the
 /// largest scalar type, but may be a 4-byte float at the end of the last mapped page: the
 /// bytes are read only up to the end of the scalar's page (a naturally aligned scalar never
 /// crosses one) and the rest are zeros.
@@ -409,6 +410,29 @@ mod tests {
         assert!(matches!(unsafe { super::host_scalar(mid as u64, 16) }, std::borrow::Cow::Borrowed(_)));
         // SAFETY: the page mapped above.
         unsafe { libc::munmap(page.cast(), 4096) };
+    }
+
+    #[test]
+    fn gemm_ex_scalars_have_the_compute_types_precision_and_ctypes_complexity() {
+        use chidori_cuda::calls::cublas::cublasGemmEx as gemm;
+        use chidori_cuda::consts::{cublasComputeType_t as compute, cudaDataType_t as data};
+        use chidori_protocol::desc::Wire;
+        let alpha = gemm.params.iter().position(|w| matches!(w, Wire::Scalar { .. })).unwrap();
+        let bytes = |compute_type: u32, c_type: u32| {
+            let mut args = [0u64; 19];
+            args[15] = u64::from(c_type);
+            args[17] = u64::from(compute_type);
+            chidori_protocol::codec::scalar_bytes(&gemm.params[alpha], &args)
+        };
+        assert_eq!(bytes(compute::CUBLAS_COMPUTE_32F, data::CUDA_R_16F), Some(4));
+        assert_eq!(bytes(compute::CUBLAS_COMPUTE_32F_FAST_TF32, data::CUDA_R_32F), Some(4));
+        assert_eq!(bytes(compute::CUBLAS_COMPUTE_16F, data::CUDA_R_16F), Some(2));
+        assert_eq!(bytes(compute::CUBLAS_COMPUTE_64F, data::CUDA_C_64F), Some(16));
+        assert_eq!(bytes(compute::CUBLAS_COMPUTE_32F, data::CUDA_C_16F), Some(8));
+        assert_eq!(bytes(compute::CUBLAS_COMPUTE_32I, data::CUDA_R_32I), Some(4));
+        // A legacy cudaDataType compute type: 8 bytes a component, never fewer than it needs.
+        assert_eq!(bytes(data::CUDA_R_64F, data::CUDA_R_64F), Some(8));
+        assert_eq!(bytes(data::CUDA_C_64F, data::CUDA_C_64F), Some(16));
     }
 
     #[test]

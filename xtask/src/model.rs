@@ -1068,17 +1068,25 @@ fn lower_len(env: &TypeEnv, decl: &Function, e: &LenExpr, sizes: &SizeTables) ->
         LenExpr::Mul(a, b) => {
             Len::Mul(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
         }
-        LenExpr::Size(name) => {
+        LenExpr::Size(name, named_table) => {
             let i = index(name)?;
             let ty = env.resolve(&Ty::parse(&decl.params[i].ty)?);
             let Ty::Named(enum_name) = ty else { bail!("size({name}): {name} is not an enum") };
             let e = env.enums.get(&enum_name).with_context(|| format!("size({name}): {enum_name} is not an enum"))?;
             // The table is named by the declared type (a typedef) or the enum itself.
             let declared = decl.params[i].ty.as_str();
-            let table = sizes
-                .get(declared)
-                .or_else(|| sizes.get(&enum_name))
-                .with_context(|| format!("size({name}): no [size.{declared}] table"))?;
+            let (table, declared) = match named_table {
+                Some(t) => {
+                    (sizes.get(t).with_context(|| format!("size({name}, {t}): no [size.{t}] table"))?, t.as_str())
+                }
+                None => (
+                    sizes
+                        .get(declared)
+                        .or_else(|| sizes.get(&enum_name))
+                        .with_context(|| format!("size({name}): no [size.{declared}] table"))?,
+                    declared,
+                ),
+            };
             let default = table.get("default").copied().context("size table without a default")?;
             for key in table.keys().filter(|k| *k != "default") {
                 if !e.variants.iter().any(|v| &v.name == key) {

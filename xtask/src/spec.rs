@@ -333,15 +333,17 @@ pub enum LenExpr {
     /// `a - b`; a length that would be negative is refused where it is evaluated.
     Sub(Box<LenExpr>, Box<LenExpr>),
     Mul(Box<LenExpr>, Box<LenExpr>),
-    /// `size(p)`: the element size the spec's table gives for the enum value of `p`.
-    Size(String),
+    /// `size(p)`: the element size the spec's table for `p`'s type gives for its enum value;
+    /// `size(p, table)`: the same from `[size.table]` (another property of the same enum,
+    /// such as how many components a value of a data type has).
+    Size(String, Option<String>),
 }
 
 impl LenExpr {
     pub fn params(&self, out: &mut Vec<String>) {
         match self {
             LenExpr::Lit(_) => {}
-            LenExpr::Param(p) | LenExpr::Size(p) => out.push(p.clone()),
+            LenExpr::Param(p) | LenExpr::Size(p, _) => out.push(p.clone()),
             LenExpr::Add(a, b) | LenExpr::Sub(a, b) | LenExpr::Mul(a, b) => {
                 a.params(out);
                 b.params(out);
@@ -431,7 +433,7 @@ fn tokenize(s: &str) -> Result<Vec<String>> {
     while let Some(&c) = chars.peek() {
         if c.is_whitespace() {
             chars.next();
-        } else if "+-*()".contains(c) {
+        } else if "+-*(),".contains(c) {
             out.push(c.to_string());
             chars.next();
         } else if c.is_ascii_alphanumeric() || c == '_' {
@@ -494,11 +496,19 @@ fn atom(t: &[String], pos: &mut usize) -> Result<LenExpr> {
     }
     if tok == "size" && t.get(*pos).map(String::as_str) == Some("(") {
         let name = t.get(*pos + 1).context("size( needs a parameter")?.clone();
-        if t.get(*pos + 2).map(String::as_str) != Some(")") {
-            bail!("size(...) takes one parameter name");
+        let word = |s: &String| s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        match (t.get(*pos + 2).map(String::as_str), t.get(*pos + 3), t.get(*pos + 4).map(String::as_str)) {
+            (Some(")"), ..) if word(&name) => {
+                *pos += 3;
+                return Ok(LenExpr::Size(name, None));
+            }
+            (Some(","), Some(table), Some(")")) if word(&name) && word(table) => {
+                let table = table.clone();
+                *pos += 5;
+                return Ok(LenExpr::Size(name, Some(table)));
+            }
+            _ => bail!("size(...) takes a parameter name and, optionally, a table name"),
         }
-        *pos += 3;
-        return Ok(LenExpr::Size(name));
     }
     if tok.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') {
         return Ok(LenExpr::Param(tok.clone()));
@@ -547,9 +557,18 @@ mod tests {
                 mode: "handle".into(),
                 dir: ScalarDir::In,
                 count: 1,
-                bytes: Some(LenExpr::Size("alphaType".into()))
+                bytes: Some(LenExpr::Size("alphaType".into(), None))
             }
         );
+        assert_eq!(
+            parse_expr("size(computeType) * size(Ctype, lanes)").unwrap(),
+            LenExpr::Mul(
+                Box::new(LenExpr::Size("computeType".into(), None)),
+                Box::new(LenExpr::Size("Ctype".into(), Some("lanes".into())))
+            )
+        );
+        assert!(parse_expr("size(a, b, c)").is_err());
+        assert!(parse_expr("size(a,)").is_err());
         assert!(parse_param("scalar(size(t))[2]@handle").is_err());
         assert!(parse_param("scalar[0]@handle").is_err());
         assert!(parse_param("scalar[x]@handle").is_err());

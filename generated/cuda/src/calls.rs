@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 16194523454409853412u64;
+pub const SCHEMA_HASH: u64 = 6836683643565598995u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2483usize] = [
@@ -7792,7 +7792,295 @@ pub mod cublas {
         ],
     );
     static LEN_cublasDotEx__host_2: Len = Len::Lit(16u64);
-    static LEN_cublasRotEx_3: Len = Len::Table(
+    static LEN_cublasGemmBatchedEx_3: Len = Len::Table(
+        18u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmBatchedEx_4: Len = Len::Table(
+        15u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmBatchedEx_5: Len = Len::Mul(
+        &LEN_cublasGemmBatchedEx_3,
+        &LEN_cublasGemmBatchedEx_4,
+    );
+    static LEN_cublasGemmBatchedEx_6: Len = Len::Table(
+        18u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmBatchedEx_7: Len = Len::Table(
+        15u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmBatchedEx_8: Len = Len::Mul(
+        &LEN_cublasGemmBatchedEx_6,
+        &LEN_cublasGemmBatchedEx_7,
+    );
+    static LEN_cublasGemmBatchedEx_64_9: Len = Len::Table(
+        18u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmBatchedEx_64_10: Len = Len::Table(
+        15u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmBatchedEx_64_11: Len = Len::Mul(
+        &LEN_cublasGemmBatchedEx_64_9,
+        &LEN_cublasGemmBatchedEx_64_10,
+    );
+    static LEN_cublasGemmBatchedEx_64_12: Len = Len::Table(
+        18u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmBatchedEx_64_13: Len = Len::Table(
+        15u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmBatchedEx_64_14: Len = Len::Mul(
+        &LEN_cublasGemmBatchedEx_64_12,
+        &LEN_cublasGemmBatchedEx_64_13,
+    );
+    static LEN_cublasGemmEx_15: Len = Len::Table(
+        17u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmEx_16: Len = Len::Table(
+        15u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmEx_17: Len = Len::Mul(
+        &LEN_cublasGemmEx_15,
+        &LEN_cublasGemmEx_16,
+    );
+    static LEN_cublasGemmEx_18: Len = Len::Table(
+        17u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmEx_19: Len = Len::Table(
+        15u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmEx_20: Len = Len::Mul(
+        &LEN_cublasGemmEx_18,
+        &LEN_cublasGemmEx_19,
+    );
+    static LEN_cublasGemmEx_64_21: Len = Len::Table(
+        17u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmEx_64_22: Len = Len::Table(
+        15u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmEx_64_23: Len = Len::Mul(
+        &LEN_cublasGemmEx_64_21,
+        &LEN_cublasGemmEx_64_22,
+    );
+    static LEN_cublasGemmEx_64_24: Len = Len::Table(
+        17u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmEx_64_25: Len = Len::Table(
+        15u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmEx_64_26: Len = Len::Mul(
+        &LEN_cublasGemmEx_64_24,
+        &LEN_cublasGemmEx_64_25,
+    );
+    static LEN_cublasGemmStridedBatchedEx_27: Len = Len::Table(
+        21u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmStridedBatchedEx_28: Len = Len::Table(
+        17u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmStridedBatchedEx_29: Len = Len::Mul(
+        &LEN_cublasGemmStridedBatchedEx_27,
+        &LEN_cublasGemmStridedBatchedEx_28,
+    );
+    static LEN_cublasGemmStridedBatchedEx_30: Len = Len::Table(
+        21u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmStridedBatchedEx_31: Len = Len::Table(
+        17u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmStridedBatchedEx_32: Len = Len::Mul(
+        &LEN_cublasGemmStridedBatchedEx_30,
+        &LEN_cublasGemmStridedBatchedEx_31,
+    );
+    static LEN_cublasGemmStridedBatchedEx_64_33: Len = Len::Table(
+        21u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmStridedBatchedEx_64_34: Len = Len::Table(
+        17u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmStridedBatchedEx_64_35: Len = Len::Mul(
+        &LEN_cublasGemmStridedBatchedEx_64_33,
+        &LEN_cublasGemmStridedBatchedEx_64_34,
+    );
+    static LEN_cublasGemmStridedBatchedEx_64_36: Len = Len::Table(
+        21u8,
+        &[
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32,
+            8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 8u32, 2u32,
+            2u32, 8u32, 8u32, 4u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 8u32, 4u32,
+            8u32, 8u32,
+        ],
+    );
+    static LEN_cublasGemmStridedBatchedEx_64_37: Len = Len::Table(
+        17u8,
+        &[
+            1u32, 1u32, 1u32, 1u32, 2u32, 2u32, 2u32, 2u32, 1u32, 2u32, 1u32, 2u32, 1u32,
+            2u32, 1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 2u32, 1u32, 2u32, 1u32, 2u32,
+            1u32, 2u32, 1u32, 1u32, 1u32, 1u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cublasGemmStridedBatchedEx_64_38: Len = Len::Mul(
+        &LEN_cublasGemmStridedBatchedEx_64_36,
+        &LEN_cublasGemmStridedBatchedEx_64_37,
+    );
+    static LEN_cublasRotEx_39: Len = Len::Table(
         10u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -7800,7 +8088,7 @@ pub mod cublas {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cublasRotEx_4: Len = Len::Table(
+    static LEN_cublasRotEx_40: Len = Len::Table(
         10u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -7808,7 +8096,7 @@ pub mod cublas {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cublasRotEx_64_5: Len = Len::Table(
+    static LEN_cublasRotEx_64_41: Len = Len::Table(
         10u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -7816,7 +8104,7 @@ pub mod cublas {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cublasRotEx_64_6: Len = Len::Table(
+    static LEN_cublasRotEx_64_42: Len = Len::Table(
         10u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -7824,7 +8112,7 @@ pub mod cublas {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cublasScalEx_7: Len = Len::Table(
+    static LEN_cublasScalEx_43: Len = Len::Table(
         3u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -7832,7 +8120,7 @@ pub mod cublas {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cublasScalEx_64_8: Len = Len::Table(
+    static LEN_cublasScalEx_64_44: Len = Len::Table(
         3u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -21955,7 +22243,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmBatchedEx_5),
             },
             Wire::Device,
             Wire::Val {
@@ -21979,7 +22267,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmBatchedEx_8),
             },
             Wire::Device,
             Wire::Val {
@@ -22050,7 +22338,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmBatchedEx_64_11),
             },
             Wire::Device,
             Wire::Val {
@@ -22074,7 +22362,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmBatchedEx_64_14),
             },
             Wire::Device,
             Wire::Val {
@@ -22145,7 +22433,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmEx_17),
             },
             Wire::Device,
             Wire::Val {
@@ -22169,7 +22457,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmEx_20),
             },
             Wire::Device,
             Wire::Val {
@@ -22236,7 +22524,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmEx_64_23),
             },
             Wire::Device,
             Wire::Val {
@@ -22260,7 +22548,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmEx_64_26),
             },
             Wire::Device,
             Wire::Val {
@@ -22327,7 +22615,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmStridedBatchedEx_29),
             },
             Wire::Device,
             Wire::Val {
@@ -22359,7 +22647,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmStridedBatchedEx_32),
             },
             Wire::Device,
             Wire::Val {
@@ -22434,7 +22722,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmStridedBatchedEx_64_35),
             },
             Wire::Device,
             Wire::Val {
@@ -22466,7 +22754,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: None,
+                size: Some(&LEN_cublasGemmStridedBatchedEx_64_38),
             },
             Wire::Device,
             Wire::Val {
@@ -23773,13 +24061,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cublasRotEx_3),
+                size: Some(&LEN_cublasRotEx_39),
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cublasRotEx_4),
+                size: Some(&LEN_cublasRotEx_40),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -23839,13 +24127,13 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cublasRotEx_64_5),
+                size: Some(&LEN_cublasRotEx_64_41),
             },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cublasRotEx_64_6),
+                size: Some(&LEN_cublasRotEx_64_42),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -24123,7 +24411,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cublasScalEx_7),
+                size: Some(&LEN_cublasScalEx_43),
             },
             Wire::Val {
                 bytes: 4u8,
@@ -24174,7 +24462,7 @@ pub mod cublas {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cublasScalEx_64_8),
+                size: Some(&LEN_cublasScalEx_64_44),
             },
             Wire::Val {
                 bytes: 4u8,
