@@ -270,7 +270,17 @@ if want resume; then
   # relay that cuts every connection (reset) a few times; the losses must be the same.
   CUT_PORT=43310
   target=$SERVER; [[ ${RESUME_WAN:-0} == 1 ]] && target=127.0.0.1:$WAN_PORT
-  args=("$SHARED/workloads/train.py" --steps ${RESUME_STEPS:-1500} --log-every 10)
+  # Deterministic kernels (the math attention backend, no atomics where torch has another
+  # way): two native runs gave different losses after 800 steps without them, which hides
+  # what a lost or repeated frame would do.
+  det='import runpy, sys, torch
+torch.use_deterministic_algorithms(True, warn_only=True)
+for off in ("flash", "mem_efficient", "cudnn"):
+    getattr(torch.backends.cuda, f"enable_{off}_sdp")(False)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")'
+  export CUBLAS_WORKSPACE_CONFIG=:4096:8
+  args=(-c "$det" "$SHARED/workloads/train.py" --steps ${RESUME_STEPS:-1500} --log-every 10)
   timeout ${RUN_TIMEOUT:-300} python3 "${args[@]}" > "$LOGS/resume-native.out" 2> "$LOGS/resume-native.err"
   python3 gpu/tools/cut_relay.py --listen 127.0.0.1:$CUT_PORT --target $target --cut-every ${RESUME_EVERY:-3} \
     --cuts ${RESUME_CUTS:-3} --max-seconds 900 > "$LOGS/cut-relay.log" 2>&1 &
@@ -291,6 +301,7 @@ if want resume; then
   else
     verdict="DIFFERENT or failed rc=$rc (resume-*.out; $native_same)"
   fi
+  unset CUBLAS_WORKSPACE_CONFIG
   row "resume (cut $cuts times)" "$verdict; resumed $resumed times; native $(grep -o '"seconds": [0-9.]*' "$LOGS/resume-native.out") remote $(grep -o '"seconds": [0-9.]*' "$LOGS/resume-remote.out")"
 fi
 

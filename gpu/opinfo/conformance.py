@@ -157,6 +157,8 @@ class Tally:
     # gave other values): within that variation, or integer leaves that are uninitialized
     # memory natively.
     by_native_variation: int = 0
+    # Differing or missing comparisons per op: the one line a truncated log still shows.
+    by_op: dict[str, int] = field(default_factory=dict)
 
 
 def as_real(t: Any) -> Any:
@@ -242,6 +244,7 @@ def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tu
                 continue
             if key not in a or key not in b:
                 tally.missing += 1
+                tally.by_op[name] = tally.by_op.get(name, 0) + 1
                 tally.failures.append(f"{key}: only in the {'native' if key in a else 'remote'} run")
                 continue
             la, lb = a[key], b[key]
@@ -252,6 +255,7 @@ def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tu
             tally.tensors += sum(1 for x in la if x[0] == "tensor")
             if len(la) != len(lb):
                 tally.differ += 1
+                tally.by_op[name] = tally.by_op.get(name, 0) + 1
                 tally.failures.append(f"{key}: {len(la)} native leaves, {len(lb)} remote")
                 continue
             tol = tuple(tolerances.get(key.split("|")[1], (0.0, 0.0)))
@@ -268,6 +272,7 @@ def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tu
                     tally.by_native_variation += 1
             else:
                 tally.differ += 1
+                tally.by_op[name] = tally.by_op.get(name, 0) + 1
                 worst = next(i for i, v in enumerate(kinds) if v == "differ")
                 tally.failures.append(f"{key}: leaf {worst}: {verdicts[worst][1]}")
         if varies:
@@ -325,8 +330,11 @@ def main() -> int:
     }
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": summary, "states": by_state, "tolerated": tally.tolerated,
+            json.dump({"summary": summary, "states": by_state, "tolerated": tally.tolerated, "by_op": tally.by_op,
                        "failures": tally.failures}, f, indent=1)
+    if tally.by_op:
+        ranked = sorted(tally.by_op.items(), key=lambda kv: (-kv[1], kv[0]))
+        print("differing or missing, by op:", ", ".join(f"{k} {v}" for k, v in ranked))
     print("== OpInfo conformance (remote vs native)")
     for k, v in summary.items():
         print(f"{k:28} {v}")
