@@ -1872,3 +1872,84 @@ fn a_second_run_sends_large_uploads_by_content() {
     let other = run("8");
     assert!(other >= 32 << 20, "new content travels whole: {other}");
 }
+
+/// The round trips and bytes of the trace's "(module load)" row (0, 0 without one).
+fn module_load_row(stderr: &str) -> (u64, u64) {
+    let Some(line) = stderr.lines().find(|l| l.starts_with("(module load)")) else { return (0, 0) };
+    let cols: Vec<u64> = line["(module load)".len()..].split_whitespace().filter_map(|c| c.parse().ok()).collect();
+    (cols.get(1).copied().unwrap_or(0), cols.get(2).copied().unwrap_or(0))
+}
+
+/// A program that registers `copies` fat binaries the way nvcc's constructors do (each a
+/// copy of one with two kernels) and asks for one kernel's attributes in each: every
+/// module is loaded on first use.
+fn registering_program(copies: usize) -> String {
+    let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
+    let bytes = std::fs::read(path).unwrap();
+    let array: Vec<String> = bytes.iter().map(|b| b.to_string()).collect();
+    let mut c = String::from(
+        "#include <stdio.h>\n#include <cuda_runtime_api.h>\n\
+         typedef struct { int magic; int version; const void *data; void *filename_or_fatbins; } wrapper_t;\n\
+         extern void **__cudaRegisterFatBinary(void *);\n\
+         extern void __cudaRegisterFatBinaryEnd(void **);\n\
+         extern void __cudaRegisterFunction(void **, const char *, char *, const char *, int, void *, void *, void *, void *, int *);\n",
+    );
+    for i in 0..copies {
+        c += &format!(
+            "static const unsigned char fb{i}[] __attribute__((aligned(16))) = {{{}}};\n\
+             static wrapper_t w{i} = {{0x466243b1, 1, fb{i}, 0}};\n\
+             static void host{i}(void) {{}}\n",
+            array.join(",")
+        );
+    }
+    c += "int main(void) {\n  struct cudaFuncAttributes attr;\n";
+    for i in 0..copies {
+        c += &format!(
+            "  void **h{i} = __cudaRegisterFatBinary(&w{i});\n  \
+             __cudaRegisterFunction(h{i}, (const char *)host{i}, \"_Z5otherPf\", \"_Z5otherPf\", -1, 0, 0, 0, 0, 0);\n  \
+             __cudaRegisterFatBinaryEnd(h{i});\n"
+        );
+    }
+    for i in 0..copies {
+        c += &format!("  printf(\"%d \", (int)cudaFuncGetAttributes(&attr, (const void *)host{i}));\n");
+    }
+    c += "  printf(\"\\n\");\n  return 0;\n}\n";
+    c
+}
+
+/// Issue 19: the first module load of a process also loads, in the same round trip, the
+/// modules the last run of the same command loaded; a run with it turned off loads each
+/// module as the program first uses it, and the program sees the same answers.
+#[test]
+fn modules_the_last_run_loaded_go_with_the_first_load() {
+    let dir = chidori_tests::scratch("modules-ahead");
+    let cache = dir.join("module-cache");
+    let server = EmulatedServer::start_args(&chidori(), Some(&profile()), &["--module-cache", cache.to_str().unwrap()])
+        .expect("starting an emulated server");
+    let exe = program("register_modules", &registering_program(4));
+    let client_cache = dir.join("client-cache");
+    let _ = std::fs::remove_dir_all(&client_cache);
+    let run = |ahead: bool| {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
+            .arg(chidori_tests::shim_dir())
+            .arg("--")
+            .arg(&exe)
+            .env("XDG_CACHE_HOME", &client_cache)
+            .env("CHIDORI_MODULES_AHEAD", if ahead { "1" } else { "0" });
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "stdout: {stdout}; stderr: {stderr}");
+        (stdout.into_owned(), module_load_row(&stderr), stderr.into_owned())
+    };
+    let (first, (first_trips, first_bytes), stderr) = run(true);
+    assert_eq!(first_trips, 4, "one load per module on a first run: {stderr}");
+    assert!(first_bytes > 0, "a fresh server is sent the image: {stderr}");
+    let (second, (second_trips, second_bytes), stderr) = run(true);
+    assert_eq!(second_trips, 1, "the last run's modules go with the first load: {stderr}");
+    assert_eq!(second_bytes, 0, "the server holds the image: {stderr}");
+    assert_eq!(second, first, "the program sees the same answers");
+    let (off, (off_trips, _), stderr) = run(false);
+    assert_eq!(off_trips, 4, "turned off, each module is loaded on first use: {stderr}");
+    assert_eq!(off, first);
+}

@@ -722,6 +722,33 @@ impl Conn {
         reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
     }
 
+    /// Several requests sent back to back, then every answer awaited: one round trip of
+    /// latency for all. Each request's answer, in order.
+    pub fn services(&self, requests: &[(Service, &[u8])]) -> Vec<Result<ServiceReply, String>> {
+        let mut slots = Vec::with_capacity(requests.len());
+        for (request, bulk) in requests {
+            let seq = self.next_seq();
+            let slot = self.expect(seq, Vec::new());
+            let header = Header::new(Kind::Service, 0, crate::runtime::thread_id(), seq);
+            match self.send(header, &messages::encode(request), &[bulk]) {
+                Ok(()) => slots.push(Ok(slot)),
+                Err(e) => {
+                    self.forget(seq);
+                    slots.push(Err(e));
+                }
+            }
+        }
+        slots
+            .into_iter()
+            .map(|slot| {
+                let slot = slot?;
+                slot.wait()?;
+                let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
+                reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+            })
+            .collect()
+    }
+
     /// Start a request that runs for a while on the server (a graph loop): its Progress
     /// frames go to `progress`; [`Conn::finish_service`] waits for the answer.
     pub fn start_service(&self, request: &Service, progress: ProgressSender) -> Result<(u64, Arc<Slot>), String> {

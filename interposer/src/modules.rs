@@ -8,6 +8,8 @@
 //! (`$XDG_CACHE_HOME/chidori/servers/<address>`, hashes in hex). A module the record lacks
 //! goes with its first load when it is small: one round trip on a fresh server, where asking
 //! first would take two; one the record has is asked for by hash, and no bytes travel.
+//! The first load of a process also brings the modules the last run of the same command
+//! loaded (`last_run`).
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -64,27 +66,68 @@ fn server_sm(conn: &Conn) -> u32 {
 /// Load `image` on the server (uploading it only when the server has not seen it).
 /// Err: a driver status, logged once with the reason.
 pub fn load_image(conn: &Conn, image: &[u8]) -> Result<Arc<Loaded>, u32> {
-    let hash: [u8; 32] = Sha256::digest(image).into();
+    load_images(conn, &[image]).pop().unwrap_or(Err(INVALID_IMAGE))
+}
+
+/// Load several images in one round trip (two where the server lacks some it must be sent);
+/// each image's module or driver status, in order.
+fn load_images(conn: &Conn, images: &[&[u8]]) -> Vec<Result<Arc<Loaded>, u32>> {
     let start = Instant::now();
-    let held = server_holds(&conn.server, &hash);
-    let (mut reply, mut uploaded, mut trips) = if held == Some(false) && image.len() <= INLINE_MAX {
-        (conn.service(&Service::UploadModule { hash }, &[image]).map_err(|_| NO_DEVICE)?, image.len() as u64, 1)
-    } else {
-        (conn.service(&Service::LoadModule { hash }, &[]).map_err(|_| NO_DEVICE)?, 0, 1)
-    };
-    if reply == ServiceReply::NeedUpload {
-        if image.len() > (1 << 20) {
-            tracing::info!("uploading a module of {} MiB (once: the server caches it)", image.len() >> 20);
+    let hashes: Vec<[u8; 32]> = images.iter().map(|i| Sha256::digest(i).into()).collect();
+    let held: Vec<Option<bool>> = hashes.iter().map(|h| server_holds(&conn.server, h)).collect();
+    // A module the record lacks goes with its first load when it is small: one round trip
+    // on a fresh server, where asking first would take two.
+    let inline = |i: usize| held[i] == Some(false) && images[i].len() <= INLINE_MAX;
+    let requests: Vec<(Service, &[u8])> = (0..images.len())
+        .map(|i| {
+            let hash = hashes[i];
+            if inline(i) {
+                (Service::UploadModule { hash }, images[i])
+            } else {
+                (Service::LoadModule { hash }, &[][..])
+            }
+        })
+        .collect();
+    let mut uploaded: u64 = (0..images.len()).filter(|&i| inline(i)).map(|i| images[i].len() as u64).sum();
+    let mut replies = conn.services(&requests);
+    let mut trips = 1;
+    let need: Vec<usize> = (0..images.len()).filter(|&i| matches!(replies[i], Ok(ServiceReply::NeedUpload))).collect();
+    if !need.is_empty() {
+        let big = need.iter().filter(|&&i| images[i].len() > (1 << 20)).count();
+        if big > 0 {
+            tracing::info!("uploading {big} module(s) over 1 MiB (once: the server caches them)");
         }
-        reply = conn.service(&Service::UploadModule { hash }, &[image]).map_err(|_| NO_DEVICE)?;
-        uploaded = image.len() as u64;
+        let uploads: Vec<(Service, &[u8])> =
+            need.iter().map(|&i| (Service::UploadModule { hash: hashes[i] }, images[i])).collect();
+        for (&i, reply) in need.iter().zip(conn.services(&uploads)) {
+            uploaded += images[i].len() as u64;
+            replies[i] = reply;
+        }
         trips += 1;
     }
     crate::trace::bytes("(module load)", trips, uploaded, 0, start.elapsed());
+    replies
+        .into_iter()
+        .enumerate()
+        .map(|(i, reply)| {
+            let reply = reply.map_err(|_| NO_DEVICE)?;
+            loaded_from(conn, reply, images[i], &hashes[i], held[i])
+        })
+        .collect()
+}
+
+/// The module a load's answer describes.
+fn loaded_from(
+    conn: &Conn,
+    reply: ServiceReply,
+    image: &[u8],
+    hash: &[u8; 32],
+    held: Option<bool>,
+) -> Result<Arc<Loaded>, u32> {
     match reply {
         ServiceReply::Module { library, module, kernels } => {
             if held == Some(false) {
-                record_held(&conn.server, &hash);
+                record_held(&conn.server, hash);
             }
             let fallback = nv_info_params(image);
             let kernels = kernels
@@ -214,16 +257,176 @@ fn image_of(conn: &Conn, module: &registry::Module) -> Result<Vec<u8>, u32> {
     })
 }
 
-/// The server-side module of a registered fat binary, loading it on first use.
-pub fn ensure(conn: &Conn, module: &registry::Module) -> Result<Arc<Loaded>, u32> {
+/// The server-side module of a registered fat binary, loading it on first use. The first
+/// load of the process also loads, in the same round trip, the registered modules the last
+/// run of the same command loaded (`last_run`).
+pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Loaded>, u32> {
     let mut slot = module.loaded.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(m) = slot.as_ref() {
         return Ok(m.clone());
     }
     let image = image_of(conn, module)?;
-    let loaded = load_image(conn, &image)?;
+    let ahead = last_run::take_first(conn, module);
+    // Modules of the last run not yet loaded and not being loaded by another thread; their
+    // slots stay locked until their answers are in.
+    let mut others = Vec::new();
+    for m in ahead {
+        if let Ok(other) = m.loaded.try_lock()
+            && other.is_none()
+            && let Ok(image) = image_of(conn, m)
+        {
+            others.push((m, other, image));
+        }
+    }
+    let mut images: Vec<&[u8]> = vec![&image];
+    images.extend(others.iter().map(|(_, _, i)| i.as_slice()));
+    let mut results = load_images(conn, &images).into_iter();
+    let loaded = results.next().unwrap_or(Err(INVALID_IMAGE))?;
+    if !others.is_empty() {
+        let made = others.len();
+        for ((m, mut other, _), result) in others.into_iter().zip(results) {
+            // One that failed is loaded again when the program uses it (and fails then).
+            if let Ok(l) = result {
+                *other = Some(l);
+                last_run::note(conn, m);
+            }
+        }
+        tracing::debug!("{made} module(s) the last run loaded went with the first load");
+    }
     *slot = Some(loaded.clone());
+    last_run::note(conn, module);
     Ok(loaded)
+}
+
+/// Registered modules the last run of the same command loaded, so that the first load of
+/// a process brings them all in one round trip instead of one round trip each as the
+/// program first uses them (at 70 ms, torch's first elementwise operations load about 30).
+///
+/// The record is `$XDG_CACHE_HOME/chidori/programs/<key>`, the key a hash of the server's
+/// address and the process's command line; each line names a fat binary by the object file
+/// that holds it and its wrapper's offset in that file (`<offset hex> <path>`), which a
+/// rebuilt library changes only where the module changed too. What is made ahead is only
+/// what the program registered in this run, by the same identity: the server loads the
+/// same image it would load on first use (its hash, not the record, names it), so a stale
+/// record costs at most a module loaded and not used. `CHIDORI_MODULES_AHEAD=0` turns it off.
+mod last_run {
+    use std::collections::HashSet;
+    use std::ffi::CStr;
+    use std::io::Write;
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    use sha2::{Digest, Sha256};
+
+    use crate::conn::Conn;
+    use crate::registry::{self, Module};
+
+    /// Lines kept in one record (past it, new modules are not recorded).
+    const MAX_RECORDED: usize = 2048;
+    /// Modules made ahead with one first load.
+    const MAX_AHEAD: usize = 512;
+
+    struct Record {
+        path: Option<PathBuf>,
+        /// Fat binaries the record names.
+        named: HashSet<(u64, String)>,
+        /// Whether this process's first load has happened (only it makes modules ahead).
+        first_done: bool,
+    }
+
+    static RECORD: Mutex<Option<Record>> = Mutex::new(None);
+
+    fn path_for(server: &str) -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        let cmdline = std::fs::read("/proc/self/cmdline").ok()?;
+        let mut h = Sha256::new();
+        h.update(server.as_bytes());
+        h.update([0u8]);
+        h.update(&cmdline);
+        let key: String = h.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
+        let dir = base.join("chidori/programs");
+        std::fs::create_dir_all(&dir).ok()?;
+        Some(dir.join(key))
+    }
+
+    fn parse(line: &str) -> Option<(u64, String)> {
+        let (offset, path) = line.split_once(' ')?;
+        Some((u64::from_str_radix(offset, 16).ok()?, path.to_owned()))
+    }
+
+    fn with<T>(conn: &Conn, f: impl FnOnce(&mut Record) -> T) -> T {
+        let mut slot = RECORD.lock().unwrap_or_else(|p| p.into_inner());
+        let record = slot.get_or_insert_with(|| {
+            let path = path_for(&conn.server);
+            let text = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+            Record { path, named: text.lines().filter_map(parse).collect(), first_done: false }
+        });
+        f(record)
+    }
+
+    /// The object file holding a fat binary's wrapper and the wrapper's offset in it.
+    pub fn identity(module: &Module) -> Option<(u64, String)> {
+        // SAFETY: a zeroed Dl_info is valid; dladdr only reads the address.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: any address may be asked about; the wrapper is in the program's data.
+        if unsafe { libc::dladdr(module.wrapper.cast(), &mut info) } == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        // SAFETY: dladdr returned a NUL-terminated file name.
+        let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+        let offset = (module.wrapper as u64).checked_sub(info.dli_fbase as u64)?;
+        (!path.contains('\n')).then_some((offset, path))
+    }
+
+    /// On the process's first load only: the other registered modules the record names.
+    pub fn take_first(conn: &Conn, first: &Module) -> Vec<&'static Module> {
+        if std::env::var("CHIDORI_MODULES_AHEAD").is_ok_and(|v| v == "0") {
+            return Vec::new();
+        }
+        let named = with(conn, |r| {
+            if std::mem::replace(&mut r.first_done, true) || r.named.is_empty() { None } else { Some(r.named.clone()) }
+        });
+        let Some(named) = named else { return Vec::new() };
+        // `complete` is read under the registry's lock; dladdr (the loader's lock) outside
+        // it, since a library's constructors register fat binaries under the loader's lock.
+        let registered: Vec<&'static Module> = registry::lock()
+            .as_ref()
+            .map(|r| r.modules.iter().copied().filter(|m| m.complete && !std::ptr::eq(*m, first)).collect())
+            .unwrap_or_default();
+        registered.into_iter().filter(|m| identity(m).is_some_and(|id| named.contains(&id))).take(MAX_AHEAD).collect()
+    }
+
+    /// Record that this run loaded `module` (once per module; the file is appended to).
+    pub fn note(conn: &Conn, module: &Module) {
+        let Some(id) = identity(module) else { return };
+        with(conn, |r| {
+            if r.named.len() >= MAX_RECORDED || r.named.contains(&id) {
+                return;
+            }
+            let Some(path) = r.path.clone() else { return };
+            let line = format!("{:x} {}", id.0, id.1);
+            r.named.insert(id);
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+            if let Err(e) = file.and_then(|mut f| writeln!(f, "{line}")) {
+                crate::log::once_owned(&format!("{}", path.display()), || {
+                    tracing::warn!("cannot record this program's modules in {}: {e}", path.display())
+                });
+            }
+        });
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn record_lines_parse_and_reject_garbage() {
+            assert_eq!(super::parse("1f40 /usr/lib/libx.so"), Some((0x1f40, "/usr/lib/libx.so".into())));
+            assert_eq!(super::parse("zz /a"), None);
+            assert_eq!(super::parse("12"), None);
+            assert_eq!(super::parse("10 /a b.so"), Some((0x10, "/a b.so".into())));
+        }
+    }
 }
 
 /// The server function of a registered kernel.

@@ -312,6 +312,25 @@ enum HandleSet {
     Context,
 }
 
+/// The kernel names of the `.text.<name>` section names in an image, each once, in order.
+fn kernel_section_names(image: &[u8]) -> Vec<String> {
+    const PREFIX: &[u8] = b".text.";
+    let mut names: Vec<String> = Vec::new();
+    let mut at = 0;
+    while let Some(found) = image.get(at..).and_then(|rest| rest.windows(PREFIX.len()).position(|w| w == PREFIX)) {
+        let start = at + found + PREFIX.len();
+        let len = image[start..].iter().take_while(|b| b.is_ascii_alphanumeric() || **b == b'_' || **b == b'$').count();
+        if len > 0 && image.get(start + len) == Some(&0) {
+            let name = String::from_utf8_lossy(&image[start..start + len]).into_owned();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        at = start;
+    }
+    names
+}
+
 /// # Safety
 /// `ptr` must be a worker buffer of at least 8 bytes.
 unsafe fn put_u64(ptr: u64, v: u64) {
@@ -778,8 +797,18 @@ impl Backend for Emulated {
         self.node(request, host)
     }
 
-    fn load_module(&self, _image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)> {
-        Err((NOT_SUPPORTED, "the emulated backend runs no kernels".into()))
+    /// A module whose kernels are the `.text.<name>` sections its uncompressed cubins name
+    /// (the client's module loading, made ahead or not, can be tested; nothing runs).
+    fn load_module(&self, image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)> {
+        let names = kernel_section_names(image);
+        if names.is_empty() {
+            return Err((NOT_SUPPORTED, "the emulated backend loads only uncompressed cubins with kernels".into()));
+        }
+        let mut s = self.state();
+        let (library, module) = (s.handle(), s.handle());
+        let kernels =
+            names.into_iter().map(|name| KernelInfo { name, handle: s.handle(), params: Vec::new() }).collect();
+        Ok((library, module, kernels))
     }
 
     fn global(&self, _library: u64, _name: &str) -> Result<(u64, u64), (i64, String)> {
@@ -866,5 +895,17 @@ impl LoopDevice for EmulatedLoop<'_> {
 
     fn drain(&mut self) -> Result<(), i64> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernels_are_named_by_the_cubins_text_sections() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/fatbin/k_multi.fatbin");
+        let image = std::fs::read(path).unwrap();
+        assert_eq!(super::kernel_section_names(&image), ["_Z5otherPf", "_Z4kerniPf3S24cd"]);
+        assert!(super::kernel_section_names(b"no sections .text. here .text.x").is_empty());
+        assert_eq!(super::kernel_section_names(b".text.k\0.text.k\0"), ["k"]);
     }
 }
