@@ -109,6 +109,7 @@ pub fn check(server: &str, auth: &ClientAuth) -> Result<(Welcome, Option<String>
         token: auth.token.clone().unwrap_or_default(),
         resume: false,
         content: None,
+        visible_devices: None,
     };
     link.send(&frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[])?)?;
     let frame = match link.read() {

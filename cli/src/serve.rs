@@ -192,16 +192,58 @@ fn is_loopback(bind: &str, port: u16) -> bool {
     }
 }
 
-fn backend(args: &SessionArgs) -> Result<Arc<dyn Backend>, String> {
+/// The GPUs of this machine as the NVIDIA driver lists them (None: no driver's list).
+fn physical_gpus() -> Option<u32> {
+    let n = std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.count();
+    (n > 0).then_some(n as u32)
+}
+
+/// The session's backend, showing the GPUs the program's `CUDA_VISIBLE_DEVICES` (`visible`)
+/// selects among the server's.
+fn backend(args: &SessionArgs, visible: Option<&str>) -> Result<(Arc<dyn Backend>, Option<u32>), String> {
+    let none_selected = |list: &str, of: String| {
+        format!(
+            "the program's CUDA_VISIBLE_DEVICES={list:?} selects none of the server's GPUs ({of}): give indices \
+             into the server's list (0, 1, ...) or their UUIDs, or unset it"
+        )
+    };
     match args.backend {
-        BackendKind::Real => chidori_worker::real::Real::new(&args.cuda_lib_dirs)
-            .map(|b| Arc::new(b) as Arc<dyn Backend>)
-            .map_err(|e| format!("{e:#}")),
+        BackendKind::Real => {
+            let mut exposed = None;
+            if let Some(list) = visible {
+                let server = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+                exposed = match &server {
+                    Some(s) => Some(chidori_worker::visible::parse(s).len() as u32),
+                    None => physical_gpus(),
+                };
+                let composed = chidori_worker::visible::compose(list, server.as_deref());
+                if composed.is_empty() {
+                    return Err(none_selected(
+                        list,
+                        format!("CUDA_VISIBLE_DEVICES={}", server.as_deref().unwrap_or("all")),
+                    ));
+                }
+                tracing::info!("the program selects GPUs {list:?}: this session's CUDA_VISIBLE_DEVICES={composed}");
+                // SAFETY: the driver is not started yet (it reads the variable when it is), and
+                // nothing else of this process reads or writes its environment now: the
+                // session's threads start after its backend.
+                unsafe { std::env::set_var("CUDA_VISIBLE_DEVICES", &composed) };
+            }
+            chidori_worker::real::Real::new(&args.cuda_lib_dirs)
+                .map(|b| (Arc::new(b) as Arc<dyn Backend>, exposed))
+                .map_err(|e| format!("{e:#}"))
+        }
         BackendKind::Emulated => {
             let profile = args.profile.clone().ok_or("the emulated backend needs --profile")?;
-            chidori_worker::profile::load(&profile)
-                .map(|p| Arc::new(chidori_worker::emulated::Emulated::new(p)) as Arc<dyn Backend>)
-                .map_err(|e| format!("{e:#}"))
+            let mut p = chidori_worker::profile::load(&profile).map_err(|e| format!("{e:#}"))?;
+            let exposed = p.devices.len() as u32;
+            if let Some(list) = visible {
+                p = p.select(list);
+                if p.devices.is_empty() {
+                    return Err(none_selected(list, format!("{exposed} emulated")));
+                }
+            }
+            Ok((Arc::new(chidori_worker::emulated::Emulated::new(p)) as Arc<dyn Backend>, Some(exposed)))
         }
     }
 }
@@ -211,8 +253,8 @@ pub fn session(args: SessionArgs) -> Result<()> {
     // Before CUDA starts: the driver then keeps its own address reservations out of it.
     chidori_worker::mirror::reserve_arena();
     if args.probe {
-        match backend(&args) {
-            Ok(b) => {
+        match backend(&args, None) {
+            Ok((b, _)) => {
                 let names: Vec<String> =
                     b.devices().iter().map(|d| format!("{} ({} MiB)", d.name, d.total_mem >> 20)).collect();
                 println!("backend {}: {} GPU(s): {}", b.name(), names.len(), names.join(", "));
@@ -262,7 +304,7 @@ pub fn session(args: SessionArgs) -> Result<()> {
         }
     });
     // The backend (a CUDA context, with the real one) is made only for an authenticated client.
-    let make_backend = Box::new(move || backend(&args));
+    let make_backend = Box::new(move |visible: Option<&str>| backend(&args, visible));
     let result =
         chidori_worker::session::run_on_fd(supervisor::SESSION_FD, security, make_backend, options, authenticated);
     // Executors may be blocked inside CUDA: end the process, which frees the session's GPU state.

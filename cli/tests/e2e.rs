@@ -233,6 +233,7 @@ fn hello() -> Vec<u8> {
         token: String::new(),
         resume: false,
         content: None,
+        visible_devices: None,
     };
     frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &chidori_protocol::messages::encode(&hello), &[]).unwrap()
 }
@@ -1952,4 +1953,72 @@ fn modules_the_last_run_loaded_go_with_the_first_load() {
     let (off, (off_trips, _), stderr) = run(false);
     assert_eq!(off_trips, 4, "turned off, each module is loaded on first use: {stderr}");
     assert_eq!(off, first);
+}
+
+/// A profile of two GPUs: the H200's, and a copy with another UUID, name and PCI bus.
+fn two_gpu_profile(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(profile()).unwrap();
+    let mut p: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut second = p["devices"][0].clone();
+    second["ordinal"] = 1.into();
+    second["uuid"] = "00112233445566778899aabbccddeeff".into();
+    second["name"] = "NVIDIA H200 (second)".into();
+    second["cudaDeviceProp_13_0"]["name"] = "NVIDIA H200 (second)".into();
+    second["cudaDeviceProp_13_0"]["pciBusID"] = 7.into();
+    p["devices"].as_array_mut().unwrap().push(second);
+    let path = dir.join("two-h200.json");
+    std::fs::write(&path, serde_json::to_string(&p).unwrap()).unwrap();
+    path
+}
+
+const DEVICES: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+extern int nvmlInit_v2(void);
+extern int nvmlDeviceGetCount_v2(unsigned int *);
+int main(void) {
+  unsigned int nvml = 0;
+  if (nvmlInit_v2() == 0 && nvmlDeviceGetCount_v2(&nvml) == 0) printf("nvml %u; ", nvml);
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e) { printf("error %d\n", (int)e); return 0; }
+  printf("%d:", n);
+  for (int i = 0; i < n; ++i) {
+    struct cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, i)) return 1;
+    printf(" %d", p.pciBusID);
+  }
+  printf("\n");
+  return 0;
+}
+"#;
+
+/// Issue 21: the program's CUDA_VISIBLE_DEVICES selects among the server's GPUs, in its
+/// order (indices or UUIDs), as CUDA would on the GPU's machine; a list that selects none is
+/// a clear refusal.
+#[test]
+fn the_programs_visible_devices_select_among_the_servers() {
+    let dir = chidori_tests::scratch("visible-devices");
+    let profile = two_gpu_profile(&dir);
+    let server = EmulatedServer::start(&chidori(), &profile).expect("starting an emulated server");
+    let exe = program_with("devices", DEVICES, &["-l:libnvidia-ml.so.1"]);
+    let run = |visible: Option<&str>| {
+        let mut cmd = run_cmd(&server.address, &exe);
+        match visible {
+            Some(v) => cmd.env("CUDA_VISIBLE_DEVICES", v),
+            None => cmd.env_remove("CUDA_VISIBLE_DEVICES"),
+        };
+        let out = cmd.output().unwrap();
+        (String::from_utf8_lossy(&out.stdout).trim().to_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // NVML counts every GPU the server exposes, as it ignores the variable natively too
+    // (torch counts devices by NVML, then applies CUDA_VISIBLE_DEVICES itself).
+    assert_eq!(run(None).0, "nvml 2; 2: 0 7");
+    assert_eq!(run(Some("1")).0, "nvml 2; 1: 7");
+    assert_eq!(run(Some("1,0")).0, "nvml 2; 2: 7 0");
+    assert_eq!(run(Some("GPU-00112233")).0, "nvml 2; 1: 7");
+    assert_eq!(run(Some("0,5,1")).0, "nvml 2; 1: 0", "the list ends at an index the server lacks");
+    let (out, err) = run(Some("3"));
+    assert!(out.starts_with("error 100"), "no device: {out}");
+    assert!(err.contains("CUDA_VISIBLE_DEVICES=\"3\" selects none of the server's GPUs"), "{err}");
 }

@@ -281,6 +281,7 @@ fn hello() -> Vec<u8> {
         token: String::new(),
         resume: false,
         content: None,
+        visible_devices: None,
     };
     frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).unwrap()
 }

@@ -345,6 +345,7 @@ fn connect() -> Result<Conn, String> {
         token: token.clone().unwrap_or_default(),
         resume: resume_wanted,
         content: content_wanted.then(|| named.clone()),
+        visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
     };
     let bytes =
         frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).map_err(|e| e.to_string())?;

@@ -107,12 +107,15 @@ pub struct DeviceView {
 pub struct Profile {
     pub devices: Vec<DeviceView>,
     pub driver_version: i32,
+    /// GPUs NVML counts (the server's, before the program's `CUDA_VISIBLE_DEVICES`).
+    pub nvml_devices: u32,
 }
 
 impl Profile {
     pub fn from_welcome(w: &Welcome) -> Profile {
         Profile {
             driver_version: w.driver_version,
+            nvml_devices: w.nvml_devices,
             devices: w
                 .devices
                 .iter()

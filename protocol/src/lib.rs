@@ -21,6 +21,6 @@ pub mod resume;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (9: an untyped scalar travels as
-/// the size of its type parameter, not 16 bytes; inputs may travel by content).
-pub const PROTOCOL_VERSION: u16 = 9;
+/// Bumped on any incompatible change to frames or messages (10: the Hello names the GPUs the
+/// program selects with `CUDA_VISIBLE_DEVICES`).
+pub const PROTOCOL_VERSION: u16 = 10;

@@ -27,6 +27,9 @@ pub struct Hello {
     /// [`MAX_CONTENT_NAMED`]), when it sends large inputs by content ([`CONTENT_FLAG`]);
     /// None: it sends every byte.
     pub content: Option<Vec<[u8; 32]>>,
+    /// The program's `CUDA_VISIBLE_DEVICES` (None: unset): which of the server's GPUs the
+    /// session sees, in that order (indices into the server's list, or UUIDs).
+    pub visible_devices: Option<String>,
 }
 
 /// Server → client: the session is open.
@@ -41,6 +44,10 @@ pub struct Welcome {
     /// CUDA version ("13.0") of each library the server loaded, by Chidori library name.
     pub libraries: Vec<(String, String)>,
     pub devices: Vec<Device>,
+    /// GPUs NVML counts: those the server exposes, before the program's
+    /// `CUDA_VISIBLE_DEVICES` selected `devices` among them (NVML ignores that variable on
+    /// a GPU's own machine too; torch counts devices by NVML and then applies it).
+    pub nvml_devices: u32,
     /// The secret a reconnecting client presents with the session id (empty: the session
     /// ends with its connection).
     pub resume_secret: Vec<u8>,
@@ -532,6 +539,7 @@ mod tests {
                 ],
                 props_version: "13.0".into(),
             }],
+            nvml_devices: 1,
             resume_secret: vec![9; 32],
             content_kept: vec![true, false],
             content_budget: 1 << 30,

@@ -32,3 +32,4 @@ pub mod records;
 pub mod resume;
 pub mod session;
 pub mod supervisor;
+pub mod visible;

@@ -89,6 +89,20 @@ pub fn load(path: &Path) -> Result<Profile> {
     Ok(Profile { driver_version: recorded.driver_version, runtime_version: recorded.runtime_version, devices })
 }
 
+impl Profile {
+    /// The devices a program's `CUDA_VISIBLE_DEVICES` selects, in its order, numbered from 0.
+    pub fn select(mut self, list: &str) -> Profile {
+        let uuids: Vec<String> = self.devices.iter().map(|d| crate::visible::uuid_text(&d.uuid)).collect();
+        let picked = crate::visible::select(list, &uuids);
+        let mut all: Vec<Option<Device>> = self.devices.drain(..).map(Some).collect();
+        self.devices = picked.into_iter().filter_map(|i| all.get_mut(i).and_then(Option::take)).collect();
+        for (n, d) in self.devices.iter_mut().enumerate() {
+            d.ordinal = n as u32;
+        }
+        self
+    }
+}
+
 fn hex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;

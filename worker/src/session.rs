@@ -110,8 +110,10 @@ struct Fatal(String);
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Makes the session's backend: called once the client is authenticated, so that an
-/// unauthenticated peer never gets a CUDA context made for it.
-pub type MakeBackend = Box<dyn FnOnce() -> Result<Arc<dyn Backend>, String>>;
+/// unauthenticated peer never gets a CUDA context made for it. Its argument is the
+/// program's `CUDA_VISIBLE_DEVICES` ([`crate::visible`]); with the backend it returns the
+/// number of GPUs the server exposes before that selection, where it made one.
+pub type MakeBackend = Box<dyn FnOnce(Option<&str>) -> Result<(Arc<dyn Backend>, Option<u32>), String>>;
 
 /// Run a session on an accepted connection until the client leaves: the TLS handshake
 /// (with `security`), the Hello and its token, then (authenticated: `authenticated` is
@@ -181,7 +183,7 @@ pub fn run(
     }
     authenticated();
     stream.set_write_timeout(None)?;
-    let backend = match make_backend() {
+    let (backend, exposed) = match make_backend(hello.visible_devices.as_deref()) {
         Ok(b) => b,
         Err(e) => return refuse(RefuseReason::NoGpu, e),
     };
@@ -210,6 +212,7 @@ pub fn run(
         driver_version: backend.driver_version(),
         libraries: backend.libraries(),
         devices: backend.devices(),
+        nvml_devices: exposed.unwrap_or(backend.devices().len() as u32),
         resume_secret: resume.as_ref().map(|(_, secret)| secret.clone()).unwrap_or_default(),
         content_kept: content.as_ref().map(|(kept, _)| kept.clone()).unwrap_or_default(),
         content_budget: content.as_ref().map(|(_, c)| *lock(&c.budget)).unwrap_or(0),

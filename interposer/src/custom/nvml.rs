@@ -24,7 +24,8 @@ fn count(name: &'static str, out: *mut c_void) -> u32 {
             return INVALID_ARGUMENT;
         }
         let Ok(conn) = crate::conn::get() else { return DRIVER_NOT_LOADED };
-        let n = conn.profile.devices.len() as u32;
+        // NVML ignores CUDA_VISIBLE_DEVICES: it counts the GPUs the server exposes.
+        let n = conn.profile.nvml_devices;
         // SAFETY: the caller's unsigned int, checked non-null.
         unsafe { std::ptr::write_unaligned(out as *mut u32, n) };
         SUCCESS
