@@ -2022,3 +2022,52 @@ fn the_programs_visible_devices_select_among_the_servers() {
     assert!(out.starts_with("error 100"), "no device: {out}");
     assert!(err.contains("CUDA_VISIBLE_DEVICES=\"3\" selects none of the server's GPUs"), "{err}");
 }
+
+const PEERS: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+#define C(x) do { cudaError_t e = (x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, (int)e); return 1; } } while (0)
+#define N (1 << 20)
+int main(void) {
+  int can = -1, self = -1;
+  C(cudaDeviceCanAccessPeer(&can, 0, 1));
+  C(cudaDeviceCanAccessPeer(&self, 1, 1));
+  if (can != 1 || self != 0) { printf("FAIL peers %d %d\n", can, self); return 1; }
+  if (cudaDeviceCanAccessPeer(&can, 0, 2) != cudaErrorInvalidDevice) { printf("FAIL device 2\n"); return 1; }
+  char *host = malloc(N), *back = malloc(N);
+  for (int i = 0; i < N; ++i) host[i] = (char)(i * 7);
+  void *a, *b;
+  C(cudaSetDevice(0));
+  C(cudaMalloc(&a, N));
+  C(cudaMemcpy(a, host, N, cudaMemcpyHostToDevice));
+  C(cudaSetDevice(1));
+  C(cudaMalloc(&b, N));
+  C(cudaDeviceEnablePeerAccess(0, 0));
+  if (cudaDeviceEnablePeerAccess(0, 0) != cudaErrorPeerAccessAlreadyEnabled) { printf("FAIL enable twice\n"); return 1; }
+  cudaGetLastError();
+  /* GPU to GPU: the bytes stay on the server. */
+  C(cudaMemcpyPeer(b, 1, a, 0, N));
+  C(cudaMemcpy(back, b, N, cudaMemcpyDeviceToHost));
+  if (memcmp(back, host, N)) { printf("FAIL peer copy\n"); return 1; }
+  C(cudaDeviceDisablePeerAccess(0));
+  if (cudaDeviceDisablePeerAccess(0) != cudaErrorPeerAccessNotEnabled) { printf("FAIL disable twice\n"); return 1; }
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+/// Issue 21 item 2 on the emulated backend: one process on two GPUs, peer access asked and
+/// enabled with CUDA's statuses, and a GPU-to-GPU copy whose bytes never reach the client.
+#[test]
+fn a_copy_between_two_gpus_stays_on_the_server() {
+    let dir = chidori_tests::scratch("peers-profile");
+    let profile = two_gpu_profile(&dir);
+    let server = EmulatedServer::start(&chidori(), &profile).expect("starting an emulated server");
+    let exe = program("peers", PEERS);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "OK", "{stderr}");
+    let sent = bytes_sent(&stderr, "cudaMemcpyPeer");
+    assert!(sent < 1024, "the peer copy sent {sent} bytes: {stderr}");
+}

@@ -14,6 +14,17 @@ use super::{
 };
 use crate::backend::{HostFn, NodeList, NodeMade};
 
+const INVALID_DEVICE: u64 = chidori_cuda::consts::cudaError::cudaErrorInvalidDevice as u64;
+const PEER_ACCESS_ALREADY_ENABLED: u64 = chidori_cuda::consts::cudaError::cudaErrorPeerAccessAlreadyEnabled as u64;
+const PEER_ACCESS_NOT_ENABLED: u64 = chidori_cuda::consts::cudaError::cudaErrorPeerAccessNotEnabled as u64;
+
+impl Emulated {
+    /// Whether `ordinal` is one of the session's GPUs.
+    fn is_device(&self, ordinal: i32) -> bool {
+        usize::try_from(ordinal).is_ok_and(|d| d < self.profile.devices.len())
+    }
+}
+
 /// An array: its bytes are the allocation at its handle, rows of `width` elements.
 #[derive(Clone, Copy, Debug)]
 pub struct ArrayInfo {
@@ -391,9 +402,33 @@ impl Emulated {
                         let stream = if name == "cudaMemcpyPeerAsync" { stream_at(5) } else { None };
                         self.run_or_record(stream, kind::MEMCPY, Op::Copy { dst: a[0], src: a[2], len: a[4] })
                     }
+                    // Every emulated GPU can reach every other's memory (as NVLink-connected
+                    // GPUs of one box can); a GPU is not its own peer.
                     ("cudart", "cudaDeviceCanAccessPeer") => {
-                        put_u32(a[0], 0);
-                        SUCCESS
+                        let (dev, peer) = (a[1] as i32, a[2] as i32);
+                        if !self.is_device(dev) || !self.is_device(peer) {
+                            INVALID_DEVICE
+                        } else {
+                            put_u32(a[0], u32::from(dev != peer));
+                            SUCCESS
+                        }
+                    }
+                    ("cudart", "cudaDeviceEnablePeerAccess") => {
+                        let peer = a[0] as i32;
+                        if !self.is_device(peer) {
+                            INVALID_DEVICE
+                        } else if self.state().peers.insert(peer) {
+                            SUCCESS
+                        } else {
+                            PEER_ACCESS_ALREADY_ENABLED
+                        }
+                    }
+                    ("cudart", "cudaDeviceDisablePeerAccess") => {
+                        if self.state().peers.remove(&(a[0] as i32)) {
+                            SUCCESS
+                        } else {
+                            PEER_ACCESS_NOT_ENABLED
+                        }
                     }
                     // ---- Arrays ----
                     ("cudart", "cudaMallocArray" | "cudaMalloc3DArray") => {
