@@ -636,6 +636,12 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 *a = value;
             }
         }
+        if let Some((pitch, width)) = memory::packed_host_pitch(desc.name, form)
+            && let Some(&w) = args.get(width)
+            && let Some(p) = args.get_mut(pitch)
+        {
+            *p = w;
+        }
     }
     let fail =
         |status: i64, message: String| -> Result<(), Fatal> { reply_error(session, &header, desc, status, message) };

@@ -164,6 +164,24 @@ fn malloc(harness: &Harness, bytes: u64) -> (i64, u64) {
     (r.ret as i64, address)
 }
 
+/// A 2D copy's host rows travel packed: a host pitch larger than the width (which would
+/// have the library write past the worker's `width × height` buffer) is taken as the width.
+#[test]
+fn a_packed_host_side_keeps_its_pitch() {
+    let harness = fuzz::emulated_harness();
+    let (_, base) = malloc(&harness, 1 << 16);
+    let d2h = newest("cudaMemcpy2D", Some(Form::D2h));
+    let h2d = newest("cudaMemcpy2D", Some(Form::H2d));
+    // 2 rows of 4 bytes, the host pitch claimed as 1 MiB; the device pitch 64.
+    let rows: Vec<u8> = (1..=8).collect();
+    let up = vec![base, 64, 0, 1 << 20, 4, 2, 1];
+    harness.run(&frame_of(h2d, up, vec![0, 0, 8, 0, 0, 0, 0], &rows)).unwrap();
+    let down = vec![0, 1 << 20, base, 64, 4, 2, 2];
+    assert_eq!(ret_of(&harness, d2h, down, vec![8, 0, 0, 0, 0, 0, 0], &[]), d2h.codes.success);
+    let reply = harness.last_reply().unwrap();
+    assert!(reply.bulk.ends_with(&rows), "{:?}", reply.bulk);
+}
+
 #[test]
 fn device_addresses_must_be_the_sessions_own() {
     let harness = fuzz::emulated_harness();
