@@ -2071,3 +2071,71 @@ fn a_copy_between_two_gpus_stays_on_the_server() {
     let sent = bytes_sent(&stderr, "cudaMemcpyPeer");
     assert!(sent < 1024, "the peer copy sent {sent} bytes: {stderr}");
 }
+
+const NCCL: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef struct ncclComm *ncclComm_t;
+extern int ncclGetVersion(int *);
+extern int ncclGetUniqueId(ncclUniqueId *);
+extern int ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int);
+extern int ncclCommCount(ncclComm_t, int *);
+extern int ncclCommGetAsyncError(ncclComm_t, int *);
+extern int ncclAllReduce(const void *, void *, size_t, int, int, ncclComm_t, cudaStream_t);
+extern int ncclGroupStart(void);
+extern int ncclGroupEnd(void);
+extern int ncclCommDestroy(ncclComm_t);
+#define C(x) do { int e = (int)(x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
+#define N (1 << 18)
+int main(void) {
+  int version = 0, count = 0, async = -1;
+  C(ncclGetVersion(&version));
+  ncclUniqueId id;
+  C(ncclGetUniqueId(&id));
+  ncclComm_t comm, two;
+  if (ncclCommInitRank(&two, 2, id, 0) != 5) { printf("FAIL two ranks\n"); return 1; }
+  C(ncclCommInitRank(&comm, 1, id, 0));
+  C(ncclCommCount(comm, &count));
+  if (count != 1) { printf("FAIL count %d\n", count); return 1; }
+  float *host = malloc(N * 4), *back = malloc(N * 4);
+  for (int i = 0; i < N; ++i) host[i] = (float)i;
+  void *a, *b;
+  cudaStream_t s;
+  C(cudaStreamCreate(&s));
+  C(cudaMalloc(&a, N * 4));
+  C(cudaMalloc(&b, N * 4));
+  C(cudaMemcpy(a, host, N * 4, cudaMemcpyHostToDevice));
+  C(ncclGroupStart());
+  C(ncclAllReduce(a, b, N, 7 /* ncclFloat32 */, 0 /* ncclSum */, comm, s));
+  C(ncclGroupEnd());
+  C(cudaStreamSynchronize(s));
+  C(cudaMemcpy(back, b, N * 4, cudaMemcpyDeviceToHost));
+  if (memcmp(back, host, N * 4)) { printf("FAIL all-reduce of one rank\n"); return 1; }
+  C(ncclCommGetAsyncError(comm, &async));
+  if (async != 0) { printf("FAIL async error %d\n", async); return 1; }
+  /* A collective on a communicator of no one's: sent without waiting, its refusal is the
+     status of the next NCCL call that waits. */
+  C(ncclAllReduce(a, b, N, 7, 0, (ncclComm_t)0x1234, s));
+  if (ncclCommGetAsyncError(comm, &async) != 4) { printf("FAIL deferred refusal\n"); return 1; }
+  C(ncclCommDestroy(comm));
+  printf("OK %d\n", version);
+  return 0;
+}
+"#;
+
+/// Issue 21 item 3 on the emulated backend (communicators of one rank): NCCL's calls reach
+/// the server, a collective is sent without waiting and its bytes stay there, a
+/// communicator of no one's is refused.
+#[test]
+fn nccl_collectives_run_in_the_worker() {
+    let server = server();
+    let exe = program_with("nccl", NCCL, &["-l:libnccl.so.2"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "OK 22700", "{stderr}");
+    let row = trace_row(&stderr, "ncclAllReduce");
+    assert_eq!(row, ["2", "0"], "two all-reduces, no round trip: {stderr}");
+    assert!(bytes_sent(&stderr, "ncclAllReduce") < 1024, "{stderr}");
+}

@@ -4,6 +4,130 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`ncclAllGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclAllGather(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclAllGather,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (sendcount) as u64,
+                (datatype) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclAllReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclAllReduce(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    op: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclAllReduce,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (op) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclAlltoAll` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclAlltoAll(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclAlltoAll,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclBcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclBcast,
+            &[
+                (buff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclBroadcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclBroadcast(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclBroadcast,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`ncclCommAbort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommAbort(comm: *mut c_void) -> u32 {
@@ -11,6 +135,32 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommAbort(comm: *mut c_void) -> u32 
         crate::runtime::call(
             &chidori_cuda::calls::nccl::ncclCommAbort,
             &[(comm) as usize as u64],
+        ) as u32
+    }
+}
+///`ncclCommCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommCount(
+    comm: *mut c_void,
+    count: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommCount,
+            &[(comm) as usize as u64, (count) as usize as u64],
+        ) as u32
+    }
+}
+///`ncclCommCuDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommCuDevice(
+    comm: *mut c_void,
+    device: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommCuDevice,
+            &[(comm) as usize as u64, (device) as usize as u64],
         ) as u32
     }
 }
@@ -34,6 +184,19 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommFinalize(comm: *mut c_void) -> u
         ) as u32
     }
 }
+///`ncclCommGetAsyncError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommGetAsyncError(
+    comm: *mut c_void,
+    asyncError: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommGetAsyncError,
+            &[(comm) as usize as u64, (asyncError) as usize as u64],
+        ) as u32
+    }
+}
 ///`ncclCommInitRank` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRank(
@@ -54,6 +217,72 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRank(
         ) as u32
     }
 }
+///`ncclCommInitRankConfig` for CUDA 11.8, 12.1, 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu118(
+    comm: *mut c_void,
+    nranks: i32,
+    commId: chidori_cuda::types::ncclUniqueId,
+    rank: i32,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu118,
+            &[
+                (comm) as usize as u64,
+                (nranks) as i64 as u64,
+                &(commId) as *const _ as usize as u64,
+                (rank) as i64 as u64,
+                (config) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclCommInitRankConfig` for CUDA 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu128(
+    comm: *mut c_void,
+    nranks: i32,
+    commId: chidori_cuda::types::ncclUniqueId,
+    rank: i32,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu128,
+            &[
+                (comm) as usize as u64,
+                (nranks) as i64 as u64,
+                &(commId) as *const _ as usize as u64,
+                (rank) as i64 as u64,
+                (config) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclCommInitRankConfig` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu131(
+    comm: *mut c_void,
+    nranks: i32,
+    commId: chidori_cuda::types::ncclUniqueId,
+    rank: i32,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu131,
+            &[
+                (comm) as usize as u64,
+                (nranks) as i64 as u64,
+                &(commId) as *const _ as usize as u64,
+                (rank) as i64 as u64,
+                (config) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`ncclCommRevoke` for CUDA 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommRevoke(
@@ -64,6 +293,85 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommRevoke(
         crate::runtime::call(
             &chidori_cuda::calls::nccl::ncclCommRevoke,
             &[(comm) as usize as u64, (revokeFlags) as i64 as u64],
+        ) as u32
+    }
+}
+///`ncclCommSplit` for CUDA 11.8, 12.1, 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu118(
+    comm: *mut c_void,
+    color: i32,
+    key: i32,
+    newcomm: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommSplit__cu118,
+            &[
+                (comm) as usize as u64,
+                (color) as i64 as u64,
+                (key) as i64 as u64,
+                (newcomm) as usize as u64,
+                (config) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclCommSplit` for CUDA 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu128(
+    comm: *mut c_void,
+    color: i32,
+    key: i32,
+    newcomm: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommSplit__cu128,
+            &[
+                (comm) as usize as u64,
+                (color) as i64 as u64,
+                (key) as i64 as u64,
+                (newcomm) as usize as u64,
+                (config) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclCommSplit` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu131(
+    comm: *mut c_void,
+    color: i32,
+    key: i32,
+    newcomm: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommSplit__cu131,
+            &[
+                (comm) as usize as u64,
+                (color) as i64 as u64,
+                (key) as i64 as u64,
+                (newcomm) as usize as u64,
+                (config) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclCommUserRank` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommUserRank(
+    comm: *mut c_void,
+    rank: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommUserRank,
+            &[(comm) as usize as u64, (rank) as usize as u64],
         ) as u32
     }
 }
@@ -93,10 +401,56 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommWindowDeregister__cu131(
         ) as u32
     }
 }
+///`ncclGather` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclGather(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclGather,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`ncclGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGetErrorString(result: u32) -> *mut c_void {
     unsafe { crate::runtime::error_string("13.1", "nccl", result as i64) as *mut c_void }
+}
+///`ncclGetUniqueId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclGetUniqueId(uniqueId: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclGetUniqueId,
+            &[(uniqueId) as usize as u64],
+        ) as u32
+    }
+}
+///`ncclGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclGetVersion(version: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclGetVersion,
+            &[(version) as usize as u64],
+        ) as u32
+    }
 }
 ///`ncclGroupEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -108,6 +462,30 @@ pub unsafe extern "C" fn __chidori_nccl_ncclGroupEnd() -> u32 {
 pub unsafe extern "C" fn __chidori_nccl_ncclGroupStart() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::nccl::ncclGroupStart, &[]) as u32
+    }
+}
+///`ncclRecv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    peer: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclRecv,
+            &[
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (peer) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`ncclRedOpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -123,6 +501,60 @@ pub unsafe extern "C" fn __chidori_nccl_ncclRedOpDestroy(
         ) as u32
     }
 }
+///`ncclReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclReduce(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    op: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclReduce,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (op) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclReduceScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclReduceScatter(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: u32,
+    op: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclReduceScatter,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (recvcount) as u64,
+                (datatype) as u64,
+                (op) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`ncclResetDebugInit` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclResetDebugInit() {
@@ -130,6 +562,180 @@ pub unsafe extern "C" fn __chidori_nccl_ncclResetDebugInit() {
         {
             crate::runtime::call(&chidori_cuda::calls::nccl::ncclResetDebugInit, &[]);
         }
+    }
+}
+///`ncclScatter` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclScatter(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclScatter,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclSend` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclSend(
+    sendbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    peer: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclSend,
+            &[
+                (sendbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (peer) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclAllGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclAllGather(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclAllGather,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (sendcount) as u64,
+                (datatype) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclAllReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclAllReduce(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    op: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclAllReduce,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (op) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclAlltoAll` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclAlltoAll(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclAlltoAll,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclBcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclBcast,
+            &[
+                (buff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclBroadcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclBroadcast(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclBroadcast,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`pncclCommAbort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -221,6 +827,76 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommWindowDeregister__cu131(
         ) as u32
     }
 }
+///`pncclCommWindowRegister` for CUDA 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclCommWindowRegister__cu128(
+    comm: *mut c_void,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut c_void,
+    winFlags: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclCommWindowRegister__cu128,
+            &[
+                (comm) as usize as u64,
+                (buff) as usize as u64,
+                (size) as u64,
+                (win) as usize as u64,
+                (winFlags) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclCommWindowRegister` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclCommWindowRegister__cu131(
+    comm: *mut c_void,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut c_void,
+    winFlags: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclCommWindowRegister__cu131,
+            &[
+                (comm) as usize as u64,
+                (buff) as usize as u64,
+                (size) as u64,
+                (win) as usize as u64,
+                (winFlags) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclGather` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclGather(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclGather,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`pncclGroupEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclGroupEnd() -> u32 {
@@ -233,6 +909,30 @@ pub unsafe extern "C" fn __chidori_nccl_pncclGroupEnd() -> u32 {
 pub unsafe extern "C" fn __chidori_nccl_pncclGroupStart() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::nccl::pncclGroupStart, &[]) as u32
+    }
+}
+///`pncclRecv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    peer: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclRecv,
+            &[
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (peer) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`pncclRedOpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -248,6 +948,60 @@ pub unsafe extern "C" fn __chidori_nccl_pncclRedOpDestroy(
         ) as u32
     }
 }
+///`pncclReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclReduce(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    op: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclReduce,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (op) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclReduceScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclReduceScatter(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: u32,
+    op: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclReduceScatter,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (recvcount) as u64,
+                (datatype) as u64,
+                (op) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`pncclResetDebugInit` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclResetDebugInit() {
@@ -255,5 +1009,55 @@ pub unsafe extern "C" fn __chidori_nccl_pncclResetDebugInit() {
         {
             crate::runtime::call(&chidori_cuda::calls::nccl::pncclResetDebugInit, &[]);
         }
+    }
+}
+///`pncclScatter` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclScatter(
+    sendbuff: *mut c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclScatter,
+            &[
+                (sendbuff) as usize as u64,
+                (recvbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (root) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclSend` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclSend(
+    sendbuff: *mut c_void,
+    count: usize,
+    datatype: u32,
+    peer: i32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclSend,
+            &[
+                (sendbuff) as usize as u64,
+                (count) as u64,
+                (datatype) as u64,
+                (peer) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
     }
 }

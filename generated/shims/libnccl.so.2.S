@@ -4,42 +4,27 @@
     .globl ncclAllGather
     .type ncclAllGather, @function
 ncclAllGather:
-    leaq .Lname0(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclAllGather@PLT
     .size ncclAllGather, .-ncclAllGather
     .globl ncclAllReduce
     .type ncclAllReduce, @function
 ncclAllReduce:
-    leaq .Lname1(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclAllReduce@PLT
     .size ncclAllReduce, .-ncclAllReduce
     .globl ncclAlltoAll
     .type ncclAlltoAll, @function
 ncclAlltoAll:
-    leaq .Lname2(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclAlltoAll@PLT
     .size ncclAlltoAll, .-ncclAlltoAll
     .globl ncclBcast
     .type ncclBcast, @function
 ncclBcast:
-    leaq .Lname3(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclBcast@PLT
     .size ncclBcast, .-ncclBcast
     .globl ncclBroadcast
     .type ncclBroadcast, @function
 ncclBroadcast:
-    leaq .Lname4(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclBroadcast@PLT
     .size ncclBroadcast, .-ncclBroadcast
     .globl ncclCommAbort
     .type ncclCommAbort, @function
@@ -49,23 +34,17 @@ ncclCommAbort:
     .globl ncclCommCount
     .type ncclCommCount, @function
 ncclCommCount:
-    leaq .Lname5(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclCommCount@PLT
     .size ncclCommCount, .-ncclCommCount
     .globl ncclCommCuDevice
     .type ncclCommCuDevice, @function
 ncclCommCuDevice:
-    leaq .Lname6(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclCommCuDevice@PLT
     .size ncclCommCuDevice, .-ncclCommCuDevice
     .globl ncclCommDeregister
     .type ncclCommDeregister, @function
 ncclCommDeregister:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -83,15 +62,12 @@ ncclCommFinalize:
     .globl ncclCommGetAsyncError
     .type ncclCommGetAsyncError, @function
 ncclCommGetAsyncError:
-    leaq .Lname8(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclCommGetAsyncError@PLT
     .size ncclCommGetAsyncError, .-ncclCommGetAsyncError
     .globl ncclCommInitAll
     .type ncclCommInitAll, @function
 ncclCommInitAll:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -104,15 +80,12 @@ ncclCommInitRank:
     .globl ncclCommInitRankConfig
     .type ncclCommInitRankConfig, @function
 ncclCommInitRankConfig:
-    leaq .Lname10(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclCommInitRankConfig__cu131@PLT
     .size ncclCommInitRankConfig, .-ncclCommInitRankConfig
     .globl ncclCommInitRankScalable
     .type ncclCommInitRankScalable, @function
 ncclCommInitRankScalable:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -120,7 +93,7 @@ ncclCommInitRankScalable:
     .globl ncclCommRegister
     .type ncclCommRegister, @function
 ncclCommRegister:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -133,7 +106,7 @@ ncclCommRevoke:
     .globl ncclCommShrink
     .type ncclCommShrink, @function
 ncclCommShrink:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -141,18 +114,12 @@ ncclCommShrink:
     .globl ncclCommSplit
     .type ncclCommSplit, @function
 ncclCommSplit:
-    leaq .Lname14(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclCommSplit__cu131@PLT
     .size ncclCommSplit, .-ncclCommSplit
     .globl ncclCommUserRank
     .type ncclCommUserRank, @function
 ncclCommUserRank:
-    leaq .Lname15(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclCommUserRank@PLT
     .size ncclCommUserRank, .-ncclCommUserRank
     .globl ncclCommWindowDeregister
     .type ncclCommWindowDeregister, @function
@@ -162,7 +129,7 @@ ncclCommWindowDeregister:
     .globl ncclCommWindowRegister
     .type ncclCommWindowRegister, @function
 ncclCommWindowRegister:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -170,7 +137,7 @@ ncclCommWindowRegister:
     .globl ncclDevCommCreate
     .type ncclDevCommCreate, @function
 ncclDevCommCreate:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -178,7 +145,7 @@ ncclDevCommCreate:
     .globl ncclDevCommDestroy
     .type ncclDevCommDestroy, @function
 ncclDevCommDestroy:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -186,10 +153,7 @@ ncclDevCommDestroy:
     .globl ncclGather
     .type ncclGather, @function
 ncclGather:
-    leaq .Lname19(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclGather@PLT
     .size ncclGather, .-ncclGather
     .globl ncclGetErrorString
     .type ncclGetErrorString, @function
@@ -199,7 +163,7 @@ ncclGetErrorString:
     .globl ncclGetLastError
     .type ncclGetLastError, @function
 ncclGetLastError:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -207,23 +171,17 @@ ncclGetLastError:
     .globl ncclGetUniqueId
     .type ncclGetUniqueId, @function
 ncclGetUniqueId:
-    leaq .Lname21(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclGetUniqueId@PLT
     .size ncclGetUniqueId, .-ncclGetUniqueId
     .globl ncclGetVersion
     .type ncclGetVersion, @function
 ncclGetVersion:
-    leaq .Lname22(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclGetVersion@PLT
     .size ncclGetVersion, .-ncclGetVersion
     .globl ncclGinBarrierCreateRequirement
     .type ncclGinBarrierCreateRequirement, @function
 ncclGinBarrierCreateRequirement:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -236,7 +194,7 @@ ncclGroupEnd:
     .globl ncclGroupSimulateEnd
     .type ncclGroupSimulateEnd, @function
 ncclGroupSimulateEnd:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -249,7 +207,7 @@ ncclGroupStart:
     .globl ncclLLA2ACalcSlots
     .type ncclLLA2ACalcSlots, @function
 ncclLLA2ACalcSlots:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -257,7 +215,7 @@ ncclLLA2ACalcSlots:
     .globl ncclLLA2ACreateRequirement
     .type ncclLLA2ACreateRequirement, @function
 ncclLLA2ACreateRequirement:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -265,7 +223,7 @@ ncclLLA2ACreateRequirement:
     .globl ncclLsaBarrierCreateRequirement
     .type ncclLsaBarrierCreateRequirement, @function
 ncclLsaBarrierCreateRequirement:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -273,7 +231,7 @@ ncclLsaBarrierCreateRequirement:
     .globl ncclMemAlloc
     .type ncclMemAlloc, @function
 ncclMemAlloc:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -281,7 +239,7 @@ ncclMemAlloc:
     .globl ncclMemFree
     .type ncclMemFree, @function
 ncclMemFree:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -289,15 +247,12 @@ ncclMemFree:
     .globl ncclRecv
     .type ncclRecv, @function
 ncclRecv:
-    leaq .Lname30(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclRecv@PLT
     .size ncclRecv, .-ncclRecv
     .globl ncclRedOpCreatePreMulSum
     .type ncclRedOpCreatePreMulSum, @function
 ncclRedOpCreatePreMulSum:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -310,18 +265,12 @@ ncclRedOpDestroy:
     .globl ncclReduce
     .type ncclReduce, @function
 ncclReduce:
-    leaq .Lname32(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclReduce@PLT
     .size ncclReduce, .-ncclReduce
     .globl ncclReduceScatter
     .type ncclReduceScatter, @function
 ncclReduceScatter:
-    leaq .Lname33(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclReduceScatter@PLT
     .size ncclReduceScatter, .-ncclReduceScatter
     .globl ncclResetDebugInit
     .type ncclResetDebugInit, @function
@@ -331,7 +280,7 @@ ncclResetDebugInit:
     .globl ncclResetDebugInitInternal
     .type ncclResetDebugInitInternal, @function
 ncclResetDebugInitInternal:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -339,23 +288,17 @@ ncclResetDebugInitInternal:
     .globl ncclScatter
     .type ncclScatter, @function
 ncclScatter:
-    leaq .Lname35(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclScatter@PLT
     .size ncclScatter, .-ncclScatter
     .globl ncclSend
     .type ncclSend, @function
 ncclSend:
-    leaq .Lname36(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclSend@PLT
     .size ncclSend, .-ncclSend
     .globl ncclTeamLsa
     .type ncclTeamLsa, @function
 ncclTeamLsa:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -363,7 +306,7 @@ ncclTeamLsa:
     .globl ncclTeamRail
     .type ncclTeamRail, @function
 ncclTeamRail:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -371,7 +314,7 @@ ncclTeamRail:
     .globl ncclTeamRankToLsa
     .type ncclTeamRankToLsa, @function
 ncclTeamRankToLsa:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -379,7 +322,7 @@ ncclTeamRankToLsa:
     .globl ncclTeamRankToWorld
     .type ncclTeamRankToWorld, @function
 ncclTeamRankToWorld:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -387,7 +330,7 @@ ncclTeamRankToWorld:
     .globl ncclTeamWorld
     .type ncclTeamWorld, @function
 ncclTeamWorld:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -395,42 +338,27 @@ ncclTeamWorld:
     .globl pncclAllGather
     .type pncclAllGather, @function
 pncclAllGather:
-    leaq .Lname42(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclAllGather@PLT
     .size pncclAllGather, .-pncclAllGather
     .globl pncclAllReduce
     .type pncclAllReduce, @function
 pncclAllReduce:
-    leaq .Lname43(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclAllReduce@PLT
     .size pncclAllReduce, .-pncclAllReduce
     .globl pncclAlltoAll
     .type pncclAlltoAll, @function
 pncclAlltoAll:
-    leaq .Lname44(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclAlltoAll@PLT
     .size pncclAlltoAll, .-pncclAlltoAll
     .globl pncclBcast
     .type pncclBcast, @function
 pncclBcast:
-    leaq .Lname45(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclBcast@PLT
     .size pncclBcast, .-pncclBcast
     .globl pncclBroadcast
     .type pncclBroadcast, @function
 pncclBroadcast:
-    leaq .Lname46(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclBroadcast@PLT
     .size pncclBroadcast, .-pncclBroadcast
     .globl pncclCommAbort
     .type pncclCommAbort, @function
@@ -440,7 +368,7 @@ pncclCommAbort:
     .globl pncclCommCount
     .type pncclCommCount, @function
 pncclCommCount:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -448,7 +376,7 @@ pncclCommCount:
     .globl pncclCommCuDevice
     .type pncclCommCuDevice, @function
 pncclCommCuDevice:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -456,7 +384,7 @@ pncclCommCuDevice:
     .globl pncclCommDeregister
     .type pncclCommDeregister, @function
 pncclCommDeregister:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -474,7 +402,7 @@ pncclCommFinalize:
     .globl pncclCommGetAsyncError
     .type pncclCommGetAsyncError, @function
 pncclCommGetAsyncError:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -482,7 +410,7 @@ pncclCommGetAsyncError:
     .globl pncclCommInitAll
     .type pncclCommInitAll, @function
 pncclCommInitAll:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -495,7 +423,7 @@ pncclCommInitRank:
     .globl pncclCommInitRankConfig
     .type pncclCommInitRankConfig, @function
 pncclCommInitRankConfig:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -503,7 +431,7 @@ pncclCommInitRankConfig:
     .globl pncclCommInitRankScalable
     .type pncclCommInitRankScalable, @function
 pncclCommInitRankScalable:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -511,7 +439,7 @@ pncclCommInitRankScalable:
     .globl pncclCommRegister
     .type pncclCommRegister, @function
 pncclCommRegister:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -524,7 +452,7 @@ pncclCommRevoke:
     .globl pncclCommShrink
     .type pncclCommShrink, @function
 pncclCommShrink:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -532,7 +460,7 @@ pncclCommShrink:
     .globl pncclCommSplit
     .type pncclCommSplit, @function
 pncclCommSplit:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -540,7 +468,7 @@ pncclCommSplit:
     .globl pncclCommUserRank
     .type pncclCommUserRank, @function
 pncclCommUserRank:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -553,15 +481,12 @@ pncclCommWindowDeregister:
     .globl pncclCommWindowRegister
     .type pncclCommWindowRegister, @function
 pncclCommWindowRegister:
-    leaq .Lname58(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclCommWindowRegister__cu131@PLT
     .size pncclCommWindowRegister, .-pncclCommWindowRegister
     .globl pncclDevCommCreate
     .type pncclDevCommCreate, @function
 pncclDevCommCreate:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -569,7 +494,7 @@ pncclDevCommCreate:
     .globl pncclDevCommDestroy
     .type pncclDevCommDestroy, @function
 pncclDevCommDestroy:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,15 +502,12 @@ pncclDevCommDestroy:
     .globl pncclGather
     .type pncclGather, @function
 pncclGather:
-    leaq .Lname61(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclGather@PLT
     .size pncclGather, .-pncclGather
     .globl pncclGetErrorString
     .type pncclGetErrorString, @function
 pncclGetErrorString:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -593,7 +515,7 @@ pncclGetErrorString:
     .globl pncclGetLastError
     .type pncclGetLastError, @function
 pncclGetLastError:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -601,7 +523,7 @@ pncclGetLastError:
     .globl pncclGetUniqueId
     .type pncclGetUniqueId, @function
 pncclGetUniqueId:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -609,7 +531,7 @@ pncclGetUniqueId:
     .globl pncclGetVersion
     .type pncclGetVersion, @function
 pncclGetVersion:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -617,7 +539,7 @@ pncclGetVersion:
     .globl pncclGinBarrierCreateRequirement
     .type pncclGinBarrierCreateRequirement, @function
 pncclGinBarrierCreateRequirement:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -630,7 +552,7 @@ pncclGroupEnd:
     .globl pncclGroupSimulateEnd
     .type pncclGroupSimulateEnd, @function
 pncclGroupSimulateEnd:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -643,7 +565,7 @@ pncclGroupStart:
     .globl pncclLLA2ACalcSlots
     .type pncclLLA2ACalcSlots, @function
 pncclLLA2ACalcSlots:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -651,7 +573,7 @@ pncclLLA2ACalcSlots:
     .globl pncclLLA2ACreateRequirement
     .type pncclLLA2ACreateRequirement, @function
 pncclLLA2ACreateRequirement:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -659,7 +581,7 @@ pncclLLA2ACreateRequirement:
     .globl pncclLsaBarrierCreateRequirement
     .type pncclLsaBarrierCreateRequirement, @function
 pncclLsaBarrierCreateRequirement:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -667,7 +589,7 @@ pncclLsaBarrierCreateRequirement:
     .globl pncclMemAlloc
     .type pncclMemAlloc, @function
 pncclMemAlloc:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -675,7 +597,7 @@ pncclMemAlloc:
     .globl pncclMemFree
     .type pncclMemFree, @function
 pncclMemFree:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -683,15 +605,12 @@ pncclMemFree:
     .globl pncclRecv
     .type pncclRecv, @function
 pncclRecv:
-    leaq .Lname73(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclRecv@PLT
     .size pncclRecv, .-pncclRecv
     .globl pncclRedOpCreatePreMulSum
     .type pncclRedOpCreatePreMulSum, @function
 pncclRedOpCreatePreMulSum:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -704,18 +623,12 @@ pncclRedOpDestroy:
     .globl pncclReduce
     .type pncclReduce, @function
 pncclReduce:
-    leaq .Lname75(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclReduce@PLT
     .size pncclReduce, .-pncclReduce
     .globl pncclReduceScatter
     .type pncclReduceScatter, @function
 pncclReduceScatter:
-    leaq .Lname76(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclReduceScatter@PLT
     .size pncclReduceScatter, .-pncclReduceScatter
     .globl pncclResetDebugInit
     .type pncclResetDebugInit, @function
@@ -725,23 +638,17 @@ pncclResetDebugInit:
     .globl pncclScatter
     .type pncclScatter, @function
 pncclScatter:
-    leaq .Lname77(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclScatter@PLT
     .size pncclScatter, .-pncclScatter
     .globl pncclSend
     .type pncclSend, @function
 pncclSend:
-    leaq .Lname78(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclSend@PLT
     .size pncclSend, .-pncclSend
     .globl pncclTeamLsa
     .type pncclTeamLsa, @function
 pncclTeamLsa:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -749,7 +656,7 @@ pncclTeamLsa:
     .globl pncclTeamRail
     .type pncclTeamRail, @function
 pncclTeamRail:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -757,7 +664,7 @@ pncclTeamRail:
     .globl pncclTeamRankToLsa
     .type pncclTeamRankToLsa, @function
 pncclTeamRankToLsa:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -765,7 +672,7 @@ pncclTeamRankToLsa:
     .globl pncclTeamRankToWorld
     .type pncclTeamRankToWorld, @function
 pncclTeamRankToWorld:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -773,178 +680,116 @@ pncclTeamRankToWorld:
     .globl pncclTeamWorld
     .type pncclTeamWorld, @function
 pncclTeamWorld:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size pncclTeamWorld, .-pncclTeamWorld
     .section .rodata
 .Lname0:
-    .asciz "ncclAllGather"
-.Lname1:
-    .asciz "ncclAllReduce"
-.Lname2:
-    .asciz "ncclAlltoAll"
-.Lname3:
-    .asciz "ncclBcast"
-.Lname4:
-    .asciz "ncclBroadcast"
-.Lname5:
-    .asciz "ncclCommCount"
-.Lname6:
-    .asciz "ncclCommCuDevice"
-.Lname7:
     .asciz "ncclCommDeregister"
-.Lname8:
-    .asciz "ncclCommGetAsyncError"
-.Lname9:
+.Lname1:
     .asciz "ncclCommInitAll"
-.Lname10:
-    .asciz "ncclCommInitRankConfig"
-.Lname11:
+.Lname2:
     .asciz "ncclCommInitRankScalable"
-.Lname12:
+.Lname3:
     .asciz "ncclCommRegister"
-.Lname13:
+.Lname4:
     .asciz "ncclCommShrink"
-.Lname14:
-    .asciz "ncclCommSplit"
-.Lname15:
-    .asciz "ncclCommUserRank"
-.Lname16:
+.Lname5:
     .asciz "ncclCommWindowRegister"
-.Lname17:
+.Lname6:
     .asciz "ncclDevCommCreate"
-.Lname18:
+.Lname7:
     .asciz "ncclDevCommDestroy"
-.Lname19:
-    .asciz "ncclGather"
-.Lname20:
+.Lname8:
     .asciz "ncclGetLastError"
-.Lname21:
-    .asciz "ncclGetUniqueId"
-.Lname22:
-    .asciz "ncclGetVersion"
-.Lname23:
+.Lname9:
     .asciz "ncclGinBarrierCreateRequirement"
-.Lname24:
+.Lname10:
     .asciz "ncclGroupSimulateEnd"
-.Lname25:
+.Lname11:
     .asciz "ncclLLA2ACalcSlots"
-.Lname26:
+.Lname12:
     .asciz "ncclLLA2ACreateRequirement"
-.Lname27:
+.Lname13:
     .asciz "ncclLsaBarrierCreateRequirement"
-.Lname28:
+.Lname14:
     .asciz "ncclMemAlloc"
-.Lname29:
+.Lname15:
     .asciz "ncclMemFree"
-.Lname30:
-    .asciz "ncclRecv"
-.Lname31:
+.Lname16:
     .asciz "ncclRedOpCreatePreMulSum"
-.Lname32:
-    .asciz "ncclReduce"
-.Lname33:
-    .asciz "ncclReduceScatter"
-.Lname34:
+.Lname17:
     .asciz "ncclResetDebugInitInternal"
-.Lname35:
-    .asciz "ncclScatter"
-.Lname36:
-    .asciz "ncclSend"
-.Lname37:
+.Lname18:
     .asciz "ncclTeamLsa"
-.Lname38:
+.Lname19:
     .asciz "ncclTeamRail"
-.Lname39:
+.Lname20:
     .asciz "ncclTeamRankToLsa"
-.Lname40:
+.Lname21:
     .asciz "ncclTeamRankToWorld"
-.Lname41:
+.Lname22:
     .asciz "ncclTeamWorld"
-.Lname42:
-    .asciz "pncclAllGather"
-.Lname43:
-    .asciz "pncclAllReduce"
-.Lname44:
-    .asciz "pncclAlltoAll"
-.Lname45:
-    .asciz "pncclBcast"
-.Lname46:
-    .asciz "pncclBroadcast"
-.Lname47:
+.Lname23:
     .asciz "pncclCommCount"
-.Lname48:
+.Lname24:
     .asciz "pncclCommCuDevice"
-.Lname49:
+.Lname25:
     .asciz "pncclCommDeregister"
-.Lname50:
+.Lname26:
     .asciz "pncclCommGetAsyncError"
-.Lname51:
+.Lname27:
     .asciz "pncclCommInitAll"
-.Lname52:
+.Lname28:
     .asciz "pncclCommInitRankConfig"
-.Lname53:
+.Lname29:
     .asciz "pncclCommInitRankScalable"
-.Lname54:
+.Lname30:
     .asciz "pncclCommRegister"
-.Lname55:
+.Lname31:
     .asciz "pncclCommShrink"
-.Lname56:
+.Lname32:
     .asciz "pncclCommSplit"
-.Lname57:
+.Lname33:
     .asciz "pncclCommUserRank"
-.Lname58:
-    .asciz "pncclCommWindowRegister"
-.Lname59:
+.Lname34:
     .asciz "pncclDevCommCreate"
-.Lname60:
+.Lname35:
     .asciz "pncclDevCommDestroy"
-.Lname61:
-    .asciz "pncclGather"
-.Lname62:
+.Lname36:
     .asciz "pncclGetErrorString"
-.Lname63:
+.Lname37:
     .asciz "pncclGetLastError"
-.Lname64:
+.Lname38:
     .asciz "pncclGetUniqueId"
-.Lname65:
+.Lname39:
     .asciz "pncclGetVersion"
-.Lname66:
+.Lname40:
     .asciz "pncclGinBarrierCreateRequirement"
-.Lname67:
+.Lname41:
     .asciz "pncclGroupSimulateEnd"
-.Lname68:
+.Lname42:
     .asciz "pncclLLA2ACalcSlots"
-.Lname69:
+.Lname43:
     .asciz "pncclLLA2ACreateRequirement"
-.Lname70:
+.Lname44:
     .asciz "pncclLsaBarrierCreateRequirement"
-.Lname71:
+.Lname45:
     .asciz "pncclMemAlloc"
-.Lname72:
+.Lname46:
     .asciz "pncclMemFree"
-.Lname73:
-    .asciz "pncclRecv"
-.Lname74:
+.Lname47:
     .asciz "pncclRedOpCreatePreMulSum"
-.Lname75:
-    .asciz "pncclReduce"
-.Lname76:
-    .asciz "pncclReduceScatter"
-.Lname77:
-    .asciz "pncclScatter"
-.Lname78:
-    .asciz "pncclSend"
-.Lname79:
+.Lname48:
     .asciz "pncclTeamLsa"
-.Lname80:
+.Lname49:
     .asciz "pncclTeamRail"
-.Lname81:
+.Lname50:
     .asciz "pncclTeamRankToLsa"
-.Lname82:
+.Lname51:
     .asciz "pncclTeamRankToWorld"
-.Lname83:
+.Lname52:
     .asciz "pncclTeamWorld"
     .section .note.GNU-stack,"",@progbits

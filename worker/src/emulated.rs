@@ -65,6 +65,8 @@ struct State {
     cudnn_handles: HashSet<u64>,
     /// Descriptors of cuDNN's legacy API (tensors, RNNs, dropout, ...), of any type.
     legacy: HashSet<u64>,
+    /// NCCL communicators (of one rank each).
+    nccl_comms: HashSet<u64>,
     /// Peers whose memory the program enabled access to (cudaDeviceEnablePeerAccess).
     peers: HashSet<i32>,
     /// Tensor descriptors set (or filled by cudnnGetRNNWeightParams): data type, dims, strides.

@@ -338,10 +338,16 @@ impl<'a> Emitter<'a> {
                         let (offset, ty) = field_at(env, name, path).with_context(|| at(path))?;
                         let size = env.size_of(&ty).filter(|s| matches!(s, 1 | 2 | 4 | 8));
                         let size = size.with_context(|| at(&format!("{path} is not an integer field")))? as u8;
+                        // An enumerator's value, or NULL for a pointer field that must be null.
                         let values = values
                             .iter()
-                            .map(|e| {
-                                env.values.get(e).map(|v| *v as u64).with_context(|| at(&format!("no enumerator {e}")))
+                            .map(|e| match e.as_str() {
+                                "NULL" if matches!(ty, Ty::Ptr { .. }) => Ok(0),
+                                _ => env
+                                    .values
+                                    .get(e)
+                                    .map(|v| *v as u64)
+                                    .with_context(|| at(&format!("no enumerator {e}"))),
                             })
                             .collect::<Result<Vec<u64>>>()?;
                         let offset = offset as u32;

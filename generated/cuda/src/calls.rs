@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 6836683643565598995u64;
+pub const SCHEMA_HASH: u64 = 643341108310949380u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2483usize] = [
+pub static FUNCTIONS: [&str; 2514usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -2233,26 +2233,57 @@ pub static FUNCTIONS: [&str; 2483usize] = [
     "cuThreadExchangeStreamCaptureMode",
     "cuUserObjectRelease",
     "cuUserObjectRetain",
+    "ncclAllGather",
+    "ncclAllReduce",
+    "ncclAlltoAll",
+    "ncclBcast",
+    "ncclBroadcast",
     "ncclCommAbort",
+    "ncclCommCount",
+    "ncclCommCuDevice",
     "ncclCommDestroy",
     "ncclCommFinalize",
+    "ncclCommGetAsyncError",
     "ncclCommInitRank",
+    "ncclCommInitRankConfig",
     "ncclCommRevoke",
+    "ncclCommSplit",
+    "ncclCommUserRank",
     "ncclCommWindowDeregister",
+    "ncclGather",
+    "ncclGetUniqueId",
+    "ncclGetVersion",
     "ncclGroupEnd",
     "ncclGroupStart",
+    "ncclRecv",
     "ncclRedOpDestroy",
+    "ncclReduce",
+    "ncclReduceScatter",
     "ncclResetDebugInit",
+    "ncclScatter",
+    "ncclSend",
+    "pncclAllGather",
+    "pncclAllReduce",
+    "pncclAlltoAll",
+    "pncclBcast",
+    "pncclBroadcast",
     "pncclCommAbort",
     "pncclCommDestroy",
     "pncclCommFinalize",
     "pncclCommInitRank",
     "pncclCommRevoke",
     "pncclCommWindowDeregister",
+    "pncclCommWindowRegister",
+    "pncclGather",
     "pncclGroupEnd",
     "pncclGroupStart",
+    "pncclRecv",
     "pncclRedOpDestroy",
+    "pncclReduce",
+    "pncclReduceScatter",
     "pncclResetDebugInit",
+    "pncclScatter",
+    "pncclSend",
     "__nvJitLinkComplete_12_1",
     "__nvJitLinkComplete_12_6",
     "__nvJitLinkComplete_12_8",
@@ -2492,7 +2523,7 @@ pub static FUNCTIONS: [&str; 2483usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2483usize] = [
+pub static LIBRARY_OF: [&str; 2514usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -4719,6 +4750,37 @@ pub static LIBRARY_OF: [&str; 2483usize] = [
     "driver",
     "driver",
     "driver",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
+    "nccl",
     "nccl",
     "nccl",
     "nccl",
@@ -7740,17 +7802,45 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvjitlink::__nvJitLinkGetLinkedPtxSize_13_0,
     &nvjitlink::__nvJitLinkGetLinkedPtxSize_13_1,
     &nvjitlink::nvJitLinkVersion,
+    &nccl::ncclAllGather,
+    &nccl::ncclAllReduce,
+    &nccl::ncclAlltoAll,
+    &nccl::ncclBcast,
+    &nccl::ncclBroadcast,
     &nccl::ncclCommAbort,
+    &nccl::ncclCommCount,
+    &nccl::ncclCommCuDevice,
     &nccl::ncclCommDestroy,
     &nccl::ncclCommFinalize,
+    &nccl::ncclCommGetAsyncError,
     &nccl::ncclCommInitRank,
+    &nccl::ncclCommInitRankConfig__cu118,
+    &nccl::ncclCommInitRankConfig__cu128,
+    &nccl::ncclCommInitRankConfig__cu131,
     &nccl::ncclCommRevoke,
+    &nccl::ncclCommSplit__cu118,
+    &nccl::ncclCommSplit__cu128,
+    &nccl::ncclCommSplit__cu131,
+    &nccl::ncclCommUserRank,
     &nccl::ncclCommWindowDeregister__cu128,
     &nccl::ncclCommWindowDeregister__cu131,
+    &nccl::ncclGather,
+    &nccl::ncclGetUniqueId,
+    &nccl::ncclGetVersion,
     &nccl::ncclGroupEnd,
     &nccl::ncclGroupStart,
+    &nccl::ncclRecv,
     &nccl::ncclRedOpDestroy,
+    &nccl::ncclReduce,
+    &nccl::ncclReduceScatter,
     &nccl::ncclResetDebugInit,
+    &nccl::ncclScatter,
+    &nccl::ncclSend,
+    &nccl::pncclAllGather,
+    &nccl::pncclAllReduce,
+    &nccl::pncclAlltoAll,
+    &nccl::pncclBcast,
+    &nccl::pncclBroadcast,
     &nccl::pncclCommAbort,
     &nccl::pncclCommDestroy,
     &nccl::pncclCommFinalize,
@@ -7758,10 +7848,18 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nccl::pncclCommRevoke,
     &nccl::pncclCommWindowDeregister__cu128,
     &nccl::pncclCommWindowDeregister__cu131,
+    &nccl::pncclCommWindowRegister__cu128,
+    &nccl::pncclCommWindowRegister__cu131,
+    &nccl::pncclGather,
     &nccl::pncclGroupEnd,
     &nccl::pncclGroupStart,
+    &nccl::pncclRecv,
     &nccl::pncclRedOpDestroy,
+    &nccl::pncclReduce,
+    &nccl::pncclReduceScatter,
     &nccl::pncclResetDebugInit,
+    &nccl::pncclScatter,
+    &nccl::pncclSend,
     &cusparselt::cusparseLtDestroy__cu126,
     &cusparselt::cusparseLtDestroy__cu128,
     &cusparselt::cusparseLtDestroy__cu130,
@@ -100379,8 +100477,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2783u32,
-        call: 2479u32,
+        wire: 2819u32,
+        call: 2510u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -100405,8 +100503,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2784u32,
-        call: 2479u32,
+        wire: 2820u32,
+        call: 2510u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -100431,8 +100529,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2785u32,
-        call: 2479u32,
+        wire: 2821u32,
+        call: 2510u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -100457,8 +100555,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2786u32,
-        call: 2480u32,
+        wire: 2822u32,
+        call: 2511u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -100483,8 +100581,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2787u32,
-        call: 2480u32,
+        wire: 2823u32,
+        call: 2511u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -100509,8 +100607,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2788u32,
-        call: 2480u32,
+        wire: 2824u32,
+        call: 2511u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -100535,8 +100633,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2789u32,
-        call: 2481u32,
+        wire: 2825u32,
+        call: 2512u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -100561,8 +100659,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2790u32,
-        call: 2482u32,
+        wire: 2826u32,
+        call: 2513u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -100587,8 +100685,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2791u32,
-        call: 2482u32,
+        wire: 2827u32,
+        call: 2513u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -100613,8 +100711,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2792u32,
-        call: 2482u32,
+        wire: 2828u32,
+        call: 2513u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -118114,9 +118212,210 @@ pub mod driver {
 }
 pub mod nccl {
     use chidori_protocol::desc::*;
-    pub static ncclCommAbort: CallDesc = CallDesc {
+    pub static ncclAllGather: CallDesc = CallDesc {
         wire: 2761u32,
         call: 2459u32,
+        name: "ncclAllGather",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclAllReduce: CallDesc = CallDesc {
+        wire: 2762u32,
+        call: 2460u32,
+        name: "ncclAllReduce",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclAlltoAll: CallDesc = CallDesc {
+        wire: 2763u32,
+        call: 2461u32,
+        name: "ncclAlltoAll",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclBcast: CallDesc = CallDesc {
+        wire: 2764u32,
+        call: 2462u32,
+        name: "ncclBcast",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclBroadcast: CallDesc = CallDesc {
+        wire: 2765u32,
+        call: 2463u32,
+        name: "ncclBroadcast",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclCommAbort: CallDesc = CallDesc {
+        wire: 2766u32,
+        call: 2464u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -118138,9 +118437,69 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclCommCount: CallDesc = CallDesc {
+        wire: 2767u32,
+        call: 2465u32,
+        name: "ncclCommCount",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclCommCuDevice: CallDesc = CallDesc {
+        wire: 2768u32,
+        call: 2466u32,
+        name: "ncclCommCuDevice",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2460u32,
+        wire: 2769u32,
+        call: 2467u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -118163,8 +118522,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2461u32,
+        wire: 2770u32,
+        call: 2468u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -118186,9 +118545,39 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclCommGetAsyncError: CallDesc = CallDesc {
+        wire: 2771u32,
+        call: 2469u32,
+        name: "ncclCommGetAsyncError",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2462u32,
+        wire: 2772u32,
+        call: 2470u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -118219,9 +118608,126 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclCommInitRankConfig__cu118: CallDesc = CallDesc {
+        wire: 2773u32,
+        call: 2471u32,
+        name: "ncclCommInitRankConfig",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 94u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::ByValRecord { bytes: 128u32 },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 48u32,
+                len: None,
+                record: Some("ncclConfig_v21700"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclCommInitRankConfig__cu128: CallDesc = CallDesc {
+        wire: 2774u32,
+        call: 2471u32,
+        name: "ncclCommInitRankConfig",
+        form: None,
+        library: "nccl",
+        versions: &["12.8", "13.0"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 94u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::ByValRecord { bytes: 128u32 },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 72u32,
+                len: None,
+                record: Some("ncclConfig_v22700"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclCommInitRankConfig__cu131: CallDesc = CallDesc {
+        wire: 2775u32,
+        call: 2471u32,
+        name: "ncclCommInitRankConfig",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 94u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::ByValRecord { bytes: 128u32 },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 80u32,
+                len: None,
+                record: Some("ncclConfig_v22800"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2463u32,
+        wire: 2776u32,
+        call: 2472u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -118247,9 +118753,165 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclCommSplit__cu118: CallDesc = CallDesc {
+        wire: 2777u32,
+        call: 2473u32,
+        name: "ncclCommSplit",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::OutHandle {
+                kind: 94u16,
+                named: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 48u32,
+                len: None,
+                record: Some("ncclConfig_v21700"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclCommSplit__cu128: CallDesc = CallDesc {
+        wire: 2778u32,
+        call: 2473u32,
+        name: "ncclCommSplit",
+        form: None,
+        library: "nccl",
+        versions: &["12.8", "13.0"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::OutHandle {
+                kind: 94u16,
+                named: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 72u32,
+                len: None,
+                record: Some("ncclConfig_v22700"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclCommSplit__cu131: CallDesc = CallDesc {
+        wire: 2779u32,
+        call: 2473u32,
+        name: "ncclCommSplit",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::OutHandle {
+                kind: 94u16,
+                named: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 80u32,
+                len: None,
+                record: Some("ncclConfig_v22800"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclCommUserRank: CallDesc = CallDesc {
+        wire: 2780u32,
+        call: 2474u32,
+        name: "ncclCommUserRank",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2464u32,
+        wire: 2781u32,
+        call: 2475u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -118276,8 +118938,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2464u32,
+        wire: 2782u32,
+        call: 2475u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -118303,9 +118965,103 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclGather: CallDesc = CallDesc {
+        wire: 2783u32,
+        call: 2476u32,
+        name: "ncclGather",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclGetUniqueId: CallDesc = CallDesc {
+        wire: 2784u32,
+        call: 2477u32,
+        name: "ncclGetUniqueId",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 128u32,
+                len: None,
+                record: Some("ncclUniqueId"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclGetVersion: CallDesc = CallDesc {
+        wire: 2785u32,
+        call: 2478u32,
+        name: "ncclGetVersion",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2465u32,
+        wire: 2786u32,
+        call: 2479u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -118323,8 +119079,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2466u32,
+        wire: 2787u32,
+        call: 2480u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -118341,9 +119097,50 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclRecv: CallDesc = CallDesc {
+        wire: 2788u32,
+        call: 2481u32,
+        name: "ncclRecv",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2467u32,
+        wire: 2789u32,
+        call: 2482u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -118369,9 +119166,97 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclReduce: CallDesc = CallDesc {
+        wire: 2790u32,
+        call: 2483u32,
+        name: "ncclReduce",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclReduceScatter: CallDesc = CallDesc {
+        wire: 2791u32,
+        call: 2484u32,
+        name: "ncclReduceScatter",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2468u32,
+        wire: 2792u32,
+        call: 2485u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -118388,9 +119273,293 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclScatter: CallDesc = CallDesc {
+        wire: 2793u32,
+        call: 2486u32,
+        name: "ncclScatter",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclSend: CallDesc = CallDesc {
+        wire: 2794u32,
+        call: 2487u32,
+        name: "ncclSend",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclAllGather: CallDesc = CallDesc {
+        wire: 2795u32,
+        call: 2488u32,
+        name: "pncclAllGather",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclAllReduce: CallDesc = CallDesc {
+        wire: 2796u32,
+        call: 2489u32,
+        name: "pncclAllReduce",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclAlltoAll: CallDesc = CallDesc {
+        wire: 2797u32,
+        call: 2490u32,
+        name: "pncclAlltoAll",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclBcast: CallDesc = CallDesc {
+        wire: 2798u32,
+        call: 2491u32,
+        name: "pncclBcast",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclBroadcast: CallDesc = CallDesc {
+        wire: 2799u32,
+        call: 2492u32,
+        name: "pncclBroadcast",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2469u32,
+        wire: 2800u32,
+        call: 2493u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -118413,8 +119582,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2470u32,
+        wire: 2801u32,
+        call: 2494u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -118437,8 +119606,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2471u32,
+        wire: 2802u32,
+        call: 2495u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -118461,8 +119630,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2472u32,
+        wire: 2803u32,
+        call: 2496u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -118494,8 +119663,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2473u32,
+        wire: 2804u32,
+        call: 2497u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -118522,8 +119691,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2474u32,
+        wire: 2805u32,
+        call: 2498u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -118550,8 +119719,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2474u32,
+        wire: 2806u32,
+        call: 2498u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -118577,9 +119746,125 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static pncclCommWindowRegister__cu128: CallDesc = CallDesc {
+        wire: 2807u32,
+        call: 2499u32,
+        name: "pncclCommWindowRegister",
+        form: None,
+        library: "nccl",
+        versions: &["12.8", "13.0"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::OutHandle {
+                kind: 95u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclCommWindowRegister__cu131: CallDesc = CallDesc {
+        wire: 2808u32,
+        call: 2499u32,
+        name: "pncclCommWindowRegister",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::OutHandle {
+                kind: 96u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclGather: CallDesc = CallDesc {
+        wire: 2809u32,
+        call: 2500u32,
+        name: "pncclGather",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2475u32,
+        wire: 2810u32,
+        call: 2501u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -118597,8 +119882,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2780u32,
-        call: 2476u32,
+        wire: 2811u32,
+        call: 2502u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -118615,9 +119900,50 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static pncclRecv: CallDesc = CallDesc {
+        wire: 2812u32,
+        call: 2503u32,
+        name: "pncclRecv",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2781u32,
-        call: 2477u32,
+        wire: 2813u32,
+        call: 2504u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -118643,9 +119969,97 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static pncclReduce: CallDesc = CallDesc {
+        wire: 2814u32,
+        call: 2505u32,
+        name: "pncclReduce",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclReduceScatter: CallDesc = CallDesc {
+        wire: 2815u32,
+        call: 2506u32,
+        name: "pncclReduceScatter",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2782u32,
-        call: 2478u32,
+        wire: 2816u32,
+        call: 2507u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -118653,6 +120067,89 @@ pub mod nccl {
         class: Class::Sync,
         params: &[],
         ret: Ret::Void,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclScatter: CallDesc = CallDesc {
+        wire: 2817u32,
+        call: 2508u32,
+        name: "pncclScatter",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclSend: CallDesc = CallDesc {
+        wire: 2818u32,
+        call: 2509u32,
+        name: "pncclSend",
+        form: None,
+        library: "nccl",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
         codes: Codes {
             success: 0i64,
             not_supported: 5i64,

@@ -310,6 +310,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         },
     ),
     (
+        "11.8",
+        "ncclConfig_v21700",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 32u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
         "12.1",
         "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         RecordChecks {
@@ -642,6 +657,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         },
     ),
     (
+        "12.1",
+        "ncclConfig_v21700",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 32u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
         "12.6",
         "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         RecordChecks {
@@ -974,6 +1004,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         },
     ),
     (
+        "12.6",
+        "ncclConfig_v21700",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 32u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
         "12.8",
         "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         RecordChecks {
@@ -1306,6 +1351,26 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         },
     ),
     (
+        "12.8",
+        "ncclConfig_v22700",
+        RecordChecks {
+            size: 72u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 48u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+                FieldIs {
+                    offset: 32u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
         "13.0",
         "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         RecordChecks {
@@ -1638,6 +1703,26 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         },
     ),
     (
+        "13.0",
+        "ncclConfig_v22700",
+        RecordChecks {
+            size: 72u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 48u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+                FieldIs {
+                    offset: 32u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
         "13.1",
         "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         RecordChecks {
@@ -1967,6 +2052,26 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
             ],
             allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "ncclConfig_v22800",
+        RecordChecks {
+            size: 80u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 48u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+                FieldIs {
+                    offset: 32u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
         },
     ),
 ];

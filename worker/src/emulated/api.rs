@@ -329,6 +329,10 @@ impl Emulated {
     /// # Safety
     /// As [`crate::backend::Backend::invoke`].
     pub(super) unsafe fn invoke_more(&self, desc: &'static CallDesc, name: &str, a: &[u64]) -> Option<u64> {
+        if desc.library == "nccl" {
+            // SAFETY: as below.
+            return unsafe { self.invoke_nccl(name, a) };
+        }
         // Every function here reads its single input records (descriptions, extents,
         // parameters): NULL for one is an invalid value, as it is natively.
         let null_input = desc.params.iter().zip(a).any(|(w, &v)| match w {
@@ -742,6 +746,97 @@ impl Emulated {
     /// Graph calls; None: not one.
     ///
     /// # Safety
+    /// NCCL with communicators of one rank (a collective of one rank copies its input to its
+    /// output, in stream order): enough to carry NCCL's calls through a session without a GPU.
+    /// A communicator of more ranks is refused with ncclInvalidUsage.
+    ///
+    /// # Safety
+    /// As [`Emulated::invoke_more`].
+    unsafe fn invoke_nccl(&self, name: &str, a: &[u64]) -> Option<u64> {
+        use chidori_cuda::consts::ncclDataType_t as t;
+        use chidori_cuda::consts::ncclResult_t as r;
+        let bytes_of = |datatype: u64, count: u64| -> Option<u64> {
+            let size = match datatype as u32 {
+                t::ncclInt8 | t::ncclUint8 | t::ncclFloat8e4m3 | t::ncclFloat8e5m2 => 1,
+                t::ncclFloat16 | t::ncclBfloat16 => 2,
+                t::ncclInt32 | t::ncclUint32 | t::ncclFloat32 => 4,
+                t::ncclInt64 | t::ncclUint64 | t::ncclFloat64 => 8,
+                _ => return None,
+            };
+            count.checked_mul(size)
+        };
+        let comm_ok = |comm: u64| self.state().nccl_comms.contains(&comm);
+        let copy = |send: u64, recv: u64, count: u64, datatype: u64, comm: u64, stream: u64| -> u64 {
+            let Some(len) = bytes_of(datatype, count).filter(|_| comm_ok(comm)) else {
+                return u64::from(r::ncclInvalidArgument);
+            };
+            // In place, a collective of one rank changes nothing (but is still stream work).
+            let len = if send == recv { 0 } else { len };
+            match self.run_or_record(Some(stream), kind::MEMCPY, Op::Copy { dst: recv, src: send, len }) {
+                SUCCESS => SUCCESS,
+                _ => u64::from(r::ncclInvalidArgument),
+            }
+        };
+        // SAFETY (all arms): out-parameters are the session's buffers, sized by the descriptor.
+        let status = unsafe {
+            match name {
+                "ncclGetVersion" => {
+                    put_u32(a[0], 22700);
+                    SUCCESS
+                }
+                "ncclGetUniqueId" => {
+                    let h = self.state().handle();
+                    let id = std::slice::from_raw_parts_mut(a[0] as *mut u8, 128);
+                    id.fill(0);
+                    id[..8].copy_from_slice(&h.to_le_bytes());
+                    SUCCESS
+                }
+                "ncclCommInitRank" | "ncclCommInitRankConfig" if a[1] as i32 != 1 || a[3] as i32 != 0 => {
+                    u64::from(r::ncclInvalidUsage)
+                }
+                "ncclCommInitRank" | "ncclCommInitRankConfig" => {
+                    let mut s = self.state();
+                    let comm = s.handle();
+                    s.nccl_comms.insert(comm);
+                    put_u64(a[0], comm);
+                    SUCCESS
+                }
+                "ncclCommDestroy" | "ncclCommAbort" => {
+                    if self.state().nccl_comms.remove(&a[0]) {
+                        SUCCESS
+                    } else {
+                        u64::from(r::ncclInvalidArgument)
+                    }
+                }
+                "ncclCommFinalize"
+                | "ncclCommGetAsyncError"
+                | "ncclCommCount"
+                | "ncclCommUserRank"
+                | "ncclCommCuDevice"
+                    if !comm_ok(a[0]) =>
+                {
+                    u64::from(r::ncclInvalidArgument)
+                }
+                "ncclCommFinalize" => SUCCESS,
+                "ncclCommGetAsyncError" | "ncclCommUserRank" | "ncclCommCuDevice" => {
+                    put_u32(a[1], 0);
+                    SUCCESS
+                }
+                "ncclCommCount" => {
+                    put_u32(a[1], 1);
+                    SUCCESS
+                }
+                "ncclGroupStart" | "ncclGroupEnd" => SUCCESS,
+                "ncclAllReduce" | "ncclBroadcast" => copy(a[0], a[1], a[2], a[3], a[a.len() - 2], a[a.len() - 1]),
+                "ncclReduce" => copy(a[0], a[1], a[2], a[3], a[6], a[7]),
+                "ncclAllGather" | "ncclReduceScatter" => copy(a[0], a[1], a[2], a[3], a[a.len() - 2], a[a.len() - 1]),
+                "ncclBcast" => copy(a[0], a[0], a[1], a[2], a[4], a[5]),
+                _ => return None,
+            }
+        };
+        Some(status)
+    }
+
     /// As [`Emulated::invoke_more`].
     unsafe fn invoke_graph(&self, desc: &'static CallDesc, name: &str, a: &[u64]) -> Option<u64> {
         let lib = desc.library;

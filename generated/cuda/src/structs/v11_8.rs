@@ -3545,6 +3545,67 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "ncclConfig_v21700",
+        size: 48u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "size",
+                offset: 0u32,
+                size: 8u32,
+                ty: "usize",
+            },
+            FieldMap {
+                name: "magic",
+                offset: 8u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "version",
+                offset: 12u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "blocking",
+                offset: 16u32,
+                size: 4u32,
+                ty: "i32",
+            },
+            FieldMap {
+                name: "cgaClusterSize",
+                offset: 20u32,
+                size: 4u32,
+                ty: "i32",
+            },
+            FieldMap {
+                name: "minCTAs",
+                offset: 24u32,
+                size: 4u32,
+                ty: "i32",
+            },
+            FieldMap {
+                name: "maxCTAs",
+                offset: 28u32,
+                size: 4u32,
+                ty: "i32",
+            },
+            FieldMap {
+                name: "netName",
+                offset: 32u32,
+                size: 8u32,
+                ty: "*const i8",
+            },
+            FieldMap {
+                name: "splitShare",
+                offset: 40u32,
+                size: 4u32,
+                ty: "i32",
+            },
+        ],
+    },
+    StructMap {
         name: "ncclUniqueId",
         size: 128u32,
         union: false,
