@@ -42,6 +42,8 @@
 #   content  a 2 GB checkpoint (safetensors and torch.save) loaded natively, then twice
 #            through a server with a fresh content store at 70 ms and $CONTENT_MBIT Mbit/s:
 #            the second run should send hashes, not bytes (bytes sent from the trace)
+#   nccl     torch.distributed over NCCL (gpu/distributed/allreduce.py): one rank, or
+#            $NCCL_RANKS through torchrun; all-reduce and DDP steps native and remote
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -415,6 +417,20 @@ if want content; then
   done
   kill $CS_PID $CW_PID 2>/dev/null
   du -sh "$B/content-store" >> "$LOGS/content-make.txt" 2>&1
+fi
+
+if want nccl; then
+  # torch.distributed over NCCL with one rank (this machine's one GPU): all-reduce and DDP
+  # steps natively and through Chidori; with NCCL_RANKS=2 (two GPUs), torchrun of two ranks.
+  ranks=${NCCL_RANKS:-1}
+  launch=(python3); ((ranks > 1)) && launch=(python3 -m torch.distributed.run --nproc-per-node "$ranks")
+  timeout ${RUN_TIMEOUT:-150} "${launch[@]}" gpu/distributed/allreduce.py > "$LOGS/nccl-native.out" 2> "$LOGS/nccl-native.err"
+  timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- "${launch[@]}" gpu/distributed/allreduce.py \
+    > "$LOGS/nccl-remote.out" 2> "$LOGS/nccl-remote.err"
+  rc=$?
+  field() { grep -o "\"$2\": [^,}]*" "$1" | head -1 | sed 's/.*: //'; }
+  same=$([[ -n $(field "$LOGS/nccl-native.out" checksum) && $(field "$LOGS/nccl-native.out" checksum) == $(field "$LOGS/nccl-remote.out" checksum) ]] && echo "native checksum" || echo "CHECKSUM DIFFERS")
+  row "nccl $ranks rank(s)" "rc=$rc $same; all-reduce ok $(field "$LOGS/nccl-remote.out" allreduce_ok), bus GB/s native $(field "$LOGS/nccl-native.out" allreduce_bus_gbps) remote $(field "$LOGS/nccl-remote.out" allreduce_bus_gbps); $(tail -1 "$LOGS/nccl-remote.err" | cut -c1-160)"
 fi
 
 if want opinfo; then
