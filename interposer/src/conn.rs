@@ -319,7 +319,7 @@ fn start_tls(stream: &mut TcpStream, server: &str) -> Result<Tls, String> {
 fn send_plain(stream: &TcpStream, tls: Option<&Tls>, bytes: &[u8]) -> std::io::Result<()> {
     match tls {
         Some((s, _)) => s.send(stream, &[IoSlice::new(bytes)]),
-        None => write_vectored_all(stream, &mut [IoSlice::new(bytes)]),
+        None => chidori_protocol::sock::send_all(stream.as_raw_fd(), &mut [IoSlice::new(bytes)]),
     }
 }
 
@@ -443,7 +443,8 @@ fn reconnect_once(server: &str, resume: &Resume, received: u64) -> Result<(TcpSt
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
     stream.set_write_timeout(Some(Duration::from_secs(10))).ok();
     let preamble = Header::new(Kind::Resume, 0, 0, resume.session).encode();
-    write_vectored_all(&stream, &mut [IoSlice::new(&preamble)]).map_err(|e| Retry::Again(e.to_string()))?;
+    chidori_protocol::sock::send_all(stream.as_raw_fd(), &mut [IoSlice::new(&preamble)])
+        .map_err(|e| Retry::Again(e.to_string()))?;
     let mut tls = match resume.token {
         // A refusal before TLS (the session is gone) is final.
         Some(_) => Some(
@@ -668,7 +669,7 @@ impl Conn {
         let Link { stream, secure, replay } = link;
         let (stream, secure) = (&*stream, secure.as_deref());
         let write = |slices: &mut [IoSlice<'_>]| match secure {
-            None => write_vectored_all(stream, slices),
+            None => chidori_protocol::sock::send_all(stream.as_raw_fd(), slices),
             Some(secure) => secure.send(stream, slices),
         };
         let (Some(replay), Some(resume)) = (replay.as_mut(), self.resume.as_ref()) else { return write(slices) };
@@ -825,47 +826,6 @@ impl Conn {
             unrun = self.ran.wait_timeout(unrun, Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
-}
-
-/// Write every slice; on a full socket buffer wait until it has room. A connection the
-/// peer reset is an error, never a SIGPIPE (the program's handler is the program's own:
-/// the write uses MSG_NOSIGNAL).
-fn write_vectored_all(stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-    IoSlice::advance_slices(&mut slices, 0);
-    while !slices.is_empty() {
-        let iov = slices.len().min(64);
-        // SAFETY: a zeroed msghdr is valid; it points at `slices`, whose IoSlices are
-        // ABI-compatible with iovec and stay alive during the call.
-        let n = unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
-            msg.msg_iovlen = iov as _;
-            libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
-        };
-        match n {
-            0 => return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "connection closed")),
-            n if n > 0 => IoSlice::advance_slices(&mut slices, n as usize),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                match e.kind() {
-                    std::io::ErrorKind::WouldBlock => {
-                        let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
-                        // SAFETY: one valid pollfd; a timeout bounds the wait.
-                        let rc = unsafe { libc::poll(&mut pfd, 1, 30_000) };
-                        if rc == 0 {
-                            return Err(std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                "the server accepts no data",
-                            ));
-                        }
-                    }
-                    std::io::ErrorKind::Interrupted => {}
-                    _ => return Err(e),
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Frames still queued when the program exits go out (the flusher may not run again).
@@ -1113,7 +1073,7 @@ fn install(
             Some(Ok((a, b))) => {
                 let mut slices = [IoSlice::new(a), IoSlice::new(b)];
                 match secure {
-                    None => write_vectored_all(stream, &mut slices),
+                    None => chidori_protocol::sock::send_all(stream.as_raw_fd(), &mut slices),
                     Some(secure) => secure.send(&*stream, &slices),
                 }
             }

@@ -17,6 +17,7 @@ pub mod fuzz;
 pub mod messages;
 pub mod mirror;
 pub mod resume;
+pub mod sock;
 
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;

@@ -4,7 +4,7 @@
 //! that declares 256 MiB and sends nothing costs a few KiB. A frame that has started must
 //! keep coming: one that makes no progress for the stall limit ends the session.
 
-use std::io::{IoSlice, Read, Write};
+use std::io::{IoSlice, Read};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -176,7 +176,7 @@ pub enum Sink {
 impl Sink {
     pub fn write_all_vectored(&mut self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
         match self {
-            Sink::Plain(s) => write_all_vectored(s, slices),
+            Sink::Plain(s) => chidori_protocol::sock::send_all(s.as_raw_fd(), slices),
             Sink::Tls { sock, secure } => secure.send(&sock.as_raw_fd(), slices),
             Sink::Discard(n, last) => {
                 *n += slices.iter().map(|s| s.len() as u64).sum::<u64>();
@@ -368,19 +368,6 @@ impl Writer {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub fn write_all_vectored(w: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-    IoSlice::advance_slices(&mut slices, 0);
-    while !slices.is_empty() {
-        match w.write_vectored(slices) {
-            Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "connection closed")),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
