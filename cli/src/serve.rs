@@ -231,7 +231,10 @@ fn backend(args: &SessionArgs, visible: Option<&str>) -> Result<(Arc<dyn Backend
             }
             chidori_worker::real::Real::new(&args.cuda_lib_dirs)
                 .map(|b| (Arc::new(b) as Arc<dyn Backend>, exposed))
-                .map_err(|e| format!("{e:#}"))
+                .map_err(|e| match visible {
+                    Some(list) => format!("{e:#} (the program's CUDA_VISIBLE_DEVICES={list:?} selected these)"),
+                    None => format!("{e:#}"),
+                })
         }
         BackendKind::Emulated => {
             let profile = args.profile.clone().ok_or("the emulated backend needs --profile")?;
