@@ -2139,3 +2139,80 @@ fn nccl_collectives_run_in_the_worker() {
     assert_eq!(row, ["2", "0"], "two all-reduces, no round trip: {stderr}");
     assert!(bytes_sent(&stderr, "ncclAllReduce") < 1024, "{stderr}");
 }
+
+const LT_HEURISTIC: &str = r#"
+#include <stdio.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+typedef struct { unsigned long long algo[8]; size_t workspace; int state; float waves; int reserved[4]; } result_t;
+extern int cublasLtCreate(void **);
+extern int cublasLtMatmulDescCreate(void **, int, int);
+extern int cublasLtMatrixLayoutCreate(void **, int, uint64_t, uint64_t, int64_t);
+extern int cublasLtMatmulPreferenceCreate(void **);
+extern int cublasLtMatmulAlgoGetHeuristic(void *, void *, void *, void *, void *, void *, void *, int, result_t *, int *);
+#define C(x) do { int e = (int)(x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
+int main(void) {
+  void *lt, *op, *pref, *l[2];
+  C(cublasLtCreate(&lt));
+  C(cublasLtMatmulDescCreate(&op, 68 /* CUBLAS_COMPUTE_32F */, 0 /* CUDA_R_32F */));
+  C(cublasLtMatmulPreferenceCreate(&pref));
+  C(cublasLtMatrixLayoutCreate(&l[0], 0, 64, 64, 64));
+  C(cublasLtMatrixLayoutCreate(&l[1], 0, 128, 128, 128));
+  for (int p = 0; p < 2; ++p) {
+    result_t r[4];
+    int n = 0;
+    C(cublasLtMatmulAlgoGetHeuristic(lt, op, l[p], l[p], l[p], l[p], pref, 4, r, &n));
+    printf("problem %d: %d algorithms, first %llu\n", p, n, n ? r[0].algo[0] : 0ull);
+  }
+  C(cudaDeviceSynchronize());
+  return 0;
+}
+"#;
+
+/// Issue 19 item 1: a cuBLASLt heuristic answered in an earlier session on the same server
+/// GPU and libraries is answered by the client without waiting (the worker still makes the
+/// call, and the client checks its answer); a server that answers differently ends the
+/// session naming the call, and what was learned is dropped.
+#[test]
+fn heuristics_learned_in_an_earlier_session_are_answered_without_waiting() {
+    let dir = chidori_tests::scratch("learned-answers");
+    let exe = program_with("lt_heuristic", LT_HEURISTIC, &["-l:libcublasLt.so.13"]);
+    let client_cache = dir.join("client-cache");
+    let run = |server: &EmulatedServer| {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
+            .arg(chidori_tests::shim_dir())
+            .arg("--")
+            .arg(&exe)
+            .env("XDG_CACHE_HOME", &client_cache);
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let trips = stderr
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some("cublasLtMatmulAlgoGetHeuristic"))
+            .and_then(|l| l.split_whitespace().nth(2).and_then(|t| t.parse::<u64>().ok()))
+            .unwrap_or(0);
+        (stdout.into_owned(), trips, stderr.into_owned())
+    };
+    let server = server();
+    let (first, trips, stderr) = run(&server);
+    assert!(first.contains("problem 1: 2 algorithms, first 1000"), "{first}{stderr}");
+    assert_eq!(trips, 2, "the first run asks the server: {stderr}");
+    let (second, trips, stderr) = run(&server);
+    assert_eq!(second, first, "{stderr}");
+    assert_eq!(trips, 0, "the second run answers from the first: {stderr}");
+    assert!(!stderr.contains("answered differently"), "{stderr}");
+    drop(server);
+
+    // A server whose library answers differently (same GPU, same versions).
+    let other = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
+        .expect("starting an emulated server");
+    let (_, _, stderr) = run(&other);
+    assert!(
+        stderr.contains("cublasLtMatmulAlgoGetHeuristic: the server answered differently"),
+        "a different answer ends the session, naming the call: {stderr}"
+    );
+    let (fourth, trips, stderr) = run(&other);
+    assert_eq!(trips, 2, "what was learned was dropped: {stderr}");
+    assert!(fourth.contains("first 1005"), "{fourth}{stderr}");
+}

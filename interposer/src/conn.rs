@@ -516,6 +516,12 @@ impl Conn {
         }
     }
 
+    /// End the session from the client's side (an answer it gave turned out wrong): every
+    /// later call fails with `reason`, which is logged once.
+    pub fn end_session(&self, reason: String) {
+        self.fail(reason);
+    }
+
     pub fn next_seq(&self) -> u64 {
         self.next_seq.fetch_add(1, Ordering::Relaxed)
     }
@@ -837,6 +843,8 @@ fn register_exit_flush() {
             // parent's outbox and socket, which it must not write.
             if let Some(conn) = existing().filter(|c| c.forks == FORKS.load(Ordering::Relaxed)) {
                 let _ = conn.flush();
+                // Answers given from earlier sessions are checked before the session ends.
+                crate::custom::cublaslt::settle(Duration::from_secs(10));
                 conn.goodbye();
                 crate::content::save();
             }

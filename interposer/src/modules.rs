@@ -382,7 +382,7 @@ mod last_run {
 
     /// On the process's first load only: the other registered modules the record names.
     pub fn take_first(conn: &Conn, first: &Module) -> Vec<&'static Module> {
-        if std::env::var("CHIDORI_MODULES_AHEAD").is_ok_and(|v| v == "0") {
+        if std::env::var(chidori_protocol::env::MODULES_AHEAD).is_ok_and(|v| v == "0") {
             return Vec::new();
         }
         let named = with(conn, |r| {

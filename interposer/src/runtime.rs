@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::ffi::{CStr, c_char};
+use std::sync::Arc;
 use std::time::Instant;
 
 use chidori_cuda::status;
@@ -16,7 +17,7 @@ use chidori_protocol::desc::{CallDesc, Dir, Ret, Wire};
 use chidori_protocol::frame::{Header, Kind};
 use chidori_protocol::messages::{self, CONTENT_FLAG, Call};
 
-use crate::conn::{self, Conn, OutTarget};
+use crate::conn::{self, Conn, OutTarget, Slot};
 
 /// The raw return value a call answers when it cannot reach a server.
 pub fn unavailable(desc: &CallDesc) -> u64 {
@@ -253,6 +254,26 @@ pub unsafe fn send_deferred(conn: &Conn, desc: &'static CallDesc, args: &[u64]) 
     }
     crate::state::defer(desc, slot);
     Some(seq)
+}
+
+/// Send a call without waiting, its reply to be checked by whoever holds the returned slot
+/// (an answer the client gave from an earlier session, [`crate::ahead::learned`]): in order
+/// with the thread's other calls, its outputs written where `args` point when it comes.
+///
+/// # Safety
+/// As [`prepare`]; output buffers must stay valid until the slot completes.
+pub unsafe fn send_checked(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> Option<Arc<Slot>> {
+    // SAFETY: forwarded contract.
+    let prepared = unsafe { prepare(desc, args) };
+    let seq = conn.next_seq();
+    let slot = conn.expect(seq, prepared.outs.clone());
+    let archive = messages::encode(&prepared.call);
+    let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
+    if conn.post(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &bulk).is_err() {
+        conn.forget(seq);
+        return None;
+    }
+    Some(slot)
 }
 
 /// Remember a failing status of the runtime API as the thread's last error.

@@ -89,3 +89,14 @@ pub const CONTENT: &str = "CHIDORI_CONTENT";
 
 /// `chidori serve`: directory of the content store (default: ~/.cache/chidori/content).
 pub const CONTENT_CACHE: &str = "CHIDORI_CONTENT_CACHE";
+
+/// `0` turns off loading, with a process's first module load, the modules the last run of
+/// the same command loaded (interposer, `docs/ahead.md`).
+pub const MODULES_AHEAD: &str = "CHIDORI_MODULES_AHEAD";
+
+/// `0` turns off answers learned in earlier sessions (interposer, `docs/ahead.md`).
+pub const LEARNED: &str = "CHIDORI_LEARNED";
+
+/// The emulated backend's answers that depend on the library (cuBLASLt heuristics) change
+/// with this value: a test's way to make a server answer differently than before.
+pub const EMULATED_SALT: &str = "CHIDORI_EMULATED_SALT";

@@ -451,7 +451,18 @@ impl EmulatedServer {
 
     /// As [`EmulatedServer::start_with`], with more arguments of `chidori serve`.
     pub fn start_args(chidori: &Path, profile: Option<&Path>, extra: &[&str]) -> Result<EmulatedServer> {
+        EmulatedServer::start_env(chidori, profile, extra, &[])
+    }
+
+    /// As [`EmulatedServer::start_args`], with variables in the server's environment.
+    pub fn start_env(
+        chidori: &Path,
+        profile: Option<&Path>,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<EmulatedServer> {
         let mut cmd = Command::new(chidori);
+        cmd.envs(envs.iter().copied());
         cmd.args(["serve", "--backend", "emulated", "--bind", "127.0.0.1", "--port", "0"]);
         if let Some(profile) = profile {
             cmd.arg("--profile").arg(profile);

@@ -12,6 +12,7 @@
 //!   finalize, learned per descriptor type, made ahead in that finalize's round trip.
 
 pub mod cudnn;
+pub mod learned;
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;

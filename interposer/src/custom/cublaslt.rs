@@ -15,7 +15,11 @@ use std::sync::Mutex;
 
 use chidori_protocol::desc::{CallDesc, Ctx, Form, Wire};
 
+use std::sync::Arc;
+
 use crate::ahead::Answers;
+use crate::ahead::learned::{Learned, Space};
+use crate::conn::Conn;
 
 const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
@@ -23,6 +27,9 @@ const DESC_POINTER_MODE: u32 = chidori_cuda::consts::cublasLtMatmulDescAttribute
 /// Matmul descriptor attributes that hold device addresses (bias, epilogue auxiliary,
 /// scale and amax pointers). A heuristic depends on their alignment, not their value.
 const DESC_POINTERS: &[u32] = &[8, 11, 17, 18, 19, 20, 21, 23, 24, 36];
+/// Bytes of a cublasLtMatmulHeuristicResult_t before its reserved words: the algorithm (64),
+/// the workspace size (8), the state (4) and the waves count (4).
+const RESULT_MEANINGFUL: usize = 80;
 /// Heuristic answers kept (distinct problems; torch has a few dozen per model).
 const HEURISTIC_CACHE_LIMIT: usize = 4096;
 
@@ -165,14 +172,38 @@ fn heuristic(
         let Some(elem) = result_size(desc) else { return INVALID_VALUE };
         let descs = [operation, layouts[0], layouts[1], layouts[2], layouts[3], preference];
         let key = problem_key(&descs, requested);
-        if let Some((status, n, bytes)) = key.as_ref().and_then(|k| HEURISTICS.get(k)) {
+        let give = |(status, n, bytes): &Answer| {
             crate::trace::local("cublasLtMatmulAlgoGetHeuristic");
             // SAFETY: the caller's arrays: `requested` results and one int.
             unsafe {
                 std::ptr::copy_nonoverlapping(bytes.as_ptr(), results as *mut u8, bytes.len());
-                std::ptr::write_unaligned(returned as *mut i32, n);
+                std::ptr::write_unaligned(returned as *mut i32, *n);
             }
-            return status;
+            *status
+        };
+        if let Some(answer) = key.as_ref().and_then(|k| HEURISTICS.get(k)) {
+            return give(&answer);
+        }
+        let len = elem * (requested as usize);
+        // Answered in an earlier session on this server: given now, checked when the
+        // server's answer to the same call comes.
+        if let Some(key) = &key
+            && let Ok(conn) = crate::conn::get()
+            && let Some(answer) = learned(&conn, |l| l.get(Space::LtHeuristic, key).and_then(decode_answer)).flatten()
+            && answer.2.len() == len
+        {
+            let mut check = vec![0u8; len + 4].into_boxed_slice();
+            let at = check.as_mut_ptr() as u64;
+            let args = [handle, operation, layouts[0], layouts[1], layouts[2], layouts[3], preference];
+            let mut all = args.to_vec();
+            all.extend_from_slice(&[requested as u64, at, at + len as u64]);
+            // SAFETY: `check` holds `requested` results and one int, and lives until the
+            // reply has landed (the checking thread owns it).
+            if let Some(slot) = unsafe { crate::runtime::send_checked(&conn, desc, &all) } {
+                HEURISTICS.learn(key.clone(), answer.clone());
+                verify(conn, slot, check, answer.clone(), elem);
+                return give(&answer);
+            }
         }
         let args = [
             handle,
@@ -193,12 +224,111 @@ fn heuristic(
         {
             // SAFETY: both written by the reply.
             let n = unsafe { std::ptr::read_unaligned(returned as *const i32) };
-            let len = elem * (requested as usize);
             let bytes = unsafe { std::slice::from_raw_parts(results as *const u8, len) }.to_vec();
-            HEURISTICS.learn(key, (s, n, bytes));
+            let answer = (s, n, bytes);
+            if let Ok(conn) = crate::conn::get() {
+                learned(&conn, |l| l.learn(Space::LtHeuristic, &key, &encode_answer(&answer)));
+            }
+            HEURISTICS.learn(key, answer);
         }
         s
     })
+}
+
+// ---- Answers from earlier sessions (`crate::ahead::learned`) ----
+
+static LEARNED: Mutex<Option<Learned>> = Mutex::new(None);
+/// Checks of answers given from earlier sessions whose server answer has not come yet.
+static CHECKING: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
+
+/// With the store of this server's identity (opened on first use; None where turned off).
+fn learned<T>(conn: &Conn, f: impl FnOnce(&mut Learned) -> T) -> Option<T> {
+    if std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let mut slot = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
+    let store = slot.get_or_insert_with(|| {
+        let w = &conn.welcome;
+        // What the answers depend on: the GPUs, the driver and the libraries' versions.
+        let mut identity = format!("{}|{}|{:?}", w.backend, w.driver_version, w.libraries).into_bytes();
+        for d in &w.devices {
+            identity.extend_from_slice(d.name.as_bytes());
+            identity.extend_from_slice(&d.uuid);
+        }
+        let dir = std::env::var_os("XDG_CACHE_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("chidori/answers"));
+        Learned::open(dir.as_deref(), &identity)
+    });
+    Some(f(store))
+}
+
+fn encode_answer((status, n, bytes): &Answer) -> Vec<u8> {
+    let mut v = status.to_le_bytes().to_vec();
+    v.extend_from_slice(&n.to_le_bytes());
+    v.extend_from_slice(bytes);
+    v
+}
+
+fn decode_answer(v: &[u8]) -> Option<Answer> {
+    let status = u32::from_le_bytes(v.get(..4)?.try_into().ok()?);
+    let n = i32::from_le_bytes(v.get(4..8)?.try_into().ok()?);
+    Some((status, n, v[8..].to_vec()))
+}
+
+/// Compare the server's answer (into `check`: the results, then the count) with the one
+/// given, on a thread of its own; a different one ends the session, naming the call, and
+/// drops every learned answer.
+fn verify(conn: Arc<Conn>, slot: Arc<crate::conn::Slot>, check: Box<[u8]>, given: Answer, elem: usize) {
+    *CHECKING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    let spawned = std::thread::Builder::new().name("chidori-check".into()).spawn(move || {
+        let outcome = slot.wait();
+        let len = given.2.len();
+        let n = i32::from_le_bytes(check[len..len + 4].try_into().unwrap_or([0; 4]));
+        // Of each result returned: the algorithm, its workspace, state and waves (not the
+        // reserved words after them, which the library need not write).
+        let meaningful = elem.min(RESULT_MEANINGFUL);
+        let results_same = (0..usize::try_from(n).unwrap_or(0)).all(|i| {
+            let r = i * elem..(i * elem + meaningful).min(len);
+            check.get(r.clone()) == given.2.get(r)
+        });
+        let same = matches!(outcome, Ok(s) if s as u32 == given.0) && n == given.1 && results_same;
+        if !same && outcome.is_ok() {
+            learned(&conn, Learned::forget_all);
+            let how = match outcome {
+                Ok(s) if s as u32 != given.0 => format!("status {s}, not {}", given.0),
+                _ if n != given.1 => format!("{n} algorithms, not {}", given.1),
+                _ => "other algorithms".to_owned(),
+            };
+            conn.end_session(format!(
+                "cublasLtMatmulAlgoGetHeuristic: the server answered differently ({how}) than in an earlier session \
+                 on this GPU and libraries, whose answer this program was given; every learned answer is dropped: \
+                 run the program again"
+            ));
+        }
+        let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
+        *pending = pending.saturating_sub(1);
+        CHECKING.1.notify_all();
+    });
+    if spawned.is_err() {
+        let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
+        *pending = pending.saturating_sub(1);
+    }
+}
+
+/// Wait (at most `limit`) until every answer given from an earlier session was checked: at
+/// exit, so a different answer is reported before the program ends.
+pub fn settle(limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
+    while *pending > 0 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        pending = CHECKING.1.wait_timeout(pending, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
 }
 
 // ---- The exports: one implementation each, for every header version's variant. ----

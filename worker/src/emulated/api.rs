@@ -333,6 +333,10 @@ impl Emulated {
             // SAFETY: as below.
             return unsafe { self.invoke_nccl(name, a) };
         }
+        if desc.library == "cublaslt" {
+            // SAFETY: as below.
+            return unsafe { self.invoke_cublaslt(desc, name, a) };
+        }
         // Every function here reads its single input records (descriptions, extents,
         // parameters): NULL for one is an invalid value, as it is natively.
         let null_input = desc.params.iter().zip(a).any(|(w, &v)| match w {
@@ -746,6 +750,64 @@ impl Emulated {
     /// Graph calls; None: not one.
     ///
     /// # Safety
+    /// cuBLASLt's handles and descriptors, and a heuristic that answers up to two made-up
+    /// algorithms (their first word depends on `CHIDORI_EMULATED_SALT`, so a test can have a
+    /// server answer differently than before); no matmul runs.
+    ///
+    /// # Safety
+    /// As [`Emulated::invoke_more`].
+    unsafe fn invoke_cublaslt(&self, desc: &'static CallDesc, name: &str, a: &[u64]) -> Option<u64> {
+        // SAFETY (all arms): out-parameters are the session's buffers, sized by the descriptor.
+        let status = unsafe {
+            match name {
+                "cublasLtCreate"
+                | "cublasLtMatmulDescCreate"
+                | "cublasLtMatrixLayoutCreate"
+                | "cublasLtMatmulPreferenceCreate" => {
+                    let h = self.state().handle();
+                    put_u64(a[0], h);
+                    SUCCESS
+                }
+                "cublasLtDestroy"
+                | "cublasLtMatmulDescDestroy"
+                | "cublasLtMatrixLayoutDestroy"
+                | "cublasLtMatmulPreferenceDestroy"
+                | "cublasLtMatmulDescSetAttribute"
+                | "cublasLtMatrixLayoutSetAttribute"
+                | "cublasLtMatmulPreferenceSetAttribute" => SUCCESS,
+                "cublasLtMatmulAlgoGetHeuristic" => {
+                    let elem = match desc.params.get(8) {
+                        Some(Wire::Buf { elem, .. }) => *elem as usize,
+                        _ => return Some(INVALID_VALUE),
+                    };
+                    let requested = a[7] as i32;
+                    // A NULL results array reaches the backend as NULL (a getter's count query).
+                    if requested <= 0 || a[8] == 0 || a[9] == 0 {
+                        return Some(INVALID_VALUE);
+                    }
+                    let salt: u64 = std::env::var(chidori_protocol::env::EMULATED_SALT)
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    let n = requested.min(2);
+                    let results = std::slice::from_raw_parts_mut(a[8] as *mut u8, elem * requested as usize);
+                    for i in 0..n as usize {
+                        let r = &mut results[i * elem..(i + 1) * elem];
+                        r.fill(0);
+                        r[..8].copy_from_slice(&(1000 + i as u64 + salt).to_le_bytes());
+                        if elem >= 80 {
+                            r[76..80].copy_from_slice(&1.0f32.to_le_bytes());
+                        }
+                    }
+                    put_u32(a[9], n as u32);
+                    SUCCESS
+                }
+                _ => return None,
+            }
+        };
+        Some(status)
+    }
+
     /// NCCL with communicators of one rank (a collective of one rank copies its input to its
     /// output, in stream order): enough to carry NCCL's calls through a session without a GPU.
     /// A communicator of more ranks is refused with ncclInvalidUsage.

@@ -1,0 +1,177 @@
+//! Answers learned in earlier sessions with the same server GPU and libraries: kept on disk,
+//! keyed by the server's identity (its GPUs, driver and library versions), so that a second
+//! run of a program answers what it asked the first time without waiting. The worker still
+//! makes every such call; the client compares its answer when it comes
+//! (`crate::custom::cublaslt`), and a different one ends the session naming the call and
+//! drops the whole store (`docs/ahead.md`).
+//!
+//! The file holds records back to back: a namespace byte, the key's and the value's lengths
+//! (u32, little-endian), the key, the value. A record cut short (a process killed while
+//! appending) ends the file's valid part; appending goes on after the last whole record.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Bytes of records one store keeps; past it, new answers are not recorded.
+pub const MAX_BYTES: usize = 16 << 20;
+
+/// What is learned, by kind of question.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Space {
+    /// cublasLtMatmulAlgoGetHeuristic: (status, count, results) by the problem's descriptors.
+    LtHeuristic = 1,
+}
+
+/// The store of one server identity.
+pub struct Learned {
+    path: Option<PathBuf>,
+    map: HashMap<(u8, Vec<u8>), Vec<u8>>,
+    bytes: usize,
+}
+
+impl Learned {
+    /// The store for `identity` under `dir` (created if missing). Without a directory the
+    /// store lives in memory only.
+    pub fn open(dir: Option<&Path>, identity: &[u8]) -> Learned {
+        use sha2::{Digest, Sha256};
+        let name: String = Sha256::digest(identity)[..12].iter().map(|b| format!("{b:02x}")).collect();
+        let path = dir.and_then(|d| std::fs::create_dir_all(d).ok().map(|_| d.join(name)));
+        let mut store = Learned { path, map: HashMap::new(), bytes: 0 };
+        if let Some(bytes) = store.path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            let whole = store.load(&bytes);
+            if whole < bytes.len()
+                && let Some(p) = &store.path
+            {
+                // Drop the torn tail so appends start at a record boundary.
+                let _ = std::fs::OpenOptions::new().write(true).open(p).and_then(|f| f.set_len(whole as u64));
+            }
+        }
+        store
+    }
+
+    /// Read records; the bytes of whole records.
+    fn load(&mut self, bytes: &[u8]) -> usize {
+        let mut at = 0;
+        while let Some(head) = bytes.get(at..at + 9) {
+            let klen = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            let vlen = u32::from_le_bytes([head[5], head[6], head[7], head[8]]) as usize;
+            let Some(end) = (at + 9).checked_add(klen).and_then(|k| k.checked_add(vlen)) else { break };
+            let Some(body) = bytes.get(at + 9..end) else { break };
+            let (key, value) = body.split_at(klen);
+            self.map.insert((head[0], key.to_vec()), value.to_vec());
+            self.bytes += end - at;
+            at = end;
+        }
+        at
+    }
+
+    pub fn get(&self, space: Space, key: &[u8]) -> Option<&[u8]> {
+        self.map.get(&(space as u8, key.to_vec())).map(Vec::as_slice)
+    }
+
+    /// Keep `value` for `key` (on disk too); false where the store is full or the answer
+    /// was known already.
+    pub fn learn(&mut self, space: Space, key: &[u8], value: &[u8]) -> bool {
+        let size = 9 + key.len() + value.len();
+        let k = (space as u8, key.to_vec());
+        if self.bytes + size > MAX_BYTES || self.map.get(&k).is_some_and(|v| v == value) {
+            return false;
+        }
+        let (Ok(klen), Ok(vlen)) = (u32::try_from(key.len()), u32::try_from(value.len())) else { return false };
+        self.map.insert(k, value.to_vec());
+        self.bytes += size;
+        if let Some(path) = &self.path {
+            let mut record = Vec::with_capacity(size);
+            record.push(space as u8);
+            record.extend_from_slice(&klen.to_le_bytes());
+            record.extend_from_slice(&vlen.to_le_bytes());
+            record.extend_from_slice(key);
+            record.extend_from_slice(value);
+            let written =
+                std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(&record));
+            if let Err(e) = written {
+                crate::log::once_owned(&format!("{}", path.display()), || {
+                    tracing::warn!("cannot keep learned answers in {}: {e}", path.display())
+                });
+            }
+        }
+        true
+    }
+
+    /// Drop every answer, on disk too (one turned out different).
+    pub fn forget_all(&mut self) {
+        self.map.clear();
+        self.bytes = 0;
+        if let Some(path) = &self.path {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("chidori-learned-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn answers_survive_a_reopen_per_identity() {
+        let d = dir("reopen");
+        let mut a = Learned::open(Some(&d), b"gpu A");
+        assert!(a.learn(Space::LtHeuristic, b"k1", b"v1"));
+        assert!(!a.learn(Space::LtHeuristic, b"k1", b"v1"), "known already");
+        assert!(a.learn(Space::LtHeuristic, b"k2", b""));
+        let b = Learned::open(Some(&d), b"gpu A");
+        assert_eq!(b.get(Space::LtHeuristic, b"k1"), Some(&b"v1"[..]));
+        assert_eq!(b.get(Space::LtHeuristic, b"k2"), Some(&b""[..]));
+        assert_eq!(b.len(), 2);
+        // Another server's store is another file.
+        assert!(Learned::open(Some(&d), b"gpu B").is_empty());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_torn_tail_is_dropped_and_appends_go_on() {
+        let d = dir("torn");
+        let mut a = Learned::open(Some(&d), b"id");
+        a.learn(Space::LtHeuristic, b"k1", b"v1");
+        let file = std::fs::read_dir(&d).unwrap().next().unwrap().unwrap().path();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&file).unwrap();
+        f.write_all(&[1, 5, 0, 0, 0, 9]).unwrap();
+        drop(f);
+        let mut b = Learned::open(Some(&d), b"id");
+        assert_eq!(b.len(), 1);
+        b.learn(Space::LtHeuristic, b"k3", b"v3");
+        let c = Learned::open(Some(&d), b"id");
+        assert_eq!(c.get(Space::LtHeuristic, b"k3"), Some(&b"v3"[..]));
+        assert_eq!(c.len(), 2);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_store_is_bounded_and_forgets_everything_at_once() {
+        let d = dir("bound");
+        let mut a = Learned::open(Some(&d), b"id");
+        let big = vec![0u8; MAX_BYTES / 2];
+        assert!(a.learn(Space::LtHeuristic, b"a", &big));
+        assert!(!a.learn(Space::LtHeuristic, b"b", &big), "past the bound");
+        a.forget_all();
+        assert!(a.is_empty());
+        assert!(Learned::open(Some(&d), b"id").is_empty());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
