@@ -47,9 +47,13 @@ fn program_with(name: &str, source: &str, libs: &[&str]) -> PathBuf {
     exe
 }
 
+/// `chidori run` of `exe`. Answers learned in earlier sessions are off: every emulated server
+/// has the same identity, so one test's runs would change another's round trips (the tests
+/// of learning turn it on, each with a cache directory of its own).
 fn run_cmd(server: &str, exe: &Path) -> Command {
     let mut cmd = Command::new(chidori());
     cmd.args(["run", "-s", server, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(exe);
+    cmd.env("CHIDORI_LEARNED", "0");
     cmd
 }
 
@@ -58,6 +62,7 @@ fn run_cmd(server: &str, exe: &Path) -> Command {
 fn run_traced(server: &EmulatedServer, exe: &Path) -> (String, String) {
     let mut cmd = Command::new(chidori());
     cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(exe);
+    cmd.env("CHIDORI_LEARNED", "0");
     let out = cmd.output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
@@ -956,6 +961,34 @@ fn cudnn_graph_builds_after_the_first_ride_with_the_heuristics() {
         stderr.lines().find(|l| l.starts_with("cudnnBackendCreateDescriptor")).unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!(creates.split_whitespace().nth(1), Some("46"), "{stderr}");
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
+/// Issue 19 item 1: what one process learned to ask after cuDNN's finalizes and fills is kept
+/// for the next process on the same server identity, whose first graph build then rides
+/// like a later one, with the same answers.
+#[test]
+fn cudnn_questions_learned_by_one_process_ride_with_the_next_ones_first_build() {
+    let server = server();
+    let exe = cudnn_program("cudnn-patterns", CUDNN_HEURISTICS);
+    let cache = chidori_tests::scratch("cudnn-patterns-cache");
+    let run = || {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
+            .arg(chidori_tests::shim_dir())
+            .arg("--")
+            .arg(&exe)
+            .env("XDG_CACHE_HOME", &cache);
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stdout}{stderr}");
+        let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
+        (stdout.into_owned(), total.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), stderr.into_owned())
+    };
+    let (first, first_trips, stderr) = run();
+    assert_eq!(first_trips, 12, "as within one process: {stderr}");
+    let (second, second_trips, stderr) = run();
+    assert_eq!(second, first, "{stderr}");
+    assert_eq!(second_trips, 3, "every build rides with its finalize: {stderr}");
 }
 
 /// torch's `get_parameters` asks each RNN matrix's address 100 times in a row; an LSTM of two

@@ -223,6 +223,79 @@ impl Replay {
         }
     }
 
+    /// What was learned (questions and fills per descriptor type), as bytes to keep for a
+    /// later process: records of a tag (1 question, 2 fill) and little-endian fields.
+    pub fn patterns(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut types: Vec<_> = self.learned.iter().collect();
+        types.sort_by_key(|(t, _)| **t);
+        for (ty, queries) in types {
+            for &(attr, attr_type, requested, array) in queries {
+                out.push(1);
+                out.extend_from_slice(&ty.to_le_bytes());
+                out.extend_from_slice(&attr.to_le_bytes());
+                out.extend_from_slice(&attr_type.to_le_bytes());
+                out.extend_from_slice(&requested.to_le_bytes());
+                out.push(u8::from(array));
+            }
+        }
+        let mut fills: Vec<_> = self.learned_fills.iter().collect();
+        fills.sort_by_key(|(k, _)| **k);
+        for ((ty, at), learned) in fills {
+            for &((attr, requested, desc_type), last, times) in learned {
+                out.push(2);
+                out.extend_from_slice(&ty.to_le_bytes());
+                out.extend_from_slice(&[u8::from(at.is_some()), at.unwrap_or(0)]);
+                out.extend_from_slice(&attr.to_le_bytes());
+                out.extend_from_slice(&requested.to_le_bytes());
+                out.extend_from_slice(&desc_type.to_le_bytes());
+                out.extend_from_slice(&last.to_le_bytes());
+                out.extend_from_slice(&times.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Learn what [`Replay::patterns`] kept (up to the first record it cannot read: a file
+    /// cut short or of another layout is only a smaller head start).
+    pub fn learn_patterns(&mut self, mut bytes: &[u8]) {
+        fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
+            let (head, rest) = b.split_first_chunk::<N>()?;
+            *b = rest;
+            Some(*head)
+        }
+        loop {
+            let Some([tag]) = take::<1>(&mut bytes) else { return };
+            let mut read = |b: &mut &[u8]| -> Option<()> {
+                let ty = u32::from_le_bytes(take(b)?);
+                match tag {
+                    1 => {
+                        let attr = u32::from_le_bytes(take(b)?);
+                        let attr_type = u32::from_le_bytes(take(b)?);
+                        let requested = i64::from_le_bytes(take(b)?);
+                        let [array] = take::<1>(b)?;
+                        self.learn(ty, (attr, attr_type, requested, array != 0));
+                    }
+                    2 => {
+                        let [has, at] = take::<2>(b)?;
+                        let attr = u32::from_le_bytes(take(b)?);
+                        let requested = i64::from_le_bytes(take(b)?);
+                        let desc_type = u32::from_le_bytes(take(b)?);
+                        let last = i64::from_le_bytes(take(b)?);
+                        let times = u32::from_le_bytes(take(b)?);
+                        let at = (has != 0).then_some(at);
+                        self.learn_fill((ty, at), (attr, requested, desc_type), last, times.min(REPEAT_MAX));
+                    }
+                    _ => return None,
+                }
+                Some(())
+            };
+            if read(&mut bytes).is_none() {
+                return;
+            }
+        }
+    }
+
     pub fn learn(&mut self, ty: u32, query: Query) {
         let learned = self.learned.entry(ty).or_default();
         if !learned.contains(&query) && learned.len() < LEARNED_MAX && query.2 <= REQUESTED_MAX {
@@ -244,6 +317,28 @@ impl Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn learned_patterns_survive_a_round_trip_and_a_cut() {
+        let mut r = Replay::default();
+        r.learn(7, (3, 12, 1, true));
+        r.learn(7, (5, 4, 8, false));
+        r.learn_fill((9, Some(0)), (302, 44, 7), 1, 2);
+        r.learn_fill((9, None), (301, 1, 8), -1, 1);
+        let bytes = r.patterns();
+        let mut again = Replay::default();
+        again.learn_patterns(&bytes);
+        assert_eq!(again.learned, r.learned);
+        assert_eq!(again.learned_fills, r.learned_fills);
+        // A file cut in the middle of a record keeps the records before it.
+        let mut cut = Replay::default();
+        cut.learn_patterns(&bytes[..bytes.len() - 3]);
+        assert_eq!(cut.learned, r.learned);
+        assert_eq!(cut.learned_fills.values().map(Vec::len).sum::<usize>(), 1);
+        let mut junk = Replay::default();
+        junk.learn_patterns(&[9, 1, 2, 3]);
+        assert!(junk.learned.is_empty() && junk.learned_fills.is_empty());
+    }
 
     #[test]
     fn a_short_fill_answers_the_program_only_when_it_came_back_short() {

@@ -24,6 +24,36 @@ pub enum Space {
     LtHeuristic = 1,
 }
 
+/// What answers depend on: the server's GPUs, its driver and its libraries' versions, from
+/// the Welcome.
+pub fn identity(w: &chidori_protocol::messages::Welcome) -> Vec<u8> {
+    let mut identity = format!("{}|{}|{:?}", w.backend, w.driver_version, w.libraries).into_bytes();
+    for d in &w.devices {
+        identity.extend_from_slice(d.name.as_bytes());
+        identity.extend_from_slice(&d.uuid);
+    }
+    identity
+}
+
+/// Where learned answers are kept: `$XDG_CACHE_HOME/chidori/answers` (or `~/.cache/…`);
+/// None where `CHIDORI_LEARNED=0` or there is no home.
+pub fn dir() -> Option<PathBuf> {
+    if std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("chidori/answers"))
+}
+
+/// The file of `identity`'s store in `dir`, with `suffix` (another kind of record).
+pub fn file(dir: &Path, identity: &[u8], suffix: &str) -> PathBuf {
+    use sha2::{Digest, Sha256};
+    let name: String = Sha256::digest(identity)[..12].iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("{name}{suffix}"))
+}
+
 /// The store of one server identity.
 pub struct Learned {
     path: Option<PathBuf>,
@@ -35,9 +65,7 @@ impl Learned {
     /// The store for `identity` under `dir` (created if missing). Without a directory the
     /// store lives in memory only.
     pub fn open(dir: Option<&Path>, identity: &[u8]) -> Learned {
-        use sha2::{Digest, Sha256};
-        let name: String = Sha256::digest(identity)[..12].iter().map(|b| format!("{b:02x}")).collect();
-        let path = dir.and_then(|d| std::fs::create_dir_all(d).ok().map(|_| d.join(name)));
+        let path = dir.and_then(|d| std::fs::create_dir_all(d).ok().map(|_| file(d, identity, "")));
         let mut store = Learned { path, map: HashMap::new(), bytes: 0 };
         if let Some(bytes) = store.path.as_ref().and_then(|p| std::fs::read(p).ok()) {
             let whole = store.load(&bytes);

@@ -248,18 +248,7 @@ fn learned<T>(conn: &Conn, f: impl FnOnce(&mut Learned) -> T) -> Option<T> {
     }
     let mut slot = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
     let store = slot.get_or_insert_with(|| {
-        let w = &conn.welcome;
-        // What the answers depend on: the GPUs, the driver and the libraries' versions.
-        let mut identity = format!("{}|{}|{:?}", w.backend, w.driver_version, w.libraries).into_bytes();
-        for d in &w.devices {
-            identity.extend_from_slice(d.name.as_bytes());
-            identity.extend_from_slice(&d.uuid);
-        }
-        let dir = std::env::var_os("XDG_CACHE_HOME")
-            .map(std::path::PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
-            .map(|base| base.join("chidori/answers"));
-        Learned::open(dir.as_deref(), &identity)
+        Learned::open(crate::ahead::learned::dir().as_deref(), &crate::ahead::learned::identity(&conn.welcome))
     });
     Some(f(store))
 }

@@ -429,7 +429,37 @@ fn forget_answers(f: &'static Forms, descriptor: u64) {
 static REPLAY: Mutex<Option<Replay>> = Mutex::new(None);
 
 fn replay<T>(f: impl FnOnce(&mut Replay) -> T) -> T {
-    f(REPLAY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Replay::default))
+    f(REPLAY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| {
+        // What earlier processes learned to ask on this server: the first graph build of
+        // this one rides like a later one (the answers are still this session's).
+        let mut r = Replay::default();
+        if let Some(path) = patterns_file()
+            && let Ok(bytes) = std::fs::read(&path)
+        {
+            r.learn_patterns(&bytes);
+        }
+        r
+    }))
+}
+
+/// Where the learned cuDNN questions and fills of this server identity are kept.
+fn patterns_file() -> Option<std::path::PathBuf> {
+    let conn = crate::conn::existing()?;
+    let dir = crate::ahead::learned::dir()?;
+    Some(crate::ahead::learned::file(&dir, &crate::ahead::learned::identity(&conn.welcome), ".cudnn"))
+}
+
+/// Keep what this process learned to ask (at exit), for the next one.
+pub fn save_patterns() {
+    let guard = REPLAY.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(bytes) = guard.as_ref().map(Replay::patterns).filter(|b| !b.is_empty()) else { return };
+    drop(guard);
+    let Some(path) = patterns_file() else { return };
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(&tmp, &bytes));
+    if written.and_then(|()| std::fs::rename(&tmp, &path)).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 /// Write an answer to the caller as the library would: the status, and on success
