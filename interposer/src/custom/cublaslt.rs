@@ -6,16 +6,16 @@
 //!   which decides whether `cublasLtMatmul`'s alpha and beta travel as values or pass as
 //!   device addresses (`crate::scalars`);
 //! * answer `cublasLtMatmulAlgoGetHeuristic` for a problem it has asked about before: the
-//!   heuristic is a pure function of the descriptors (torch asks before every matmul).
+//!   heuristic is a pure function of the descriptors (torch asks before every matmul). An
+//!   answer from an earlier session on the same server identity is given too, and checked
+//!   against the server's answer to the same call when it comes (`crate::ahead::learned`).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use chidori_protocol::desc::{CallDesc, Ctx, Form, Wire};
-
-use std::sync::Arc;
 
 use crate::ahead::Answers;
 use crate::ahead::learned::{Learned, Space};
