@@ -2249,3 +2249,51 @@ fn heuristics_learned_in_an_earlier_session_are_answered_without_waiting() {
     assert_eq!(trips, 2, "what was learned was dropped: {stderr}");
     assert!(fourth.contains("first 1005"), "{fourth}{stderr}");
 }
+
+const CUDNN_SIZES: &str = r#"
+#include <stdio.h>
+typedef void *h_t;
+int cudnnCreate(h_t *h);
+int cudnnCreateTensorDescriptor(h_t *d);
+int cudnnDestroyTensorDescriptor(h_t d);
+int cudnnSetTensorNdDescriptor(h_t d, int dataType, int nbDims, const int *dims, const int *strides);
+int cudnnGetTensorSizeInBytes(h_t d, unsigned long *size);
+#define C(x) do { int e = (x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
+int main(void) {
+  h_t handle, t;
+  unsigned long size = 0;
+  int small[3] = {2, 3, 4}, small_strides[3] = {12, 4, 1};
+  int big[3] = {2, 8, 8}, big_strides[3] = {64, 8, 1};
+  C(cudnnCreate(&handle));
+  /* Torch's pattern: a descriptor made and set anew for each call, its size asked. */
+  for (int step = 0; step < 5; ++step) {
+    C(cudnnCreateTensorDescriptor(&t));
+    C(cudnnSetTensorNdDescriptor(t, 0, 3, small, small_strides));
+    C(cudnnGetTensorSizeInBytes(t, &size));
+    printf("%lu ", size);
+    /* Set again, differently: another question. */
+    C(cudnnSetTensorNdDescriptor(t, 0, 3, big, big_strides));
+    C(cudnnGetTensorSizeInBytes(t, &size));
+    printf("%lu ", size);
+    C(cudnnDestroyTensorDescriptor(t));
+  }
+  /* Half precision: another question again. */
+  C(cudnnCreateTensorDescriptor(&t));
+  C(cudnnSetTensorNdDescriptor(t, 2, 3, small, small_strides));
+  C(cudnnGetTensorSizeInBytes(t, &size));
+  printf("%lu\n", size);
+  return 0;
+}
+"#;
+
+/// Issue 19: a legacy cuDNN size query about descriptors set as before is answered by the
+/// client; a descriptor set differently, or of another data type, is asked again.
+#[test]
+fn cudnn_size_queries_about_descriptors_set_alike_are_answered_by_the_client() {
+    let server = server();
+    let exe = cudnn_program("cudnn-sizes", CUDNN_SIZES);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "96 512 96 512 96 512 96 512 96 512 48", "{stderr}");
+    let row = trace_row(&stderr, "cudnnGetTensorSizeInBytes");
+    assert_eq!(row, ["11", "3"], "three distinct questions, eleven asked: {stderr}");
+}

@@ -58,10 +58,10 @@ pub fn thread_id() -> u32 {
 }
 
 /// A call ready to send: the archive, the input bytes, and where outputs go.
-struct Prepared<'a> {
-    call: Call,
-    bulk: Vec<Cow<'a, [u8]>>,
-    outs: Vec<OutTarget>,
+pub(crate) struct Prepared<'a> {
+    pub(crate) call: Call,
+    pub(crate) bulk: Vec<Cow<'a, [u8]>>,
+    pub(crate) outs: Vec<OutTarget>,
 }
 
 /// What the encoder asks of this client: string lengths in the program's memory, the
@@ -195,6 +195,15 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(desc, args) };
+    // cuDNN's legacy size queries about descriptors set as before are answered here.
+    let learn = match desc.library {
+        "cudnn" => match crate::custom::cudnn_sizes::before(desc, args, &prepared) {
+            crate::custom::cudnn_sizes::Action::Answered(ret) => return ret,
+            crate::custom::cudnn_sizes::Action::Learn(key) => Some(key),
+            crate::custom::cudnn_sizes::Action::Send => None,
+        },
+        _ => None,
+    };
     let seq = conn.next_seq();
     let waits = desc.waits();
     let slot = waits.then(|| conn.expect(seq, prepared.outs.clone()));
@@ -217,6 +226,9 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         Ok(r) => r,
         Err(_) => return unavailable(desc),
     };
+    if let Some(key) = learn {
+        crate::custom::cudnn_sizes::learn(key, ret, desc, &prepared);
+    }
     // Bytes of earlier asynchronous copies into pinned memory have landed before any
     // waiting call returns, and so have the GPU's writes into mirrored pinned memory.
     crate::state::wait_deferred();

@@ -668,6 +668,27 @@ impl Backend for Emulated {
                     self.state().tensors.insert(a[0], (a[1] as u32, dims, strides));
                     SUCCESS
                 }
+                // The bytes the tensor spans: the largest offset plus one element (floats and
+                // other data types of four bytes, halves of two, doubles of eight).
+                ("cudnn", "cudnnGetTensorSizeInBytes") => {
+                    let Some((dt, dims, strides)) = self.state().tensors.get(&a[0]).cloned() else {
+                        return Ok(2000);
+                    };
+                    let elem: u64 = match dt {
+                        1 => 8,
+                        2 | 9 => 2,
+                        _ => 4,
+                    };
+                    if dims.iter().chain(&strides).any(|v| *v <= 0) {
+                        return Ok(2000);
+                    }
+                    let last = dims
+                        .iter()
+                        .zip(&strides)
+                        .fold(0u64, |acc, (d, s)| acc.saturating_add((*d as u64 - 1).saturating_mul(*s as u64)));
+                    put_u64(a[1], last.saturating_add(1).saturating_mul(elem));
+                    SUCCESS
+                }
                 // Writes min(requested, nbDims) dimensions and strides.
                 ("cudnn", "cudnnGetTensorNdDescriptor") => {
                     let Some((dt, dims, strides)) = self.state().tensors.get(&a[0]).cloned() else {
