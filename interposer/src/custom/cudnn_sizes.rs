@@ -123,12 +123,18 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
         return Action::Send;
     }
     // Anything else may change the descriptors it passes.
+    forget_passed(desc, args);
+    Action::Send
+}
+
+/// A cuDNN call sent by a path that does not ask [`before`] (several calls in one round
+/// trip): the descriptors it passes may change, so their fingerprints go.
+pub fn forget_passed(desc: &CallDesc, args: &[u64]) {
     for (wire, a) in desc.params.iter().zip(args) {
         if matches!(wire, Wire::Handle { kind: k, .. } if legacy(*k)) && *a != 0 {
             forget(*a);
         }
     }
-    Action::Send
 }
 
 fn forget(handle: u64) {
