@@ -2296,4 +2296,24 @@ fn cudnn_size_queries_about_descriptors_set_alike_are_answered_by_the_client() {
     assert_eq!(stdout.trim(), "96 512 96 512 96 512 96 512 96 512 48", "{stderr}");
     let row = trace_row(&stderr, "cudnnGetTensorSizeInBytes");
     assert_eq!(row, ["11", "3"], "three distinct questions, eleven asked: {stderr}");
+
+    // Learned for later sessions: a second process asks none of them (and checks them all).
+    let cache = chidori_tests::scratch("cudnn-sizes-cache");
+    let run = || {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
+            .arg(chidori_tests::shim_dir())
+            .arg("--")
+            .arg(&exe)
+            .env("XDG_CACHE_HOME", &cache);
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stdout}{stderr}");
+        (stdout.trim().to_owned(), trace_row(&stderr, "cudnnGetTensorSizeInBytes"), stderr.into_owned())
+    };
+    let (first, rows, stderr) = run();
+    assert_eq!((first.as_str(), rows[1].as_str()), (stdout.trim(), "3"), "{stderr}");
+    let (second, rows, stderr) = run();
+    assert_eq!((second.as_str(), rows[1].as_str()), (stdout.trim(), "0"), "{stderr}");
+    assert!(!stderr.contains("answered differently"), "{stderr}");
 }

@@ -844,7 +844,7 @@ fn register_exit_flush() {
             if let Some(conn) = existing().filter(|c| c.forks == FORKS.load(Ordering::Relaxed)) {
                 let _ = conn.flush();
                 // Answers given from earlier sessions are checked before the session ends.
-                crate::custom::cublaslt::settle(Duration::from_secs(10));
+                crate::learned::settle(Duration::from_secs(10));
                 crate::custom::cudnn::save_patterns();
                 conn.goodbye();
                 crate::content::save();

@@ -22,6 +22,9 @@ pub const MAX_BYTES: usize = 16 << 20;
 pub enum Space {
     /// cublasLtMatmulAlgoGetHeuristic: (status, count, results) by the problem's descriptors.
     LtHeuristic = 1,
+    /// cuDNN's legacy size queries: (status, outputs) by the call and its descriptors'
+    /// fingerprints (`crate::custom::cudnn_sizes`).
+    CudnnSize = 2,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

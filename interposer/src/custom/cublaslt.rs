@@ -235,22 +235,10 @@ fn heuristic(
     })
 }
 
-// ---- Answers from earlier sessions (`crate::ahead::learned`) ----
+// ---- Answers from earlier sessions (`crate::learned`) ----
 
-static LEARNED: Mutex<Option<Learned>> = Mutex::new(None);
-/// Checks of answers given from earlier sessions whose server answer has not come yet.
-static CHECKING: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
-
-/// With the store of this server's identity (opened on first use; None where turned off).
 fn learned<T>(conn: &Conn, f: impl FnOnce(&mut Learned) -> T) -> Option<T> {
-    if std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0") {
-        return None;
-    }
-    let mut slot = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
-    let store = slot.get_or_insert_with(|| {
-        Learned::open(crate::ahead::learned::dir().as_deref(), &crate::ahead::learned::identity(&conn.welcome))
-    });
-    Some(f(store))
+    crate::learned::with(conn, f)
 }
 
 fn encode_answer((status, n, bytes): &Answer) -> Vec<u8> {
@@ -266,58 +254,25 @@ fn decode_answer(v: &[u8]) -> Option<Answer> {
     Some((status, n, v[8..].to_vec()))
 }
 
-/// Compare the server's answer (into `check`: the results, then the count) with the one
-/// given, on a thread of its own; a different one ends the session, naming the call, and
-/// drops every learned answer.
+/// Compare the server's answer (written into `check`: the results, then the count) with the
+/// one given: the status, the count, and of each result the algorithm, its workspace, state
+/// and waves (not the reserved words after them, which the library need not write).
 fn verify(conn: Arc<Conn>, slot: Arc<crate::conn::Slot>, check: Box<[u8]>, given: Answer, elem: usize) {
-    *CHECKING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-    let spawned = std::thread::Builder::new().name("chidori-check".into()).spawn(move || {
-        let outcome = slot.wait();
+    crate::learned::check(conn, "cublasLtMatmulAlgoGetHeuristic", slot, check, move |outcome, check| {
         let len = given.2.len();
-        let n = i32::from_le_bytes(check[len..len + 4].try_into().unwrap_or([0; 4]));
-        // Of each result returned: the algorithm, its workspace, state and waves (not the
-        // reserved words after them, which the library need not write).
+        let n = i32::from_le_bytes(check.get(len..len + 4)?.try_into().ok()?);
         let meaningful = elem.min(RESULT_MEANINGFUL);
         let results_same = (0..usize::try_from(n).unwrap_or(0)).all(|i| {
             let r = i * elem..(i * elem + meaningful).min(len);
             check.get(r.clone()) == given.2.get(r)
         });
-        let same = matches!(outcome, Ok(s) if s as u32 == given.0) && n == given.1 && results_same;
-        if !same && outcome.is_ok() {
-            learned(&conn, Learned::forget_all);
-            let how = match outcome {
-                Ok(s) if s as u32 != given.0 => format!("status {s}, not {}", given.0),
-                _ if n != given.1 => format!("{n} algorithms, not {}", given.1),
-                _ => "other algorithms".to_owned(),
-            };
-            conn.end_session(format!(
-                "cublasLtMatmulAlgoGetHeuristic: the server answered differently ({how}) than in an earlier session \
-                 on this GPU and libraries, whose answer this program was given; every learned answer is dropped: \
-                 run the program again"
-            ));
+        match outcome {
+            Ok(s) if *s as u32 != given.0 => Some(format!("status {s}, not {}", given.0)),
+            _ if n != given.1 => Some(format!("{n} algorithms, not {}", given.1)),
+            _ if !results_same => Some("other algorithms".to_owned()),
+            _ => None,
         }
-        let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
-        *pending = pending.saturating_sub(1);
-        CHECKING.1.notify_all();
     });
-    if spawned.is_err() {
-        let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
-        *pending = pending.saturating_sub(1);
-    }
-}
-
-/// Wait (at most `limit`) until every answer given from an earlier session was checked: at
-/// exit, so a different answer is reported before the program ends.
-pub fn settle(limit: std::time::Duration) {
-    let deadline = std::time::Instant::now() + limit;
-    let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
-    while *pending > 0 {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        pending = CHECKING.1.wait_timeout(pending, left).unwrap_or_else(|p| p.into_inner()).0;
-    }
 }
 
 // ---- The exports: one implementation each, for every header version's variant. ----

@@ -1,0 +1,78 @@
+//! The client's side of answers learned in earlier sessions (`crate::ahead::learned` is the
+//! store): the store of the connected server's identity, and the checks of answers given
+//! from it. The worker still makes every call whose answer the client gave; its answer is
+//! compared when it comes, on a thread of its own, and a different one ends the session
+//! naming the call and drops the whole store (`docs/ahead.md`).
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::ahead::learned::Learned;
+use crate::conn::{Conn, Outcome, Slot};
+
+static LEARNED: Mutex<Option<Learned>> = Mutex::new(None);
+/// Checks whose server answer has not come yet.
+static CHECKING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// With the store of the connected server's identity (opened on first use; None where
+/// `CHIDORI_LEARNED=0`).
+pub fn with<T>(conn: &Conn, f: impl FnOnce(&mut Learned) -> T) -> Option<T> {
+    if std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let mut slot = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
+    let store = slot.get_or_insert_with(|| {
+        Learned::open(crate::ahead::learned::dir().as_deref(), &crate::ahead::learned::identity(&conn.welcome))
+    });
+    Some(f(store))
+}
+
+/// Check the server's answer to a call whose answer the program was given from the store:
+/// `differs` says, from the outcome, how it differs (None: it does not). `keep` lives until
+/// then (the buffer the reply's outputs are written into).
+pub fn check<K: Send + 'static>(
+    conn: Arc<Conn>,
+    call: &'static str,
+    slot: Arc<Slot>,
+    keep: K,
+    differs: impl FnOnce(&Outcome, &K) -> Option<String> + Send + 'static,
+) {
+    *CHECKING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    let done = || {
+        let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
+        *pending = pending.saturating_sub(1);
+        CHECKING.1.notify_all();
+    };
+    let spawned = std::thread::Builder::new().name("chidori-check".into()).spawn(move || {
+        let outcome = slot.wait();
+        // A session that ended meanwhile says so itself.
+        if outcome.is_ok()
+            && let Some(how) = differs(&outcome, &keep)
+        {
+            with(&conn, Learned::forget_all);
+            conn.end_session(format!(
+                "{call}: the server answered differently ({how}) than in an earlier session on this GPU and \
+                 libraries, whose answer this program was given; every learned answer is dropped: run the \
+                 program again"
+            ));
+        }
+        done();
+    });
+    if spawned.is_err() {
+        done();
+    }
+}
+
+/// Wait (at most `limit`) until every answer given from the store was checked: at exit, so
+/// a different answer is reported before the program ends.
+pub fn settle(limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
+    while *pending > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        pending = CHECKING.1.wait_timeout(pending, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
+}
