@@ -69,6 +69,17 @@ fn run_traced(server: &EmulatedServer, exe: &Path) -> (String, String) {
     (stdout.into_owned(), stderr.into_owned())
 }
 
+/// Run `exe` through `chidori run --trace` with learning on and the client's cache in
+/// `cache` (the tests of what a later run learns from an earlier one); `envs` added. Its
+/// stdout and stderr, whatever its exit status (a session a test ends may fail it).
+fn run_learning(server: &EmulatedServer, exe: &Path, cache: &Path, envs: &[(&str, &str)]) -> (String, String) {
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(exe);
+    cmd.env("XDG_CACHE_HOME", cache).envs(envs.iter().copied());
+    let out = cmd.output().unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 /// A function's calls and round trips in the trace table of `stderr`.
 fn trace_row(stderr: &str, function: &str) -> Vec<String> {
     let line = stderr
@@ -972,17 +983,9 @@ fn cudnn_questions_learned_by_one_process_ride_with_the_next_ones_first_build() 
     let exe = cudnn_program("cudnn-patterns", CUDNN_HEURISTICS);
     let cache = chidori_tests::scratch("cudnn-patterns-cache");
     let run = || {
-        let mut cmd = Command::new(chidori());
-        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
-            .arg(chidori_tests::shim_dir())
-            .arg("--")
-            .arg(&exe)
-            .env("XDG_CACHE_HOME", &cache);
-        let out = cmd.output().unwrap();
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{stdout}{stderr}");
+        let (stdout, stderr) = run_learning(&server, &exe, &cache, &[]);
         let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
-        (stdout.into_owned(), total.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), stderr.into_owned())
+        (stdout, total.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), stderr)
     };
     let (first, first_trips, stderr) = run();
     assert_eq!(first_trips, 12, "as within one process: {stderr}");
@@ -1964,17 +1967,9 @@ fn modules_the_last_run_loaded_go_with_the_first_load() {
     let client_cache = dir.join("client-cache");
     let _ = std::fs::remove_dir_all(&client_cache);
     let run = |ahead: bool| {
-        let mut cmd = Command::new(chidori());
-        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
-            .arg(chidori_tests::shim_dir())
-            .arg("--")
-            .arg(&exe)
-            .env("XDG_CACHE_HOME", &client_cache)
-            .env("CHIDORI_MODULES_AHEAD", if ahead { "1" } else { "0" });
-        let out = cmd.output().unwrap();
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "stdout: {stdout}; stderr: {stderr}");
-        (stdout.into_owned(), module_load_row(&stderr), stderr.into_owned())
+        let (stdout, stderr) =
+            run_learning(&server, &exe, &client_cache, &[("CHIDORI_MODULES_AHEAD", if ahead { "1" } else { "0" })]);
+        (stdout, module_load_row(&stderr), stderr)
     };
     let (first, (first_trips, first_bytes), stderr) = run(true);
     assert_eq!(first_trips, 4, "one load per module on a first run: {stderr}");
@@ -2212,20 +2207,13 @@ fn heuristics_learned_in_an_earlier_session_are_answered_without_waiting() {
     let exe = program_with("lt_heuristic", LT_HEURISTIC, &["-l:libcublasLt.so.13"]);
     let client_cache = dir.join("client-cache");
     let run = |server: &EmulatedServer| {
-        let mut cmd = Command::new(chidori());
-        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
-            .arg(chidori_tests::shim_dir())
-            .arg("--")
-            .arg(&exe)
-            .env("XDG_CACHE_HOME", &client_cache);
-        let out = cmd.output().unwrap();
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let (stdout, stderr) = run_learning(server, &exe, &client_cache, &[]);
         let trips = stderr
             .lines()
             .find(|l| l.split_whitespace().next() == Some("cublasLtMatmulAlgoGetHeuristic"))
             .and_then(|l| l.split_whitespace().nth(2).and_then(|t| t.parse::<u64>().ok()))
             .unwrap_or(0);
-        (stdout.into_owned(), trips, stderr.into_owned())
+        (stdout, trips, stderr)
     };
     let server = server();
     let (first, trips, stderr) = run(&server);
@@ -2300,16 +2288,8 @@ fn cudnn_size_queries_about_descriptors_set_alike_are_answered_by_the_client() {
     // Learned for later sessions: a second process asks none of them (and checks them all).
     let cache = chidori_tests::scratch("cudnn-sizes-cache");
     let run = || {
-        let mut cmd = Command::new(chidori());
-        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"])
-            .arg(chidori_tests::shim_dir())
-            .arg("--")
-            .arg(&exe)
-            .env("XDG_CACHE_HOME", &cache);
-        let out = cmd.output().unwrap();
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{stdout}{stderr}");
-        (stdout.trim().to_owned(), trace_row(&stderr, "cudnnGetTensorSizeInBytes"), stderr.into_owned())
+        let (out, stderr) = run_learning(&server, &exe, &cache, &[]);
+        (out.trim().to_owned(), trace_row(&stderr, "cudnnGetTensorSizeInBytes"), stderr)
     };
     let (first, rows, stderr) = run();
     assert_eq!((first.as_str(), rows[1].as_str()), (stdout.trim(), "3"), "{stderr}");
