@@ -2246,6 +2246,10 @@ int cudnnCreateTensorDescriptor(h_t *d);
 int cudnnDestroyTensorDescriptor(h_t d);
 int cudnnSetTensorNdDescriptor(h_t d, int dataType, int nbDims, const int *dims, const int *strides);
 int cudnnGetTensorSizeInBytes(h_t d, unsigned long *size);
+int cudnnCreateRNNDescriptor(h_t *d);
+int cudnnGetRNNWeightParams(h_t handle, h_t rnn, int layer, unsigned long size, const void *space, int lin,
+                            h_t mDesc, void **mAddr, h_t bDesc, void **bAddr);
+int cudaMalloc(void **p, unsigned long size);
 #define C(x) do { int e = (x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
 int main(void) {
   h_t handle, t;
@@ -2269,21 +2273,34 @@ int main(void) {
   C(cudnnCreateTensorDescriptor(&t));
   C(cudnnSetTensorNdDescriptor(t, 2, 3, small, small_strides));
   C(cudnnGetTensorSizeInBytes(t, &size));
+  printf("%lu ", size);
+  /* A call that fills the descriptor (an RNN matrix of 32 x 32 floats): its size is asked. */
+  h_t rnn;
+  void *space, *matrix;
+  C(cudaMalloc(&space, 1 << 20));
+  C(cudnnCreateRNNDescriptor(&rnn));
+  C(cudnnCreateTensorDescriptor(&t));
+  C(cudnnSetTensorNdDescriptor(t, 0, 3, small, small_strides));
+  C(cudnnGetTensorSizeInBytes(t, &size));
+  printf("%lu ", size);
+  C(cudnnGetRNNWeightParams(handle, rnn, 0, 1 << 20, space, 0, t, &matrix, 0, 0));
+  C(cudnnGetTensorSizeInBytes(t, &size));
   printf("%lu\n", size);
   return 0;
 }
 "#;
 
 /// Issue 19: a legacy cuDNN size query about descriptors set as before is answered by the
-/// client; a descriptor set differently, or of another data type, is asked again.
+/// client; a descriptor set differently, of another data type, or filled by another call
+/// is asked again.
 #[test]
 fn cudnn_size_queries_about_descriptors_set_alike_are_answered_by_the_client() {
     let server = server();
     let exe = cudnn_program("cudnn-sizes", CUDNN_SIZES);
     let (stdout, stderr) = run_traced(&server, &exe);
-    assert_eq!(stdout.trim(), "96 512 96 512 96 512 96 512 96 512 48", "{stderr}");
+    assert_eq!(stdout.trim(), "96 512 96 512 96 512 96 512 96 512 48 96 4096", "{stderr}");
     let row = trace_row(&stderr, "cudnnGetTensorSizeInBytes");
-    assert_eq!(row, ["11", "3"], "three distinct questions, eleven asked: {stderr}");
+    assert_eq!(row, ["13", "4"], "three distinct questions and one after a fill, thirteen asked: {stderr}");
 
     // Learned for later sessions: a second process asks none of them (and checks them all).
     let cache = chidori_tests::scratch("cudnn-sizes-cache");
@@ -2292,8 +2309,9 @@ fn cudnn_size_queries_about_descriptors_set_alike_are_answered_by_the_client() {
         (out.trim().to_owned(), trace_row(&stderr, "cudnnGetTensorSizeInBytes"), stderr)
     };
     let (first, rows, stderr) = run();
-    assert_eq!((first.as_str(), rows[1].as_str()), (stdout.trim(), "3"), "{stderr}");
+    assert_eq!((first.as_str(), rows[1].as_str()), (stdout.trim(), "4"), "{stderr}");
+    // The question about the filled descriptor is asked again: what a fill wrote is not known.
     let (second, rows, stderr) = run();
-    assert_eq!((second.as_str(), rows[1].as_str()), (stdout.trim(), "0"), "{stderr}");
+    assert_eq!((second.as_str(), rows[1].as_str()), (stdout.trim(), "1"), "{stderr}");
     assert!(!stderr.contains("answered differently"), "{stderr}");
 }

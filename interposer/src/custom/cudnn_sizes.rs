@@ -9,8 +9,9 @@
 //! descriptors all have fingerprints is keyed by the call and those fingerprints; the
 //! server's successful answer is kept, and the same question is answered locally. Any other
 //! cuDNN call that passes a descriptor may change it (`cudnnGetRNNWeightParams` fills the
-//! descriptors it is given), so it drops their fingerprints, as does a destroy: only a
-//! question about descriptors set the same way since their last such call is answered.
+//! descriptors it is given): such a descriptor is unknown until its destroy, and questions
+//! about it go to the server. Only a question about descriptors set the same way since
+//! they were created is answered.
 //! Answers are kept for later sessions on the same server identity too (`crate::learned`):
 //! given at once there, and checked against the server's answer to the same call.
 
@@ -32,9 +33,12 @@ const ANSWERS_MAX: usize = 4096;
 type Answer = (u64, Vec<(usize, Vec<u8>)>);
 
 static ANSWERS: Answers<u64, Answer> = Answers::new(ANSWERS_MAX);
-static FINGERPRINTS: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+/// What each legacy descriptor says: `Some(fingerprint)` of the Sets made on it since it was
+/// created, `None` once a call may have changed it in a way the client does not know (then
+/// until its destroy). A descriptor absent here is as created.
+static FINGERPRINTS: Mutex<Option<HashMap<u64, Option<u64>>>> = Mutex::new(None);
 
-fn fingerprints() -> MutexGuard<'static, Option<HashMap<u64, u64>>> {
+fn fingerprints() -> MutexGuard<'static, Option<HashMap<u64, Option<u64>>>> {
     FINGERPRINTS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -75,9 +79,12 @@ fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, skip: Option<usiz
         match *wire {
             Wire::Val { .. } => a.hash(&mut h),
             Wire::Handle { kind: k, .. } if k == kind::cudnnContext => {}
-            Wire::Handle { kind: k, .. } if legacy(k) => match a {
-                0 => 0u64.hash(&mut h),
-                _ => prints.as_ref()?.get(&a)?.hash(&mut h),
+            Wire::Handle { kind: k, .. } if legacy(k) => match prints.as_ref().and_then(|m| m.get(&a)) {
+                _ if a == 0 => 0u64.hash(&mut h),
+                // As created: nothing set yet.
+                None => 1u64.hash(&mut h),
+                Some(Some(fingerprint)) => fingerprint.hash(&mut h),
+                Some(None) => return None,
             },
             Wire::Buf { dir: Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
             Wire::Buf { dir: Dir::In, .. } => prepared.call.lens.get(i).hash(&mut h),
@@ -147,14 +154,24 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
     }
     let handle = args.first().copied().unwrap_or(0);
     if first_legacy && name.starts_with("cudnnSet") && handle != 0 {
-        let previous = fingerprints().as_ref().and_then(|m| m.get(&handle).copied()).unwrap_or(0);
-        match content(desc, args, prepared, Some(0)) {
-            Some(call) => {
+        let previous = fingerprints().as_ref().and_then(|m| m.get(&handle).copied());
+        let next = match (previous, content(desc, args, prepared, Some(0))) {
+            // As created, or known: this Set is added to what it says.
+            (None | Some(Some(_)), Some(call)) => {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
-                (previous, call).hash(&mut h);
-                fingerprints().get_or_insert_with(HashMap::new).insert(handle, h.finish());
+                (previous.flatten().unwrap_or(1), call).hash(&mut h);
+                Some(h.finish())
             }
-            None => forget(handle),
+            // Unknown stays unknown: a Set changes only part of a descriptor.
+            _ => None,
+        };
+        fingerprints().get_or_insert_with(HashMap::new).insert(handle, next);
+        return Action::Send;
+    }
+    if first_legacy && name.starts_with("cudnnDestroy") {
+        // A descriptor created later under this name starts as created.
+        if let Some(m) = fingerprints().as_mut() {
+            m.remove(&handle);
         }
         return Action::Send;
     }
@@ -174,9 +191,7 @@ pub fn forget_passed(desc: &CallDesc, args: &[u64]) {
 }
 
 fn forget(handle: u64) {
-    if let Some(m) = fingerprints().as_mut() {
-        m.remove(&handle);
-    }
+    fingerprints().get_or_insert_with(HashMap::new).insert(handle, None);
 }
 
 /// After the server answered a size query: keep a success (for later sessions too).
