@@ -17,8 +17,6 @@
 
 use std::collections::BTreeMap;
 
-use chidori_protocol::desc::Form;
-
 /// Where a range came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -200,24 +198,6 @@ pub fn extents_2d(name: &str) -> &'static [(usize, usize, usize, usize)] {
         // (devPtr, pitch, value, width, height[, stream])
         "cudaMemset2D" | "cudaMemset2DAsync" => &[(0, 1, 3, 4)],
         _ => &[],
-    }
-}
-
-/// 2D copies whose host side travels packed (the client sends rows of `width` bytes back to
-/// back): (the host side's pitch parameter, the width parameter). The worker's buffer holds
-/// `width × height` bytes, so the pitch it passes the library is the width, whatever the
-/// client sent: a larger one would have the library read or write past the buffer.
-pub fn packed_host_pitch(name: &str, form: Form) -> Option<(usize, usize)> {
-    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
-    match (name, form) {
-        // (dst, dpitch, src, spitch, width, height, kind[, stream])
-        ("cudaMemcpy2D" | "cudaMemcpy2DAsync", Form::H2d) => Some((3, 4)),
-        ("cudaMemcpy2D" | "cudaMemcpy2DAsync", Form::D2h) => Some((1, 4)),
-        // (dst, wOffset, hOffset, src, spitch, width, height, kind[, stream])
-        ("cudaMemcpy2DToArray" | "cudaMemcpy2DToArrayAsync", Form::H2a) => Some((4, 5)),
-        // (dst, dpitch, src, wOffset, hOffset, width, height, kind[, stream])
-        ("cudaMemcpy2DFromArray" | "cudaMemcpy2DFromArrayAsync", Form::A2h) => Some((1, 5)),
-        _ => None,
     }
 }
 

@@ -636,11 +636,14 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 *a = value;
             }
         }
-        if let Some((pitch, width)) = memory::packed_host_pitch(desc.name, form)
-            && let Some(&w) = args.get(width)
-            && let Some(p) = args.get_mut(pitch)
-        {
-            *p = w;
+        // And parameters it sets to another's value (a packed host side's pitch is its
+        // width: the worker's buffer holds width x height bytes).
+        for (i, j) in chidori_cuda::checks::same(desc.name, form) {
+            if let Some(&v) = args.get(usize::from(j))
+                && let Some(a) = args.get_mut(usize::from(i))
+            {
+                *a = v;
+            }
         }
     }
     let fail =

@@ -422,8 +422,10 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
-        // Values a wire form fixes: (function, form, parameter index, value).
+        // Values a wire form fixes: (function, form, parameter index, value); and parameters
+        // it sets to another's value (`= other`): (function, form, index, the other's index).
         let mut fixed = BTreeMap::new();
+        let mut same = BTreeMap::new();
         for lib in &self.model.libraries {
             for (name, f) in &lib.functions {
                 let base = name.strip_suffix("_ptsz").or_else(|| name.strip_suffix("_ptds"));
@@ -440,6 +442,17 @@ impl<'a> Emitter<'a> {
                                     lib.lib.name
                                 );
                             };
+                            if let Some(other) = enumerator.strip_prefix('=') {
+                                let other = other.trim();
+                                let Some(j) = v.decl.params.iter().position(|p| p.name == other) else {
+                                    bail!(
+                                        "specs/{}.toml: {name}: wire.{form}.fixed: {param} = {other}, which is no parameter",
+                                        lib.lib.name
+                                    );
+                                };
+                                same.insert((name.clone(), form.clone(), i as u8), j as u8);
+                                continue;
+                            }
                             let value = *env.values.get(enumerator).with_context(|| {
                                 format!(
                                     "specs/{}.toml: {name}: wire.{form}.fixed: no enumerator {enumerator}",
@@ -455,6 +468,10 @@ impl<'a> Emitter<'a> {
         let fixed = fixed.into_iter().map(|((name, form, i), value)| {
             let (name, form) = (lit_str(&name), form_path(&form));
             quote!((#name, #form, #i, #value))
+        });
+        let same = same.into_iter().map(|((name, form, i), j)| {
+            let (name, form) = (lit_str(&name), form_path(&form));
+            quote!((#name, #form, #i, #j))
         });
         let records = records.into_values();
         let params = params.into_iter().map(|((name, i), values)| {
@@ -487,6 +504,13 @@ impl<'a> Emitter<'a> {
                 /// The parameters wire form `form` of `function` fixes: (index, value).
                 pub fn fixed(function: &str, form: Form) -> impl Iterator<Item = (u8, u64)> + '_ {
                     FIXED.iter().filter(move |(f, w, _, _)| *f == function && *w == form).map(|(_, _, i, v)| (*i, *v))
+                }
+                /// (function, wire form, parameter index, the parameter whose value it takes), sorted.
+                pub static SAME: &[(&str, Form, u8, u8)] = &[#(#same),*];
+                /// The parameters wire form `form` of `function` sets to another's value: (index,
+                /// the other's index).
+                pub fn same(function: &str, form: Form) -> impl Iterator<Item = (u8, u8)> + '_ {
+                    SAME.iter().filter(move |(f, w, _, _)| *f == function && *w == form).map(|(_, _, i, j)| (*i, *j))
                 }
             },
         )

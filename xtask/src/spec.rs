@@ -26,6 +26,7 @@
 //! wire.h2d.params = { dst = "device", src = "in[count]" }
 //! wire.d2h.params = { dst = "out[count]", src = "device" }
 //! wire.d2h.fixed = { kind = "cudaMemcpyDeviceToHost" }   # the worker passes this value
+//!                                  # (`dpitch = "= width"`: the value of another parameter)
 //!
 //! [function.cudaStreamSynchronize]
 //! only_waits = true                # blocks for earlier work only: later calls may start
@@ -255,7 +256,8 @@ pub struct WireForm {
     #[serde(default)]
     pub params: BTreeMap<String, String>,
     /// Parameter → the enumerator the worker passes, whatever the client sent (a copy's
-    /// direction is what its form says: `fixed = { kind = "cudaMemcpyHostToDevice" }`).
+    /// direction is what its form says: `fixed = { kind = "cudaMemcpyHostToDevice" }`), or
+    /// `= other`: the value of parameter `other` (a packed host side's pitch is its width).
     #[serde(default)]
     pub fixed: BTreeMap<String, String>,
 }

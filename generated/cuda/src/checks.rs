@@ -2172,3 +2172,29 @@ pub fn fixed(function: &str, form: Form) -> impl Iterator<Item = (u8, u64)> + '_
         .filter(move |(f, w, _, _)| *f == function && *w == form)
         .map(|(_, _, i, v)| (*i, *v))
 }
+/// (function, wire form, parameter index, the parameter whose value it takes), sorted.
+pub static SAME: &[(&str, Form, u8, u8)] = &[
+    ("cudaMemcpy2D", Form::D2h, 1u8, 4u8),
+    ("cudaMemcpy2D", Form::H2d, 3u8, 4u8),
+    ("cudaMemcpy2DAsync", Form::D2h, 1u8, 4u8),
+    ("cudaMemcpy2DAsync", Form::H2d, 3u8, 4u8),
+    ("cudaMemcpy2DAsync_ptsz", Form::D2h, 1u8, 4u8),
+    ("cudaMemcpy2DAsync_ptsz", Form::H2d, 3u8, 4u8),
+    ("cudaMemcpy2DFromArray", Form::A2h, 1u8, 5u8),
+    ("cudaMemcpy2DFromArrayAsync", Form::A2h, 1u8, 5u8),
+    ("cudaMemcpy2DFromArrayAsync_ptsz", Form::A2h, 1u8, 5u8),
+    ("cudaMemcpy2DFromArray_ptds", Form::A2h, 1u8, 5u8),
+    ("cudaMemcpy2DToArray", Form::H2a, 4u8, 5u8),
+    ("cudaMemcpy2DToArrayAsync", Form::H2a, 4u8, 5u8),
+    ("cudaMemcpy2DToArrayAsync_ptsz", Form::H2a, 4u8, 5u8),
+    ("cudaMemcpy2DToArray_ptds", Form::H2a, 4u8, 5u8),
+    ("cudaMemcpy2D_ptds", Form::D2h, 1u8, 4u8),
+    ("cudaMemcpy2D_ptds", Form::H2d, 3u8, 4u8),
+];
+/// The parameters wire form `form` of `function` sets to another's value: (index,
+/// the other's index).
+pub fn same(function: &str, form: Form) -> impl Iterator<Item = (u8, u8)> + '_ {
+    SAME.iter()
+        .filter(move |(f, w, _, _)| *f == function && *w == form)
+        .map(|(_, _, i, j)| (*i, *j))
+}
