@@ -53,17 +53,13 @@ struct Session {
 
 static SESSION: Mutex<Option<Session>> = Mutex::new(None);
 
-/// `$XDG_CACHE_HOME`, else `~/.cache`.
+/// Chidori's cache directory (`$XDG_CACHE_HOME/chidori`, else `~/.cache/chidori`).
 fn cache_base() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+    chidori_protocol::env::cache_dir()
 }
 
 fn record_path(base: &Path, server: &str) -> PathBuf {
-    let name: String =
-        server.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect();
-    base.join("chidori/servers").join(format!("{name}.content"))
+    base.join("servers").join(format!("{}.content", chidori_protocol::env::server_file_name(server)))
 }
 
 /// The chunks this machine sent `server` before, newest last (at most [`MAX_NAMED`]).

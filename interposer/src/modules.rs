@@ -168,14 +168,9 @@ struct Record {
 static RECORD: Mutex<Option<Option<Record>>> = Mutex::new(None);
 
 fn record_path(server: &str) -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    let name: String =
-        server.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect();
-    let dir = base.join("chidori/servers");
+    let dir = chidori_protocol::env::cache_dir()?.join("servers");
     std::fs::create_dir_all(&dir).ok()?;
-    Some(dir.join(name))
+    Some(dir.join(chidori_protocol::env::server_file_name(server)))
 }
 
 fn with_record<T>(server: &str, f: impl FnOnce(&mut Record) -> T) -> Option<T> {
@@ -337,16 +332,13 @@ mod last_run {
     static RECORD: Mutex<Option<Record>> = Mutex::new(None);
 
     fn path_for(server: &str) -> Option<PathBuf> {
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        let dir = chidori_protocol::env::cache_dir()?.join("programs");
         let cmdline = std::fs::read("/proc/self/cmdline").ok()?;
         let mut h = Sha256::new();
         h.update(server.as_bytes());
         h.update([0u8]);
         h.update(&cmdline);
         let key: String = h.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
-        let dir = base.join("chidori/programs");
         std::fs::create_dir_all(&dir).ok()?;
         Some(dir.join(key))
     }

@@ -100,3 +100,18 @@ pub const LEARNED: &str = "CHIDORI_LEARNED";
 /// The emulated backend's answers that depend on the library (cuBLASLt heuristics) change
 /// with this value: a test's way to make a server answer differently than before.
 pub const EMULATED_SALT: &str = "CHIDORI_EMULATED_SALT";
+
+/// Chidori's cache directory on this machine: `$XDG_CACHE_HOME/chidori`, else
+/// `~/.cache/chidori` (None without either). The client keeps its records of each server
+/// there, the server its module cache.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    Some(base.join("chidori"))
+}
+
+/// A server address as a file name (`gpu-box_43211`).
+pub fn server_file_name(server: &str) -> String {
+    server.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
+}

@@ -1,7 +1,7 @@
 //! The server's on-disk module cache: module images by sha256, so that the second run of a
 //! program uploads nothing. Size-bounded; the least recently used images go first.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
@@ -20,11 +20,7 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
 
 /// `$XDG_CACHE_HOME/chidori/modules`, else `~/.cache/chidori/modules`.
 pub fn default_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join("chidori/modules")
+    chidori_protocol::env::cache_dir().unwrap_or_else(|| PathBuf::from("/tmp/chidori")).join("modules")
 }
 
 impl ModuleCache {

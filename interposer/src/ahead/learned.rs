@@ -44,10 +44,7 @@ pub fn dir() -> Option<PathBuf> {
     if std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0") {
         return None;
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("chidori/answers"))
+    Some(chidori_protocol::env::cache_dir()?.join("answers"))
 }
 
 /// The file of `identity`'s store in `dir`, with `suffix` (another kind of record).
