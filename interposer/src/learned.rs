@@ -17,7 +17,8 @@ static CHECKING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 /// With the store of the connected server's identity (opened on first use; None where
 /// `CHIDORI_LEARNED=0`).
 pub fn with<T>(conn: &Conn, f: impl FnOnce(&mut Learned) -> T) -> Option<T> {
-    if std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0") {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0")) {
         return None;
     }
     let mut slot = LEARNED.lock().unwrap_or_else(|p| p.into_inner());

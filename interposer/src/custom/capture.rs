@@ -33,8 +33,9 @@ const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValu
 const NO_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
 pub const CAPTURE_UNSUPPORTED: u32 = chidori_cuda::consts::cudaError::cudaErrorStreamCaptureUnsupported;
 
+/// The stream a call means: from a `_ptsz` entry point, NULL is the per-thread stream.
 fn per_thread(stream: u64, ptsz: bool) -> u64 {
-    if ptsz && stream == 0 { 2 } else { stream }
+    if ptsz { super::cudart::per_thread(stream as *mut c_void) as u64 } else { stream }
 }
 
 fn call(desc: &'static CallDesc, args: &[u64], no_device: u32) -> Result<u32, u32> {

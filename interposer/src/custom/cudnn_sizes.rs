@@ -183,15 +183,21 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
 /// A cuDNN call sent by a path that does not ask [`before`] (several calls in one round
 /// trip): the descriptors it passes may change, so their fingerprints go.
 pub fn forget_passed(desc: &CallDesc, args: &[u64]) {
-    for (wire, a) in desc.params.iter().zip(args) {
-        if matches!(wire, Wire::Handle { kind: k, .. } if legacy(*k)) && *a != 0 {
-            forget(*a);
-        }
+    let mut passed = desc
+        .params
+        .iter()
+        .zip(args)
+        .filter(|(wire, a)| matches!(wire, Wire::Handle { kind: k, .. } if legacy(*k)) && **a != 0)
+        .peekable();
+    // Most cuDNN calls (the graph API's) pass none: no lock for them.
+    if passed.peek().is_none() {
+        return;
     }
-}
-
-fn forget(handle: u64) {
-    fingerprints().get_or_insert_with(HashMap::new).insert(handle, None);
+    let mut prints = fingerprints();
+    let map = prints.get_or_insert_with(HashMap::new);
+    for (_, a) in passed {
+        map.insert(*a, None);
+    }
 }
 
 /// After the server answered a size query: keep a success (for later sessions too).
