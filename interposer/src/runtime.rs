@@ -248,24 +248,16 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
 }
 
 /// Send a call whose reply is processed in the background (an asynchronous copy into
-/// pinned memory): returns the sequence number to wait for at the next synchronization.
+/// pinned memory), waited for at the next synchronization; None where it could not be sent.
 ///
 /// # Safety
 /// As [`prepare`]; output buffers must stay valid until the reply has landed.
-pub unsafe fn send_deferred(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> Option<u64> {
+pub unsafe fn send_deferred(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> Option<()> {
     mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
-    let prepared = unsafe { prepare(desc, args) };
-    let seq = conn.next_seq();
-    let slot = conn.expect(seq, prepared.outs.clone());
-    let archive = messages::encode(&prepared.call);
-    let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
-    if conn.post(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &bulk).is_err() {
-        conn.forget(seq);
-        return None;
-    }
+    let slot = unsafe { send_checked(conn, desc, args) }?;
     crate::state::defer(desc, slot);
-    Some(seq)
+    Some(())
 }
 
 /// Send a call without waiting, its reply to be checked by whoever holds the returned slot

@@ -61,23 +61,31 @@ impl ModuleCache {
     }
 
     fn evict(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
-        let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((m.modified().ok()?, m.len(), e.path()))
-            })
-            .collect();
-        let mut total: u64 = files.iter().map(|f| f.1).sum();
-        files.sort();
-        for (_, len, path) in files {
-            if total <= self.max_bytes {
-                break;
-            }
-            if std::fs::remove_file(&path).is_ok() {
-                total -= len;
-            }
+        evict_oldest(&self.dir, self.max_bytes);
+    }
+}
+
+/// Remove the least recently modified files of `dir` (not those whose names start with a
+/// dot) until the rest take at most `max_bytes`: the bound of the module cache and of the
+/// content store.
+pub fn evict_oldest(dir: &std::path::Path, max_bytes: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((m.modified().ok()?, m.len(), e.path()))
+        })
+        .collect();
+    let mut total: u64 = files.iter().map(|f| f.1).sum();
+    files.sort();
+    for (_, len, path) in files {
+        if total <= max_bytes {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total -= len;
         }
     }
 }
