@@ -576,15 +576,8 @@ impl Conn {
     fn send_control(&self, header: Header) {
         let Ok(head) = frame::assemble(header, &[], 0) else { return };
         self.control.lock().unwrap_or_else(|p| p.into_inner()).push(head);
-        if let Ok(mut link) = self.writer.try_lock() {
-            let heads = std::mem::take(&mut *self.control.lock().unwrap_or_else(|p| p.into_inner()));
-            for head in heads {
-                if let Err(e) = self.write_locked(&mut link, &mut [IoSlice::new(&head)]) {
-                    drop(link);
-                    self.lost(e);
-                    return;
-                }
-            }
+        if let Ok(link) = self.writer.try_lock() {
+            self.write_control(link);
         }
     }
 
@@ -593,7 +586,11 @@ impl Conn {
         if self.control.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
             return;
         }
-        let mut link = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        self.write_control(self.writer.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Write the queued control frames with the write lock held.
+    fn write_control(&self, mut link: std::sync::MutexGuard<'_, Link>) {
         let heads = std::mem::take(&mut *self.control.lock().unwrap_or_else(|p| p.into_inner()));
         for head in heads {
             if let Err(e) = self.write_locked(&mut link, &mut [IoSlice::new(&head)]) {
