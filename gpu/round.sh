@@ -11,6 +11,7 @@
 #   core     version matrix against the real GPU; 4-byte D2H round trip (median, p99 of
 #            10,000) and 1 GiB H2D/D2H, native and remote; GPU memory back after SIGKILL
 #   kernels  the CUDA suite: native, loopback, 70 ms WAN; the module cache's second run
+#            ($SUITE_NAMES: some of its programs)
 #   first    `import torch` and the first result read back (round trips, fresh and warm
 #            module cache); always first, also run by `torch`
 #   torch    the standard workloads and the torch suite, native and remote
@@ -44,6 +45,7 @@
 #            the second run should send hashes, not bytes (bytes sent from the trace)
 #   nccl     torch.distributed over NCCL (gpu/distributed/allreduce.py): one rank, or
 #            $NCCL_RANKS through torchrun; all-reduce and DDP steps native and remote
+#   libs     JAX and CuPy (gpu/libs/*_smoke.py; $LIBS narrows): native and loopback values equal
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -165,10 +167,15 @@ if want core; then
 fi
 
 if want kernels; then
-  BUILD_DIR=$B/suite NVCC=$NVCC bash gpu/cuda-suite/build.sh > "$LOGS/suite-build.txt" 2>&1 \
+  # SUITE_NAMES narrows the suite to some of its programs ("fft rand").
+  read -r -a suite_names <<< "${SUITE_NAMES:-}"
+  suite_only=()
+  for name in "${suite_names[@]}"; do suite_only+=(--only "$name"); done
+  BUILD_DIR=$B/suite NVCC=$NVCC bash gpu/cuda-suite/build.sh "${suite_names[@]}" > "$LOGS/suite-build.txt" 2>&1 \
     || row "cuda suite build" "FAILED: $(grep FAILED "$LOGS/suite-build.txt" | head -3 | tr '\n' ' ')"
   timeout ${SUITE_TOTAL:-540} python3 gpu/cuda-suite/run.py --build-dir "$B/suite" --chidori "$CHIDORI" --server $SERVER \
-    --wan-server 127.0.0.1:$WAN_PORT --json "$LOGS/suite.json" --timeout ${SUITE_RUN_TIMEOUT:-90} > "$LOGS/suite.txt" 2>&1
+    --wan-server 127.0.0.1:$WAN_PORT --json "$LOGS/suite.json" --timeout ${SUITE_RUN_TIMEOUT:-90} \
+    "${suite_only[@]}" > "$LOGS/suite.txt" 2>&1
   rc=$?
   cat "$LOGS/suite.txt"
   row "cuda suite" "$( ((rc == 0)) && echo "all match (suite.txt)" || echo "MISMATCHES rc=$rc (suite.txt)")"
@@ -431,6 +438,25 @@ if want nccl; then
   field() { grep -o "\"$2\": [^,}]*" "$1" | head -1 | sed 's/.*: //'; }
   same=$([[ -n $(field "$LOGS/nccl-native.out" checksum) && $(field "$LOGS/nccl-native.out" checksum) == $(field "$LOGS/nccl-remote.out" checksum) ]] && echo "native checksum" || echo "CHECKSUM DIFFERS")
   row "nccl $ranks rank(s)" "rc=$rc $same; all-reduce ok $(field "$LOGS/nccl-remote.out" allreduce_ok), bus GB/s native $(field "$LOGS/nccl-native.out" allreduce_bus_gbps) remote $(field "$LOGS/nccl-remote.out" allreduce_bus_gbps); $(tail -1 "$LOGS/nccl-remote.err" | cut -c1-160)"
+fi
+
+if want libs; then
+  # Libraries beyond PyTorch (gpu/libs/*_smoke.py, or $LIBS): each natively, then through
+  # chidori on loopback; the printed values must be equal.
+  for script in ${LIBS:-gpu/libs/jax_smoke.py gpu/libs/cupy_smoke.py}; do
+    name=$(basename "$script" .py)
+    timeout ${RUN_TIMEOUT:-150} python3 "$script" > "$LOGS/$name-native.out" 2> "$LOGS/$name-native.err"
+    native_rc=$?
+    timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- python3 "$script" > "$LOGS/$name-remote.out" \
+      2> "$LOGS/$name-remote.err"
+    remote_rc=$?
+    if ((native_rc == 0 && remote_rc == 0)) && cmp -s "$LOGS/$name-native.out" "$LOGS/$name-remote.out"; then
+      row "$name" "match: $(head -1 "$LOGS/$name-native.out")"
+    else
+      row "$name" "DIFFERENT native rc=$native_rc remote rc=$remote_rc: $(diff "$LOGS/$name-native.out" \
+        "$LOGS/$name-remote.out" | head -4 | tr '\n' ' ') $(tail -2 "$LOGS/$name-remote.err" | tr '\n' ' ' | cut -c1-300)"
+    fi
+  done
 fi
 
 if want opinfo; then

@@ -24,6 +24,624 @@ pub unsafe extern "C" fn __chidori_cufft_cufftDestroy(plan: i32) -> u32 {
         ) as u32
     }
 }
+///`cufftEstimate1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftEstimate1d(
+    nx: i32,
+    r#type: u32,
+    batch: i32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftEstimate1d,
+            &[
+                (nx) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftEstimate2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftEstimate2d(
+    nx: i32,
+    ny: i32,
+    r#type: u32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftEstimate2d,
+            &[
+                (nx) as i64 as u64,
+                (ny) as i64 as u64,
+                (r#type) as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftEstimate3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftEstimate3d(
+    nx: i32,
+    ny: i32,
+    nz: i32,
+    r#type: u32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftEstimate3d,
+            &[
+                (nx) as i64 as u64,
+                (ny) as i64 as u64,
+                (nz) as i64 as u64,
+                (r#type) as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftEstimateMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftEstimateMany(
+    rank: i32,
+    n: *mut c_void,
+    inembed: *mut c_void,
+    istride: i32,
+    idist: i32,
+    onembed: *mut c_void,
+    ostride: i32,
+    odist: i32,
+    r#type: u32,
+    batch: i32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftEstimateMany,
+            &[
+                (rank) as i64 as u64,
+                (n) as usize as u64,
+                (inembed) as usize as u64,
+                (istride) as i64 as u64,
+                (idist) as i64 as u64,
+                (onembed) as usize as u64,
+                (ostride) as i64 as u64,
+                (odist) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftExecC2C` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftExecC2C(
+    plan: i32,
+    idata: *mut c_void,
+    odata: *mut c_void,
+    direction: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftExecC2C,
+            &[
+                (plan) as i64 as u64,
+                (idata) as usize as u64,
+                (odata) as usize as u64,
+                (direction) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftExecC2R` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftExecC2R(
+    plan: i32,
+    idata: *mut c_void,
+    odata: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftExecC2R,
+            &[(plan) as i64 as u64, (idata) as usize as u64, (odata) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftExecD2Z` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftExecD2Z(
+    plan: i32,
+    idata: *mut c_void,
+    odata: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftExecD2Z,
+            &[(plan) as i64 as u64, (idata) as usize as u64, (odata) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftExecR2C` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftExecR2C(
+    plan: i32,
+    idata: *mut c_void,
+    odata: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftExecR2C,
+            &[(plan) as i64 as u64, (idata) as usize as u64, (odata) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftExecZ2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftExecZ2D(
+    plan: i32,
+    idata: *mut c_void,
+    odata: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftExecZ2D,
+            &[(plan) as i64 as u64, (idata) as usize as u64, (odata) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftExecZ2Z` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftExecZ2Z(
+    plan: i32,
+    idata: *mut c_void,
+    odata: *mut c_void,
+    direction: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftExecZ2Z,
+            &[
+                (plan) as i64 as u64,
+                (idata) as usize as u64,
+                (odata) as usize as u64,
+                (direction) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftGetPlanPropertyInt64` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetPlanPropertyInt64(
+    plan: i32,
+    property: u32,
+    returnPtrValue: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetPlanPropertyInt64,
+            &[(plan) as i64 as u64, (property) as u64, (returnPtrValue) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetProperty(
+    r#type: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetProperty,
+            &[(r#type) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftGetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetSize(
+    handle: i32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetSize,
+            &[(handle) as i64 as u64, (workSize) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftGetSize1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetSize1d(
+    handle: i32,
+    nx: i32,
+    r#type: u32,
+    batch: i32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetSize1d,
+            &[
+                (handle) as i64 as u64,
+                (nx) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftGetSize2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetSize2d(
+    handle: i32,
+    nx: i32,
+    ny: i32,
+    r#type: u32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetSize2d,
+            &[
+                (handle) as i64 as u64,
+                (nx) as i64 as u64,
+                (ny) as i64 as u64,
+                (r#type) as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftGetSize3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetSize3d(
+    handle: i32,
+    nx: i32,
+    ny: i32,
+    nz: i32,
+    r#type: u32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetSize3d,
+            &[
+                (handle) as i64 as u64,
+                (nx) as i64 as u64,
+                (ny) as i64 as u64,
+                (nz) as i64 as u64,
+                (r#type) as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftGetSizeMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetSizeMany(
+    handle: i32,
+    rank: i32,
+    n: *mut c_void,
+    inembed: *mut c_void,
+    istride: i32,
+    idist: i32,
+    onembed: *mut c_void,
+    ostride: i32,
+    odist: i32,
+    r#type: u32,
+    batch: i32,
+    workArea: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetSizeMany,
+            &[
+                (handle) as i64 as u64,
+                (rank) as i64 as u64,
+                (n) as usize as u64,
+                (inembed) as usize as u64,
+                (istride) as i64 as u64,
+                (idist) as i64 as u64,
+                (onembed) as usize as u64,
+                (ostride) as i64 as u64,
+                (odist) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+                (workArea) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftGetSizeMany64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetSizeMany64(
+    plan: i32,
+    rank: i32,
+    n: *mut c_void,
+    inembed: *mut c_void,
+    istride: i64,
+    idist: i64,
+    onembed: *mut c_void,
+    ostride: i64,
+    odist: i64,
+    r#type: u32,
+    batch: i64,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetSizeMany64,
+            &[
+                (plan) as i64 as u64,
+                (rank) as i64 as u64,
+                (n) as usize as u64,
+                (inembed) as usize as u64,
+                (istride) as i64 as u64,
+                (idist) as i64 as u64,
+                (onembed) as usize as u64,
+                (ostride) as i64 as u64,
+                (odist) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftGetVersion(version: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftGetVersion,
+            &[(version) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftMakePlan1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan1d(
+    plan: i32,
+    nx: i32,
+    r#type: u32,
+    batch: i32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftMakePlan1d,
+            &[
+                (plan) as i64 as u64,
+                (nx) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftMakePlan2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan2d(
+    plan: i32,
+    nx: i32,
+    ny: i32,
+    r#type: u32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftMakePlan2d,
+            &[
+                (plan) as i64 as u64,
+                (nx) as i64 as u64,
+                (ny) as i64 as u64,
+                (r#type) as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftMakePlan3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan3d(
+    plan: i32,
+    nx: i32,
+    ny: i32,
+    nz: i32,
+    r#type: u32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftMakePlan3d,
+            &[
+                (plan) as i64 as u64,
+                (nx) as i64 as u64,
+                (ny) as i64 as u64,
+                (nz) as i64 as u64,
+                (r#type) as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftMakePlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftMakePlanMany(
+    plan: i32,
+    rank: i32,
+    n: *mut c_void,
+    inembed: *mut c_void,
+    istride: i32,
+    idist: i32,
+    onembed: *mut c_void,
+    ostride: i32,
+    odist: i32,
+    r#type: u32,
+    batch: i32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftMakePlanMany,
+            &[
+                (plan) as i64 as u64,
+                (rank) as i64 as u64,
+                (n) as usize as u64,
+                (inembed) as usize as u64,
+                (istride) as i64 as u64,
+                (idist) as i64 as u64,
+                (onembed) as usize as u64,
+                (ostride) as i64 as u64,
+                (odist) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftMakePlanMany64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftMakePlanMany64(
+    plan: i32,
+    rank: i32,
+    n: *mut c_void,
+    inembed: *mut c_void,
+    istride: i64,
+    idist: i64,
+    onembed: *mut c_void,
+    ostride: i64,
+    odist: i64,
+    r#type: u32,
+    batch: i64,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftMakePlanMany64,
+            &[
+                (plan) as i64 as u64,
+                (rank) as i64 as u64,
+                (n) as usize as u64,
+                (inembed) as usize as u64,
+                (istride) as i64 as u64,
+                (idist) as i64 as u64,
+                (onembed) as usize as u64,
+                (ostride) as i64 as u64,
+                (odist) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftPlan1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftPlan1d(
+    plan: *mut c_void,
+    nx: i32,
+    r#type: u32,
+    batch: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftPlan1d,
+            &[
+                (plan) as usize as u64,
+                (nx) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftPlan2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftPlan2d(
+    plan: *mut c_void,
+    nx: i32,
+    ny: i32,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftPlan2d,
+            &[
+                (plan) as usize as u64,
+                (nx) as i64 as u64,
+                (ny) as i64 as u64,
+                (r#type) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftPlan3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftPlan3d(
+    plan: *mut c_void,
+    nx: i32,
+    ny: i32,
+    nz: i32,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftPlan3d,
+            &[
+                (plan) as usize as u64,
+                (nx) as i64 as u64,
+                (ny) as i64 as u64,
+                (nz) as i64 as u64,
+                (r#type) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftPlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftPlanMany(
+    plan: *mut c_void,
+    rank: i32,
+    n: *mut c_void,
+    inembed: *mut c_void,
+    istride: i32,
+    idist: i32,
+    onembed: *mut c_void,
+    ostride: i32,
+    odist: i32,
+    r#type: u32,
+    batch: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftPlanMany,
+            &[
+                (plan) as usize as u64,
+                (rank) as i64 as u64,
+                (n) as usize as u64,
+                (inembed) as usize as u64,
+                (istride) as i64 as u64,
+                (idist) as i64 as u64,
+                (onembed) as usize as u64,
+                (ostride) as i64 as u64,
+                (odist) as i64 as u64,
+                (r#type) as u64,
+                (batch) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cufftResetPlanProperty` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftResetPlanProperty(
@@ -119,6 +737,46 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtExec(
                 (input) as usize as u64,
                 (output) as usize as u64,
                 (direction) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftXtGetSizeMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtGetSizeMany(
+    plan: i32,
+    rank: i32,
+    n: *mut c_void,
+    inembed: *mut c_void,
+    istride: i64,
+    idist: i64,
+    inputtype: u32,
+    onembed: *mut c_void,
+    ostride: i64,
+    odist: i64,
+    outputtype: u32,
+    batch: i64,
+    workSize: *mut c_void,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtGetSizeMany,
+            &[
+                (plan) as i64 as u64,
+                (rank) as i64 as u64,
+                (n) as usize as u64,
+                (inembed) as usize as u64,
+                (istride) as i64 as u64,
+                (idist) as i64 as u64,
+                (inputtype) as u64,
+                (onembed) as usize as u64,
+                (ostride) as i64 as u64,
+                (odist) as i64 as u64,
+                (outputtype) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+                (executiontype) as u64,
             ],
         ) as u32
     }

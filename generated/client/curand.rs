@@ -17,19 +17,6 @@ pub unsafe extern "C" fn __chidori_curand_curandCreateGenerator(
         ) as u32
     }
 }
-///`curandCreateGeneratorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_curand_curandCreateGeneratorHost(
-    generator: *mut c_void,
-    rng_type: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandCreateGeneratorHost,
-            &[(generator) as usize as u64, (rng_type) as u64],
-        ) as u32
-    }
-}
 ///`curandCreatePoissonDistribution` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandCreatePoissonDistribution(
@@ -67,6 +54,210 @@ pub unsafe extern "C" fn __chidori_curand_curandDestroyGenerator(
         ) as u32
     }
 }
+///`curandGenerate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerate(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    num: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerate,
+            &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
+        ) as u32
+    }
+}
+///`curandGenerateBinomial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomial(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    num: usize,
+    n: u32,
+    p: f64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateBinomial,
+            &[
+                (generator) as usize as u64,
+                (outputPtr) as usize as u64,
+                (num) as u64,
+                (n) as u64,
+                (p).to_bits(),
+            ],
+        ) as u32
+    }
+}
+///`curandGenerateBinomialMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomialMethod(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    num: usize,
+    n: u32,
+    p: f64,
+    method: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateBinomialMethod,
+            &[
+                (generator) as usize as u64,
+                (outputPtr) as usize as u64,
+                (num) as u64,
+                (n) as u64,
+                (p).to_bits(),
+                (method) as u64,
+            ],
+        ) as u32
+    }
+}
+///`curandGenerateLogNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormal(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    n: usize,
+    mean: f32,
+    stddev: f32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateLogNormal,
+            &[
+                (generator) as usize as u64,
+                (outputPtr) as usize as u64,
+                (n) as u64,
+                (mean).to_bits() as u64,
+                (stddev).to_bits() as u64,
+            ],
+        ) as u32
+    }
+}
+///`curandGenerateLogNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormalDouble(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    n: usize,
+    mean: f64,
+    stddev: f64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateLogNormalDouble,
+            &[
+                (generator) as usize as u64,
+                (outputPtr) as usize as u64,
+                (n) as u64,
+                (mean).to_bits(),
+                (stddev).to_bits(),
+            ],
+        ) as u32
+    }
+}
+///`curandGenerateLongLong` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateLongLong(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    num: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateLongLong,
+            &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
+        ) as u32
+    }
+}
+///`curandGenerateNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateNormal(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    n: usize,
+    mean: f32,
+    stddev: f32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateNormal,
+            &[
+                (generator) as usize as u64,
+                (outputPtr) as usize as u64,
+                (n) as u64,
+                (mean).to_bits() as u64,
+                (stddev).to_bits() as u64,
+            ],
+        ) as u32
+    }
+}
+///`curandGenerateNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateNormalDouble(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    n: usize,
+    mean: f64,
+    stddev: f64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateNormalDouble,
+            &[
+                (generator) as usize as u64,
+                (outputPtr) as usize as u64,
+                (n) as u64,
+                (mean).to_bits(),
+                (stddev).to_bits(),
+            ],
+        ) as u32
+    }
+}
+///`curandGeneratePoisson` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGeneratePoisson(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    n: usize,
+    lambda: f64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGeneratePoisson,
+            &[
+                (generator) as usize as u64,
+                (outputPtr) as usize as u64,
+                (n) as u64,
+                (lambda).to_bits(),
+            ],
+        ) as u32
+    }
+}
+///`curandGeneratePoissonMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGeneratePoissonMethod(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    n: usize,
+    lambda: f64,
+    method: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGeneratePoissonMethod,
+            &[
+                (generator) as usize as u64,
+                (outputPtr) as usize as u64,
+                (n) as u64,
+                (lambda).to_bits(),
+                (method) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`curandGenerateSeeds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateSeeds(
@@ -76,6 +267,57 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateSeeds(
         crate::runtime::call(
             &chidori_cuda::calls::curand::curandGenerateSeeds,
             &[(generator) as usize as u64],
+        ) as u32
+    }
+}
+///`curandGenerateUniform` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateUniform(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    num: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateUniform,
+            &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
+        ) as u32
+    }
+}
+///`curandGenerateUniformDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGenerateUniformDouble(
+    generator: *mut c_void,
+    outputPtr: *mut c_void,
+    num: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGenerateUniformDouble,
+            &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
+        ) as u32
+    }
+}
+///`curandGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGetProperty(
+    r#type: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGetProperty,
+            &[(r#type) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`curandGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGetVersion(version: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::curand::curandGetVersion,
+            &[(version) as usize as u64],
         ) as u32
     }
 }

@@ -30,151 +30,97 @@ cufftEnterCS:
     .globl cufftEstimate1d
     .type cufftEstimate1d, @function
 cufftEstimate1d:
-    leaq .Lname2(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate1d@PLT
     .size cufftEstimate1d, .-cufftEstimate1d
     .globl cufftEstimate2d
     .type cufftEstimate2d, @function
 cufftEstimate2d:
-    leaq .Lname3(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate2d@PLT
     .size cufftEstimate2d, .-cufftEstimate2d
     .globl cufftEstimate3d
     .type cufftEstimate3d, @function
 cufftEstimate3d:
-    leaq .Lname4(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate3d@PLT
     .size cufftEstimate3d, .-cufftEstimate3d
     .globl cufftEstimateMany
     .type cufftEstimateMany, @function
 cufftEstimateMany:
-    leaq .Lname5(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimateMany@PLT
     .size cufftEstimateMany, .-cufftEstimateMany
     .globl cufftExecC2C
     .type cufftExecC2C, @function
 cufftExecC2C:
-    leaq .Lname6(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecC2C@PLT
     .size cufftExecC2C, .-cufftExecC2C
     .globl cufftExecC2R
     .type cufftExecC2R, @function
 cufftExecC2R:
-    leaq .Lname7(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecC2R@PLT
     .size cufftExecC2R, .-cufftExecC2R
     .globl cufftExecD2Z
     .type cufftExecD2Z, @function
 cufftExecD2Z:
-    leaq .Lname8(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecD2Z@PLT
     .size cufftExecD2Z, .-cufftExecD2Z
     .globl cufftExecR2C
     .type cufftExecR2C, @function
 cufftExecR2C:
-    leaq .Lname9(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecR2C@PLT
     .size cufftExecR2C, .-cufftExecR2C
     .globl cufftExecZ2D
     .type cufftExecZ2D, @function
 cufftExecZ2D:
-    leaq .Lname10(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecZ2D@PLT
     .size cufftExecZ2D, .-cufftExecZ2D
     .globl cufftExecZ2Z
     .type cufftExecZ2Z, @function
 cufftExecZ2Z:
-    leaq .Lname11(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecZ2Z@PLT
     .size cufftExecZ2Z, .-cufftExecZ2Z
     .globl cufftGetProperty
     .type cufftGetProperty, @function
 cufftGetProperty:
-    leaq .Lname12(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetProperty@PLT
     .size cufftGetProperty, .-cufftGetProperty
     .globl cufftGetSize
     .type cufftGetSize, @function
 cufftGetSize:
-    leaq .Lname13(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize@PLT
     .size cufftGetSize, .-cufftGetSize
     .globl cufftGetSize1d
     .type cufftGetSize1d, @function
 cufftGetSize1d:
-    leaq .Lname14(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize1d@PLT
     .size cufftGetSize1d, .-cufftGetSize1d
     .globl cufftGetSize2d
     .type cufftGetSize2d, @function
 cufftGetSize2d:
-    leaq .Lname15(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize2d@PLT
     .size cufftGetSize2d, .-cufftGetSize2d
     .globl cufftGetSize3d
     .type cufftGetSize3d, @function
 cufftGetSize3d:
-    leaq .Lname16(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize3d@PLT
     .size cufftGetSize3d, .-cufftGetSize3d
     .globl cufftGetSizeMany
     .type cufftGetSizeMany, @function
 cufftGetSizeMany:
-    leaq .Lname17(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSizeMany@PLT
     .size cufftGetSizeMany, .-cufftGetSizeMany
     .globl cufftGetSizeMany64
     .type cufftGetSizeMany64, @function
 cufftGetSizeMany64:
-    leaq .Lname18(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSizeMany64@PLT
     .size cufftGetSizeMany64, .-cufftGetSizeMany64
     .globl cufftGetVersion
     .type cufftGetVersion, @function
 cufftGetVersion:
-    leaq .Lname19(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetVersion@PLT
     .size cufftGetVersion, .-cufftGetVersion
     .globl cufftLeaveCS
     .type cufftLeaveCS, @function
 cufftLeaveCS:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -182,31 +128,22 @@ cufftLeaveCS:
     .globl cufftMakePlan1d
     .type cufftMakePlan1d, @function
 cufftMakePlan1d:
-    leaq .Lname21(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan1d@PLT
     .size cufftMakePlan1d, .-cufftMakePlan1d
     .globl cufftMakePlan2d
     .type cufftMakePlan2d, @function
 cufftMakePlan2d:
-    leaq .Lname22(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan2d@PLT
     .size cufftMakePlan2d, .-cufftMakePlan2d
     .globl cufftMakePlan3d
     .type cufftMakePlan3d, @function
 cufftMakePlan3d:
-    leaq .Lname23(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan3d@PLT
     .size cufftMakePlan3d, .-cufftMakePlan3d
     .globl cufftMakePlanGuru64
     .type cufftMakePlanGuru64, @function
 cufftMakePlanGuru64:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -214,50 +151,32 @@ cufftMakePlanGuru64:
     .globl cufftMakePlanMany
     .type cufftMakePlanMany, @function
 cufftMakePlanMany:
-    leaq .Lname25(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlanMany@PLT
     .size cufftMakePlanMany, .-cufftMakePlanMany
     .globl cufftMakePlanMany64
     .type cufftMakePlanMany64, @function
 cufftMakePlanMany64:
-    leaq .Lname26(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlanMany64@PLT
     .size cufftMakePlanMany64, .-cufftMakePlanMany64
     .globl cufftPlan1d
     .type cufftPlan1d, @function
 cufftPlan1d:
-    leaq .Lname27(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan1d@PLT
     .size cufftPlan1d, .-cufftPlan1d
     .globl cufftPlan2d
     .type cufftPlan2d, @function
 cufftPlan2d:
-    leaq .Lname28(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan2d@PLT
     .size cufftPlan2d, .-cufftPlan2d
     .globl cufftPlan3d
     .type cufftPlan3d, @function
 cufftPlan3d:
-    leaq .Lname29(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan3d@PLT
     .size cufftPlan3d, .-cufftPlan3d
     .globl cufftPlanMany
     .type cufftPlanMany, @function
 cufftPlanMany:
-    leaq .Lname30(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlanMany@PLT
     .size cufftPlanMany, .-cufftPlanMany
     .globl cufftSetAutoAllocation
     .type cufftSetAutoAllocation, @function
@@ -287,7 +206,7 @@ cufftXtExec:
     .globl cufftXtExecDescriptor
     .type cufftXtExecDescriptor, @function
 cufftXtExecDescriptor:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -295,7 +214,7 @@ cufftXtExecDescriptor:
     .globl cufftXtExecDescriptorC2C
     .type cufftXtExecDescriptorC2C, @function
 cufftXtExecDescriptorC2C:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -303,7 +222,7 @@ cufftXtExecDescriptorC2C:
     .globl cufftXtExecDescriptorC2R
     .type cufftXtExecDescriptorC2R, @function
 cufftXtExecDescriptorC2R:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -311,7 +230,7 @@ cufftXtExecDescriptorC2R:
     .globl cufftXtExecDescriptorD2Z
     .type cufftXtExecDescriptorD2Z, @function
 cufftXtExecDescriptorD2Z:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -319,7 +238,7 @@ cufftXtExecDescriptorD2Z:
     .globl cufftXtExecDescriptorR2C
     .type cufftXtExecDescriptorR2C, @function
 cufftXtExecDescriptorR2C:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -327,7 +246,7 @@ cufftXtExecDescriptorR2C:
     .globl cufftXtExecDescriptorZ2D
     .type cufftXtExecDescriptorZ2D, @function
 cufftXtExecDescriptorZ2D:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -335,7 +254,7 @@ cufftXtExecDescriptorZ2D:
     .globl cufftXtExecDescriptorZ2Z
     .type cufftXtExecDescriptorZ2Z, @function
 cufftXtExecDescriptorZ2Z:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -343,7 +262,7 @@ cufftXtExecDescriptorZ2Z:
     .globl cufftXtFree
     .type cufftXtFree, @function
 cufftXtFree:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -351,15 +270,12 @@ cufftXtFree:
     .globl cufftXtGetSizeMany
     .type cufftXtGetSizeMany, @function
 cufftXtGetSizeMany:
-    leaq .Lname39(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtGetSizeMany@PLT
     .size cufftXtGetSizeMany, .-cufftXtGetSizeMany
     .globl cufftXtMakePlanGuru64
     .type cufftXtMakePlanGuru64, @function
 cufftXtMakePlanGuru64:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -372,7 +288,7 @@ cufftXtMakePlanMany:
     .globl cufftXtMalloc
     .type cufftXtMalloc, @function
 cufftXtMalloc:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -380,7 +296,7 @@ cufftXtMalloc:
     .globl cufftXtMemcpy
     .type cufftXtMemcpy, @function
 cufftXtMemcpy:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -388,7 +304,7 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -396,7 +312,7 @@ cufftXtQueryPlan:
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -414,7 +330,7 @@ cufftXtSetDistribution:
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -422,7 +338,7 @@ cufftXtSetGPUs:
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -430,7 +346,7 @@ cufftXtSetWorkArea:
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -441,95 +357,39 @@ cufftXtSetWorkAreaPolicy:
 .Lname1:
     .asciz "cufftEnterCS"
 .Lname2:
-    .asciz "cufftEstimate1d"
-.Lname3:
-    .asciz "cufftEstimate2d"
-.Lname4:
-    .asciz "cufftEstimate3d"
-.Lname5:
-    .asciz "cufftEstimateMany"
-.Lname6:
-    .asciz "cufftExecC2C"
-.Lname7:
-    .asciz "cufftExecC2R"
-.Lname8:
-    .asciz "cufftExecD2Z"
-.Lname9:
-    .asciz "cufftExecR2C"
-.Lname10:
-    .asciz "cufftExecZ2D"
-.Lname11:
-    .asciz "cufftExecZ2Z"
-.Lname12:
-    .asciz "cufftGetProperty"
-.Lname13:
-    .asciz "cufftGetSize"
-.Lname14:
-    .asciz "cufftGetSize1d"
-.Lname15:
-    .asciz "cufftGetSize2d"
-.Lname16:
-    .asciz "cufftGetSize3d"
-.Lname17:
-    .asciz "cufftGetSizeMany"
-.Lname18:
-    .asciz "cufftGetSizeMany64"
-.Lname19:
-    .asciz "cufftGetVersion"
-.Lname20:
     .asciz "cufftLeaveCS"
-.Lname21:
-    .asciz "cufftMakePlan1d"
-.Lname22:
-    .asciz "cufftMakePlan2d"
-.Lname23:
-    .asciz "cufftMakePlan3d"
-.Lname24:
+.Lname3:
     .asciz "cufftMakePlanGuru64"
-.Lname25:
-    .asciz "cufftMakePlanMany"
-.Lname26:
-    .asciz "cufftMakePlanMany64"
-.Lname27:
-    .asciz "cufftPlan1d"
-.Lname28:
-    .asciz "cufftPlan2d"
-.Lname29:
-    .asciz "cufftPlan3d"
-.Lname30:
-    .asciz "cufftPlanMany"
-.Lname31:
+.Lname4:
     .asciz "cufftXtExecDescriptor"
-.Lname32:
+.Lname5:
     .asciz "cufftXtExecDescriptorC2C"
-.Lname33:
+.Lname6:
     .asciz "cufftXtExecDescriptorC2R"
-.Lname34:
+.Lname7:
     .asciz "cufftXtExecDescriptorD2Z"
-.Lname35:
+.Lname8:
     .asciz "cufftXtExecDescriptorR2C"
-.Lname36:
+.Lname9:
     .asciz "cufftXtExecDescriptorZ2D"
-.Lname37:
+.Lname10:
     .asciz "cufftXtExecDescriptorZ2Z"
-.Lname38:
+.Lname11:
     .asciz "cufftXtFree"
-.Lname39:
-    .asciz "cufftXtGetSizeMany"
-.Lname40:
+.Lname12:
     .asciz "cufftXtMakePlanGuru64"
-.Lname41:
+.Lname13:
     .asciz "cufftXtMalloc"
-.Lname42:
+.Lname14:
     .asciz "cufftXtMemcpy"
-.Lname43:
+.Lname15:
     .asciz "cufftXtQueryPlan"
-.Lname44:
+.Lname16:
     .asciz "cufftXtSetCallback"
-.Lname45:
+.Lname17:
     .asciz "cufftXtSetGPUs"
-.Lname46:
+.Lname18:
     .asciz "cufftXtSetWorkArea"
-.Lname47:
+.Lname19:
     .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits

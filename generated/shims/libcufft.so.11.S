@@ -38,159 +38,102 @@ cufftEnterCS:
     .globl cufftEstimate1d
     .type cufftEstimate1d, @function
 cufftEstimate1d:
-    leaq .Lname3(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate1d@PLT
     .size cufftEstimate1d, .-cufftEstimate1d
     .globl cufftEstimate2d
     .type cufftEstimate2d, @function
 cufftEstimate2d:
-    leaq .Lname4(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate2d@PLT
     .size cufftEstimate2d, .-cufftEstimate2d
     .globl cufftEstimate3d
     .type cufftEstimate3d, @function
 cufftEstimate3d:
-    leaq .Lname5(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate3d@PLT
     .size cufftEstimate3d, .-cufftEstimate3d
     .globl cufftEstimateMany
     .type cufftEstimateMany, @function
 cufftEstimateMany:
-    leaq .Lname6(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimateMany@PLT
     .size cufftEstimateMany, .-cufftEstimateMany
     .globl cufftExecC2C
     .type cufftExecC2C, @function
 cufftExecC2C:
-    leaq .Lname7(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecC2C@PLT
     .size cufftExecC2C, .-cufftExecC2C
     .globl cufftExecC2R
     .type cufftExecC2R, @function
 cufftExecC2R:
-    leaq .Lname8(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecC2R@PLT
     .size cufftExecC2R, .-cufftExecC2R
     .globl cufftExecD2Z
     .type cufftExecD2Z, @function
 cufftExecD2Z:
-    leaq .Lname9(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecD2Z@PLT
     .size cufftExecD2Z, .-cufftExecD2Z
     .globl cufftExecR2C
     .type cufftExecR2C, @function
 cufftExecR2C:
-    leaq .Lname10(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecR2C@PLT
     .size cufftExecR2C, .-cufftExecR2C
     .globl cufftExecZ2D
     .type cufftExecZ2D, @function
 cufftExecZ2D:
-    leaq .Lname11(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecZ2D@PLT
     .size cufftExecZ2D, .-cufftExecZ2D
     .globl cufftExecZ2Z
     .type cufftExecZ2Z, @function
 cufftExecZ2Z:
-    leaq .Lname12(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecZ2Z@PLT
     .size cufftExecZ2Z, .-cufftExecZ2Z
     .globl cufftGetPlanPropertyInt64
     .type cufftGetPlanPropertyInt64, @function
 cufftGetPlanPropertyInt64:
-    leaq .Lname13(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetPlanPropertyInt64@PLT
     .size cufftGetPlanPropertyInt64, .-cufftGetPlanPropertyInt64
     .globl cufftGetProperty
     .type cufftGetProperty, @function
 cufftGetProperty:
-    leaq .Lname14(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetProperty@PLT
     .size cufftGetProperty, .-cufftGetProperty
     .globl cufftGetSize
     .type cufftGetSize, @function
 cufftGetSize:
-    leaq .Lname15(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize@PLT
     .size cufftGetSize, .-cufftGetSize
     .globl cufftGetSize1d
     .type cufftGetSize1d, @function
 cufftGetSize1d:
-    leaq .Lname16(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize1d@PLT
     .size cufftGetSize1d, .-cufftGetSize1d
     .globl cufftGetSize2d
     .type cufftGetSize2d, @function
 cufftGetSize2d:
-    leaq .Lname17(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize2d@PLT
     .size cufftGetSize2d, .-cufftGetSize2d
     .globl cufftGetSize3d
     .type cufftGetSize3d, @function
 cufftGetSize3d:
-    leaq .Lname18(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize3d@PLT
     .size cufftGetSize3d, .-cufftGetSize3d
     .globl cufftGetSizeMany
     .type cufftGetSizeMany, @function
 cufftGetSizeMany:
-    leaq .Lname19(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSizeMany@PLT
     .size cufftGetSizeMany, .-cufftGetSizeMany
     .globl cufftGetSizeMany64
     .type cufftGetSizeMany64, @function
 cufftGetSizeMany64:
-    leaq .Lname20(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSizeMany64@PLT
     .size cufftGetSizeMany64, .-cufftGetSizeMany64
     .globl cufftGetVersion
     .type cufftGetVersion, @function
 cufftGetVersion:
-    leaq .Lname21(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetVersion@PLT
     .size cufftGetVersion, .-cufftGetVersion
     .globl cufftLeaveCS
     .type cufftLeaveCS, @function
 cufftLeaveCS:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -198,31 +141,22 @@ cufftLeaveCS:
     .globl cufftMakePlan1d
     .type cufftMakePlan1d, @function
 cufftMakePlan1d:
-    leaq .Lname23(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan1d@PLT
     .size cufftMakePlan1d, .-cufftMakePlan1d
     .globl cufftMakePlan2d
     .type cufftMakePlan2d, @function
 cufftMakePlan2d:
-    leaq .Lname24(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan2d@PLT
     .size cufftMakePlan2d, .-cufftMakePlan2d
     .globl cufftMakePlan3d
     .type cufftMakePlan3d, @function
 cufftMakePlan3d:
-    leaq .Lname25(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan3d@PLT
     .size cufftMakePlan3d, .-cufftMakePlan3d
     .globl cufftMakePlanGuru64
     .type cufftMakePlanGuru64, @function
 cufftMakePlanGuru64:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -230,50 +164,32 @@ cufftMakePlanGuru64:
     .globl cufftMakePlanMany
     .type cufftMakePlanMany, @function
 cufftMakePlanMany:
-    leaq .Lname27(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlanMany@PLT
     .size cufftMakePlanMany, .-cufftMakePlanMany
     .globl cufftMakePlanMany64
     .type cufftMakePlanMany64, @function
 cufftMakePlanMany64:
-    leaq .Lname28(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlanMany64@PLT
     .size cufftMakePlanMany64, .-cufftMakePlanMany64
     .globl cufftPlan1d
     .type cufftPlan1d, @function
 cufftPlan1d:
-    leaq .Lname29(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan1d@PLT
     .size cufftPlan1d, .-cufftPlan1d
     .globl cufftPlan2d
     .type cufftPlan2d, @function
 cufftPlan2d:
-    leaq .Lname30(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan2d@PLT
     .size cufftPlan2d, .-cufftPlan2d
     .globl cufftPlan3d
     .type cufftPlan3d, @function
 cufftPlan3d:
-    leaq .Lname31(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan3d@PLT
     .size cufftPlan3d, .-cufftPlan3d
     .globl cufftPlanMany
     .type cufftPlanMany, @function
 cufftPlanMany:
-    leaq .Lname32(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlanMany@PLT
     .size cufftPlanMany, .-cufftPlanMany
     .globl cufftResetPlanProperty
     .type cufftResetPlanProperty, @function
@@ -313,7 +229,7 @@ cufftXtExec:
     .globl cufftXtExecDescriptor
     .type cufftXtExecDescriptor, @function
 cufftXtExecDescriptor:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -321,7 +237,7 @@ cufftXtExecDescriptor:
     .globl cufftXtExecDescriptorC2C
     .type cufftXtExecDescriptorC2C, @function
 cufftXtExecDescriptorC2C:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -329,7 +245,7 @@ cufftXtExecDescriptorC2C:
     .globl cufftXtExecDescriptorC2R
     .type cufftXtExecDescriptorC2R, @function
 cufftXtExecDescriptorC2R:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -337,7 +253,7 @@ cufftXtExecDescriptorC2R:
     .globl cufftXtExecDescriptorD2Z
     .type cufftXtExecDescriptorD2Z, @function
 cufftXtExecDescriptorD2Z:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -345,7 +261,7 @@ cufftXtExecDescriptorD2Z:
     .globl cufftXtExecDescriptorR2C
     .type cufftXtExecDescriptorR2C, @function
 cufftXtExecDescriptorR2C:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -353,7 +269,7 @@ cufftXtExecDescriptorR2C:
     .globl cufftXtExecDescriptorZ2D
     .type cufftXtExecDescriptorZ2D, @function
 cufftXtExecDescriptorZ2D:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -361,7 +277,7 @@ cufftXtExecDescriptorZ2D:
     .globl cufftXtExecDescriptorZ2Z
     .type cufftXtExecDescriptorZ2Z, @function
 cufftXtExecDescriptorZ2Z:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -369,7 +285,7 @@ cufftXtExecDescriptorZ2Z:
     .globl cufftXtFree
     .type cufftXtFree, @function
 cufftXtFree:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -377,15 +293,12 @@ cufftXtFree:
     .globl cufftXtGetSizeMany
     .type cufftXtGetSizeMany, @function
 cufftXtGetSizeMany:
-    leaq .Lname41(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtGetSizeMany@PLT
     .size cufftXtGetSizeMany, .-cufftXtGetSizeMany
     .globl cufftXtMakePlanGuru64
     .type cufftXtMakePlanGuru64, @function
 cufftXtMakePlanGuru64:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -398,7 +311,7 @@ cufftXtMakePlanMany:
     .globl cufftXtMalloc
     .type cufftXtMalloc, @function
 cufftXtMalloc:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -406,7 +319,7 @@ cufftXtMalloc:
     .globl cufftXtMemcpy
     .type cufftXtMemcpy, @function
 cufftXtMemcpy:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -414,7 +327,7 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -422,7 +335,7 @@ cufftXtQueryPlan:
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -435,7 +348,7 @@ cufftXtSetCallbackSharedSize:
     .globl cufftXtSetDistribution
     .type cufftXtSetDistribution, @function
 cufftXtSetDistribution:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -443,7 +356,7 @@ cufftXtSetDistribution:
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -451,7 +364,7 @@ cufftXtSetGPUs:
     .globl cufftXtSetJITCallback
     .type cufftXtSetJITCallback, @function
 cufftXtSetJITCallback:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -459,7 +372,7 @@ cufftXtSetJITCallback:
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -467,7 +380,7 @@ cufftXtSetWorkArea:
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -480,101 +393,43 @@ cufftXtSetWorkAreaPolicy:
 .Lname2:
     .asciz "cufftEnterCS"
 .Lname3:
-    .asciz "cufftEstimate1d"
-.Lname4:
-    .asciz "cufftEstimate2d"
-.Lname5:
-    .asciz "cufftEstimate3d"
-.Lname6:
-    .asciz "cufftEstimateMany"
-.Lname7:
-    .asciz "cufftExecC2C"
-.Lname8:
-    .asciz "cufftExecC2R"
-.Lname9:
-    .asciz "cufftExecD2Z"
-.Lname10:
-    .asciz "cufftExecR2C"
-.Lname11:
-    .asciz "cufftExecZ2D"
-.Lname12:
-    .asciz "cufftExecZ2Z"
-.Lname13:
-    .asciz "cufftGetPlanPropertyInt64"
-.Lname14:
-    .asciz "cufftGetProperty"
-.Lname15:
-    .asciz "cufftGetSize"
-.Lname16:
-    .asciz "cufftGetSize1d"
-.Lname17:
-    .asciz "cufftGetSize2d"
-.Lname18:
-    .asciz "cufftGetSize3d"
-.Lname19:
-    .asciz "cufftGetSizeMany"
-.Lname20:
-    .asciz "cufftGetSizeMany64"
-.Lname21:
-    .asciz "cufftGetVersion"
-.Lname22:
     .asciz "cufftLeaveCS"
-.Lname23:
-    .asciz "cufftMakePlan1d"
-.Lname24:
-    .asciz "cufftMakePlan2d"
-.Lname25:
-    .asciz "cufftMakePlan3d"
-.Lname26:
+.Lname4:
     .asciz "cufftMakePlanGuru64"
-.Lname27:
-    .asciz "cufftMakePlanMany"
-.Lname28:
-    .asciz "cufftMakePlanMany64"
-.Lname29:
-    .asciz "cufftPlan1d"
-.Lname30:
-    .asciz "cufftPlan2d"
-.Lname31:
-    .asciz "cufftPlan3d"
-.Lname32:
-    .asciz "cufftPlanMany"
-.Lname33:
+.Lname5:
     .asciz "cufftXtExecDescriptor"
-.Lname34:
+.Lname6:
     .asciz "cufftXtExecDescriptorC2C"
-.Lname35:
+.Lname7:
     .asciz "cufftXtExecDescriptorC2R"
-.Lname36:
+.Lname8:
     .asciz "cufftXtExecDescriptorD2Z"
-.Lname37:
+.Lname9:
     .asciz "cufftXtExecDescriptorR2C"
-.Lname38:
+.Lname10:
     .asciz "cufftXtExecDescriptorZ2D"
-.Lname39:
+.Lname11:
     .asciz "cufftXtExecDescriptorZ2Z"
-.Lname40:
+.Lname12:
     .asciz "cufftXtFree"
-.Lname41:
-    .asciz "cufftXtGetSizeMany"
-.Lname42:
+.Lname13:
     .asciz "cufftXtMakePlanGuru64"
-.Lname43:
+.Lname14:
     .asciz "cufftXtMalloc"
-.Lname44:
+.Lname15:
     .asciz "cufftXtMemcpy"
-.Lname45:
+.Lname16:
     .asciz "cufftXtQueryPlan"
-.Lname46:
+.Lname17:
     .asciz "cufftXtSetCallback"
-.Lname47:
+.Lname18:
     .asciz "cufftXtSetDistribution"
-.Lname48:
+.Lname19:
     .asciz "cufftXtSetGPUs"
-.Lname49:
+.Lname20:
     .asciz "cufftXtSetJITCallback"
-.Lname50:
+.Lname21:
     .asciz "cufftXtSetWorkArea"
-.Lname51:
+.Lname22:
     .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits

@@ -142,226 +142,142 @@ cufftDeviceIsSupported:
     .globl cufftEstimate1d
     .type cufftEstimate1d, @function
 cufftEstimate1d:
-    leaq .Lname16(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate1d@PLT
     .size cufftEstimate1d, .-cufftEstimate1d
     .globl cufftEstimate2d
     .type cufftEstimate2d, @function
 cufftEstimate2d:
-    leaq .Lname17(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate2d@PLT
     .size cufftEstimate2d, .-cufftEstimate2d
     .globl cufftEstimate3d
     .type cufftEstimate3d, @function
 cufftEstimate3d:
-    leaq .Lname18(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimate3d@PLT
     .size cufftEstimate3d, .-cufftEstimate3d
     .globl cufftEstimateMany
     .type cufftEstimateMany, @function
 cufftEstimateMany:
-    leaq .Lname19(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftEstimateMany@PLT
     .size cufftEstimateMany, .-cufftEstimateMany
     .globl cufftExecC2C
     .type cufftExecC2C, @function
 cufftExecC2C:
-    leaq .Lname20(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecC2C@PLT
     .size cufftExecC2C, .-cufftExecC2C
     .globl cufftExecC2R
     .type cufftExecC2R, @function
 cufftExecC2R:
-    leaq .Lname21(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecC2R@PLT
     .size cufftExecC2R, .-cufftExecC2R
     .globl cufftExecD2Z
     .type cufftExecD2Z, @function
 cufftExecD2Z:
-    leaq .Lname22(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecD2Z@PLT
     .size cufftExecD2Z, .-cufftExecD2Z
     .globl cufftExecR2C
     .type cufftExecR2C, @function
 cufftExecR2C:
-    leaq .Lname23(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecR2C@PLT
     .size cufftExecR2C, .-cufftExecR2C
     .globl cufftExecZ2D
     .type cufftExecZ2D, @function
 cufftExecZ2D:
-    leaq .Lname24(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecZ2D@PLT
     .size cufftExecZ2D, .-cufftExecZ2D
     .globl cufftExecZ2Z
     .type cufftExecZ2Z, @function
 cufftExecZ2Z:
-    leaq .Lname25(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftExecZ2Z@PLT
     .size cufftExecZ2Z, .-cufftExecZ2Z
     .globl cufftGetPlanPropertyInt64
     .type cufftGetPlanPropertyInt64, @function
 cufftGetPlanPropertyInt64:
-    leaq .Lname26(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetPlanPropertyInt64@PLT
     .size cufftGetPlanPropertyInt64, .-cufftGetPlanPropertyInt64
     .globl cufftGetProperty
     .type cufftGetProperty, @function
 cufftGetProperty:
-    leaq .Lname27(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetProperty@PLT
     .size cufftGetProperty, .-cufftGetProperty
     .globl cufftGetSize
     .type cufftGetSize, @function
 cufftGetSize:
-    leaq .Lname28(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize@PLT
     .size cufftGetSize, .-cufftGetSize
     .globl cufftGetSize1d
     .type cufftGetSize1d, @function
 cufftGetSize1d:
-    leaq .Lname29(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize1d@PLT
     .size cufftGetSize1d, .-cufftGetSize1d
     .globl cufftGetSize2d
     .type cufftGetSize2d, @function
 cufftGetSize2d:
-    leaq .Lname30(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize2d@PLT
     .size cufftGetSize2d, .-cufftGetSize2d
     .globl cufftGetSize3d
     .type cufftGetSize3d, @function
 cufftGetSize3d:
-    leaq .Lname31(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSize3d@PLT
     .size cufftGetSize3d, .-cufftGetSize3d
     .globl cufftGetSizeMany
     .type cufftGetSizeMany, @function
 cufftGetSizeMany:
-    leaq .Lname32(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSizeMany@PLT
     .size cufftGetSizeMany, .-cufftGetSizeMany
     .globl cufftGetSizeMany64
     .type cufftGetSizeMany64, @function
 cufftGetSizeMany64:
-    leaq .Lname33(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetSizeMany64@PLT
     .size cufftGetSizeMany64, .-cufftGetSizeMany64
     .globl cufftGetVersion
     .type cufftGetVersion, @function
 cufftGetVersion:
-    leaq .Lname34(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftGetVersion@PLT
     .size cufftGetVersion, .-cufftGetVersion
     .globl cufftMakePlan1d
     .type cufftMakePlan1d, @function
 cufftMakePlan1d:
-    leaq .Lname35(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan1d@PLT
     .size cufftMakePlan1d, .-cufftMakePlan1d
     .globl cufftMakePlan2d
     .type cufftMakePlan2d, @function
 cufftMakePlan2d:
-    leaq .Lname36(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan2d@PLT
     .size cufftMakePlan2d, .-cufftMakePlan2d
     .globl cufftMakePlan3d
     .type cufftMakePlan3d, @function
 cufftMakePlan3d:
-    leaq .Lname37(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlan3d@PLT
     .size cufftMakePlan3d, .-cufftMakePlan3d
     .globl cufftMakePlanMany
     .type cufftMakePlanMany, @function
 cufftMakePlanMany:
-    leaq .Lname38(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlanMany@PLT
     .size cufftMakePlanMany, .-cufftMakePlanMany
     .globl cufftMakePlanMany64
     .type cufftMakePlanMany64, @function
 cufftMakePlanMany64:
-    leaq .Lname39(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftMakePlanMany64@PLT
     .size cufftMakePlanMany64, .-cufftMakePlanMany64
     .globl cufftPlan1d
     .type cufftPlan1d, @function
 cufftPlan1d:
-    leaq .Lname40(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan1d@PLT
     .size cufftPlan1d, .-cufftPlan1d
     .globl cufftPlan2d
     .type cufftPlan2d, @function
 cufftPlan2d:
-    leaq .Lname41(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan2d@PLT
     .size cufftPlan2d, .-cufftPlan2d
     .globl cufftPlan3d
     .type cufftPlan3d, @function
 cufftPlan3d:
-    leaq .Lname42(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlan3d@PLT
     .size cufftPlan3d, .-cufftPlan3d
     .globl cufftPlanMany
     .type cufftPlanMany, @function
 cufftPlanMany:
-    leaq .Lname43(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftPlanMany@PLT
     .size cufftPlanMany, .-cufftPlanMany
     .globl cufftResetPlanProperty
     .type cufftResetPlanProperty, @function
@@ -401,7 +317,7 @@ cufftXtExec:
     .globl cufftXtExecDescriptor
     .type cufftXtExecDescriptor, @function
 cufftXtExecDescriptor:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -409,7 +325,7 @@ cufftXtExecDescriptor:
     .globl cufftXtExecDescriptorC2C
     .type cufftXtExecDescriptorC2C, @function
 cufftXtExecDescriptorC2C:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -417,7 +333,7 @@ cufftXtExecDescriptorC2C:
     .globl cufftXtExecDescriptorC2R
     .type cufftXtExecDescriptorC2R, @function
 cufftXtExecDescriptorC2R:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -425,7 +341,7 @@ cufftXtExecDescriptorC2R:
     .globl cufftXtExecDescriptorD2Z
     .type cufftXtExecDescriptorD2Z, @function
 cufftXtExecDescriptorD2Z:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -433,7 +349,7 @@ cufftXtExecDescriptorD2Z:
     .globl cufftXtExecDescriptorR2C
     .type cufftXtExecDescriptorR2C, @function
 cufftXtExecDescriptorR2C:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -441,7 +357,7 @@ cufftXtExecDescriptorR2C:
     .globl cufftXtExecDescriptorZ2D
     .type cufftXtExecDescriptorZ2D, @function
 cufftXtExecDescriptorZ2D:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -449,7 +365,7 @@ cufftXtExecDescriptorZ2D:
     .globl cufftXtExecDescriptorZ2Z
     .type cufftXtExecDescriptorZ2Z, @function
 cufftXtExecDescriptorZ2Z:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -457,7 +373,7 @@ cufftXtExecDescriptorZ2Z:
     .globl cufftXtFree
     .type cufftXtFree, @function
 cufftXtFree:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -465,15 +381,12 @@ cufftXtFree:
     .globl cufftXtGetSizeMany
     .type cufftXtGetSizeMany, @function
 cufftXtGetSizeMany:
-    leaq .Lname52(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtGetSizeMany@PLT
     .size cufftXtGetSizeMany, .-cufftXtGetSizeMany
     .globl cufftXtMakePlanGuru64
     .type cufftXtMakePlanGuru64, @function
 cufftXtMakePlanGuru64:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -486,7 +399,7 @@ cufftXtMakePlanMany:
     .globl cufftXtMalloc
     .type cufftXtMalloc, @function
 cufftXtMalloc:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -494,7 +407,7 @@ cufftXtMalloc:
     .globl cufftXtMemcpy
     .type cufftXtMemcpy, @function
 cufftXtMemcpy:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -502,7 +415,7 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -510,7 +423,7 @@ cufftXtQueryPlan:
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -523,7 +436,7 @@ cufftXtSetCallbackSharedSize:
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -531,7 +444,7 @@ cufftXtSetGPUs:
     .globl cufftXtSetJITCallback
     .type cufftXtSetJITCallback, @function
 cufftXtSetJITCallback:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -539,7 +452,7 @@ cufftXtSetJITCallback:
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -547,7 +460,7 @@ cufftXtSetWorkArea:
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -586,95 +499,37 @@ cufftXtSetWorkAreaPolicy:
 .Lname15:
     .asciz "cufftDeviceIsSupported"
 .Lname16:
-    .asciz "cufftEstimate1d"
-.Lname17:
-    .asciz "cufftEstimate2d"
-.Lname18:
-    .asciz "cufftEstimate3d"
-.Lname19:
-    .asciz "cufftEstimateMany"
-.Lname20:
-    .asciz "cufftExecC2C"
-.Lname21:
-    .asciz "cufftExecC2R"
-.Lname22:
-    .asciz "cufftExecD2Z"
-.Lname23:
-    .asciz "cufftExecR2C"
-.Lname24:
-    .asciz "cufftExecZ2D"
-.Lname25:
-    .asciz "cufftExecZ2Z"
-.Lname26:
-    .asciz "cufftGetPlanPropertyInt64"
-.Lname27:
-    .asciz "cufftGetProperty"
-.Lname28:
-    .asciz "cufftGetSize"
-.Lname29:
-    .asciz "cufftGetSize1d"
-.Lname30:
-    .asciz "cufftGetSize2d"
-.Lname31:
-    .asciz "cufftGetSize3d"
-.Lname32:
-    .asciz "cufftGetSizeMany"
-.Lname33:
-    .asciz "cufftGetSizeMany64"
-.Lname34:
-    .asciz "cufftGetVersion"
-.Lname35:
-    .asciz "cufftMakePlan1d"
-.Lname36:
-    .asciz "cufftMakePlan2d"
-.Lname37:
-    .asciz "cufftMakePlan3d"
-.Lname38:
-    .asciz "cufftMakePlanMany"
-.Lname39:
-    .asciz "cufftMakePlanMany64"
-.Lname40:
-    .asciz "cufftPlan1d"
-.Lname41:
-    .asciz "cufftPlan2d"
-.Lname42:
-    .asciz "cufftPlan3d"
-.Lname43:
-    .asciz "cufftPlanMany"
-.Lname44:
     .asciz "cufftXtExecDescriptor"
-.Lname45:
+.Lname17:
     .asciz "cufftXtExecDescriptorC2C"
-.Lname46:
+.Lname18:
     .asciz "cufftXtExecDescriptorC2R"
-.Lname47:
+.Lname19:
     .asciz "cufftXtExecDescriptorD2Z"
-.Lname48:
+.Lname20:
     .asciz "cufftXtExecDescriptorR2C"
-.Lname49:
+.Lname21:
     .asciz "cufftXtExecDescriptorZ2D"
-.Lname50:
+.Lname22:
     .asciz "cufftXtExecDescriptorZ2Z"
-.Lname51:
+.Lname23:
     .asciz "cufftXtFree"
-.Lname52:
-    .asciz "cufftXtGetSizeMany"
-.Lname53:
+.Lname24:
     .asciz "cufftXtMakePlanGuru64"
-.Lname54:
+.Lname25:
     .asciz "cufftXtMalloc"
-.Lname55:
+.Lname26:
     .asciz "cufftXtMemcpy"
-.Lname56:
+.Lname27:
     .asciz "cufftXtQueryPlan"
-.Lname57:
+.Lname28:
     .asciz "cufftXtSetCallback"
-.Lname58:
+.Lname29:
     .asciz "cufftXtSetGPUs"
-.Lname59:
+.Lname30:
     .asciz "cufftXtSetJITCallback"
-.Lname60:
+.Lname31:
     .asciz "cufftXtSetWorkArea"
-.Lname61:
+.Lname32:
     .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits

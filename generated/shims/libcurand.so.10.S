@@ -9,7 +9,10 @@ curandCreateGenerator:
     .globl curandCreateGeneratorHost
     .type curandCreateGeneratorHost, @function
 curandCreateGeneratorHost:
-    jmp __chidori_curand_curandCreateGeneratorHost@PLT
+    leaq .Lname0(%rip), %rdi
+    movq $999, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size curandCreateGeneratorHost, .-curandCreateGeneratorHost
     .globl curandCreatePoissonDistribution
     .type curandCreatePoissonDistribution, @function
@@ -29,82 +32,52 @@ curandDestroyGenerator:
     .globl curandGenerate
     .type curandGenerate, @function
 curandGenerate:
-    leaq .Lname0(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerate@PLT
     .size curandGenerate, .-curandGenerate
     .globl curandGenerateBinomial
     .type curandGenerateBinomial, @function
 curandGenerateBinomial:
-    leaq .Lname1(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateBinomial@PLT
     .size curandGenerateBinomial, .-curandGenerateBinomial
     .globl curandGenerateBinomialMethod
     .type curandGenerateBinomialMethod, @function
 curandGenerateBinomialMethod:
-    leaq .Lname2(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateBinomialMethod@PLT
     .size curandGenerateBinomialMethod, .-curandGenerateBinomialMethod
     .globl curandGenerateLogNormal
     .type curandGenerateLogNormal, @function
 curandGenerateLogNormal:
-    leaq .Lname3(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateLogNormal@PLT
     .size curandGenerateLogNormal, .-curandGenerateLogNormal
     .globl curandGenerateLogNormalDouble
     .type curandGenerateLogNormalDouble, @function
 curandGenerateLogNormalDouble:
-    leaq .Lname4(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateLogNormalDouble@PLT
     .size curandGenerateLogNormalDouble, .-curandGenerateLogNormalDouble
     .globl curandGenerateLongLong
     .type curandGenerateLongLong, @function
 curandGenerateLongLong:
-    leaq .Lname5(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateLongLong@PLT
     .size curandGenerateLongLong, .-curandGenerateLongLong
     .globl curandGenerateNormal
     .type curandGenerateNormal, @function
 curandGenerateNormal:
-    leaq .Lname6(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateNormal@PLT
     .size curandGenerateNormal, .-curandGenerateNormal
     .globl curandGenerateNormalDouble
     .type curandGenerateNormalDouble, @function
 curandGenerateNormalDouble:
-    leaq .Lname7(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateNormalDouble@PLT
     .size curandGenerateNormalDouble, .-curandGenerateNormalDouble
     .globl curandGeneratePoisson
     .type curandGeneratePoisson, @function
 curandGeneratePoisson:
-    leaq .Lname8(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGeneratePoisson@PLT
     .size curandGeneratePoisson, .-curandGeneratePoisson
     .globl curandGeneratePoissonMethod
     .type curandGeneratePoissonMethod, @function
 curandGeneratePoissonMethod:
-    leaq .Lname9(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGeneratePoissonMethod@PLT
     .size curandGeneratePoissonMethod, .-curandGeneratePoissonMethod
     .globl curandGenerateSeeds
     .type curandGenerateSeeds, @function
@@ -114,23 +87,17 @@ curandGenerateSeeds:
     .globl curandGenerateUniform
     .type curandGenerateUniform, @function
 curandGenerateUniform:
-    leaq .Lname10(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateUniform@PLT
     .size curandGenerateUniform, .-curandGenerateUniform
     .globl curandGenerateUniformDouble
     .type curandGenerateUniformDouble, @function
 curandGenerateUniformDouble:
-    leaq .Lname11(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGenerateUniformDouble@PLT
     .size curandGenerateUniformDouble, .-curandGenerateUniformDouble
     .globl curandGetDirectionVectors32
     .type curandGetDirectionVectors32, @function
 curandGetDirectionVectors32:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $999, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -138,7 +105,7 @@ curandGetDirectionVectors32:
     .globl curandGetDirectionVectors64
     .type curandGetDirectionVectors64, @function
 curandGetDirectionVectors64:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $999, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -146,15 +113,12 @@ curandGetDirectionVectors64:
     .globl curandGetProperty
     .type curandGetProperty, @function
 curandGetProperty:
-    leaq .Lname14(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGetProperty@PLT
     .size curandGetProperty, .-curandGetProperty
     .globl curandGetScrambleConstants32
     .type curandGetScrambleConstants32, @function
 curandGetScrambleConstants32:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $999, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -162,7 +126,7 @@ curandGetScrambleConstants32:
     .globl curandGetScrambleConstants64
     .type curandGetScrambleConstants64, @function
 curandGetScrambleConstants64:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $999, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -170,10 +134,7 @@ curandGetScrambleConstants64:
     .globl curandGetVersion
     .type curandGetVersion, @function
 curandGetVersion:
-    leaq .Lname17(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGetVersion@PLT
     .size curandGetVersion, .-curandGetVersion
     .globl curandSetGeneratorOffset
     .type curandSetGeneratorOffset, @function
@@ -202,39 +163,13 @@ curandSetStream:
     .size curandSetStream, .-curandSetStream
     .section .rodata
 .Lname0:
-    .asciz "curandGenerate"
+    .asciz "curandCreateGeneratorHost"
 .Lname1:
-    .asciz "curandGenerateBinomial"
-.Lname2:
-    .asciz "curandGenerateBinomialMethod"
-.Lname3:
-    .asciz "curandGenerateLogNormal"
-.Lname4:
-    .asciz "curandGenerateLogNormalDouble"
-.Lname5:
-    .asciz "curandGenerateLongLong"
-.Lname6:
-    .asciz "curandGenerateNormal"
-.Lname7:
-    .asciz "curandGenerateNormalDouble"
-.Lname8:
-    .asciz "curandGeneratePoisson"
-.Lname9:
-    .asciz "curandGeneratePoissonMethod"
-.Lname10:
-    .asciz "curandGenerateUniform"
-.Lname11:
-    .asciz "curandGenerateUniformDouble"
-.Lname12:
     .asciz "curandGetDirectionVectors32"
-.Lname13:
+.Lname2:
     .asciz "curandGetDirectionVectors64"
-.Lname14:
-    .asciz "curandGetProperty"
-.Lname15:
+.Lname3:
     .asciz "curandGetScrambleConstants32"
-.Lname16:
+.Lname4:
     .asciz "curandGetScrambleConstants64"
-.Lname17:
-    .asciz "curandGetVersion"
     .section .note.GNU-stack,"",@progbits

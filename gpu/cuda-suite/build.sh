@@ -24,9 +24,24 @@ if [[ $CUDART == shared ]]; then HOST_CUDART=(-lcudart); else HOST_CUDART=(-lcud
 NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_events pinned_async
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
-       driver_graphs)
+       driver_graphs fft rand)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
+
+# libNAME.so from the toolkit, else from the NVIDIA wheels beside torch: "-L DIR -rpath DIR".
+library_dir() {
+  local lib=$1 dir
+  for dir in "$CUDA_HOME/lib64" $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null \
+               | tr ' ' '\n' | sed 's|$|/nvidia/cu13/lib|'); do
+    if compgen -G "$dir/lib$lib.so*" > /dev/null; then
+      local so
+      so=$(cd "$dir" && ls "lib$lib".so* | sort | head -1)
+      echo "-L$dir -Xlinker -rpath -Xlinker $dir -l:$so"
+      return
+    fi
+  done
+  echo "-l$lib"
+}
 
 # recipe NAME: builds $B/NAME, using $B/obj/NAME for intermediate files.
 recipe() {
@@ -48,6 +63,8 @@ recipe() {
     textures|copies_3d|graph_build|mem_pools|peer_functions)
                     nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations "src/$name/main.cpp" "src/$name/kernels.cu" \
                       -o "$out" ;;
+    fft)            nv "${LINK[@]}" src/fft.cu -o "$out" $(library_dir cufft) ;;
+    rand)           nv "${LINK[@]}" src/rand.cu -o "$out" $(library_dir curand) ;;
     threads)        nv "${LINK[@]}" -Xcompiler -pthread src/threads.cu -o "$out" ;;
     compress_zstd)  nv "${LINK[@]}" -Xfatbin -compress-all src/compress.cu -o "$out" ;;
     compress_lz4)   nv "${LINK[@]}" -Xfatbin -compress-all --compress-mode=speed src/compress.cu -o "$out" ;;

@@ -435,7 +435,7 @@ pub fn decode<'f>(
                 }
                 Arg::Handles(Some(mapped))
             }
-            Wire::Buf { dir, elem, len: count, record } => {
+            Wire::Buf { dir, elem, len: count, record, optional } => {
                 let count = count_of(count, args).ok_or(DecodeError::NoLength { param: i })?;
                 let elem = u64::from(elem);
                 let expected = bounded(count, elem);
@@ -455,9 +455,10 @@ pub fn decode<'f>(
                 }
                 if len == NULL_LEN {
                     let single = matches!(wire, Wire::Buf { len: None, .. });
-                    let arg = if count == 0 || (dir == Dir::In && (single || edge_data(desc.name))) {
-                        // An empty array, or an optional input (NULL meaning "none", or for
-                        // a graph's edge data "the default edges").
+                    let arg = if count == 0 || (dir == Dir::In && (single || optional || edge_data(desc.name))) {
+                        // An empty array, or an optional input (NULL meaning "none", an array
+                        // the spec lets be NULL, or for a graph's edge data "the default
+                        // edges").
                         BufArg::Absent
                     } else if !single {
                         // An array at NULL is read or written by the library, so it is

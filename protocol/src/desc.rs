@@ -182,7 +182,9 @@ pub enum Wire {
     Handles { kind: HandleKind, len: &'static Len },
     /// Host buffer of `len` (None: one) elements of `elem` bytes. `record` names the struct
     /// for layout translation between the client's and the server's CUDA version.
-    Buf { dir: Dir, elem: u32, len: Option<&'static Len>, record: Option<&'static str> },
+    /// `optional`: an input array the API lets be NULL whatever its count says (cuFFT's
+    /// `inembed`: NULL means the basic layout); it then reaches the library as NULL.
+    Buf { dir: Dir, elem: u32, len: Option<&'static Len>, record: Option<&'static str>, optional: bool },
     /// NUL-terminated input string.
     Str,
     /// Must be NULL; not sent.

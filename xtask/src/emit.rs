@@ -538,7 +538,7 @@ impl<'a> Emitter<'a> {
                 let r = len_static(len, statics, prefix);
                 quote!(Wire::Handles { kind: #k, len: &#r })
             }
-            Wire::Buf { dir, elem, len, record } => {
+            Wire::Buf { dir, elem, len, record, optional } => {
                 let dir = match dir {
                     Dir::In => quote!(Dir::In),
                     Dir::Out => quote!(Dir::Out),
@@ -559,7 +559,7 @@ impl<'a> Emitter<'a> {
                     }
                     None => quote!(None),
                 };
-                quote!(Wire::Buf { dir: #dir, elem: #elem, len: #len, record: #record })
+                quote!(Wire::Buf { dir: #dir, elem: #elem, len: #len, record: #record, optional: #optional })
             }
             Wire::Str => quote!(Wire::Str),
             Wire::Null => quote!(Wire::Null),

@@ -252,8 +252,9 @@ pub enum Wire {
     OutHandle { kind: String, named: bool },
     /// Input array of `len` handles of `kind` (spec `handles(kind)[len]`).
     Handles { kind: String, len: Len },
-    /// Host buffer: `len` elements (None: one) of `elem` bytes.
-    Buf { dir: Dir, elem: u64, len: Option<Len>, record: Option<String> },
+    /// Host buffer: `len` elements (None: one) of `elem` bytes; `optional`: an input array
+    /// the API lets be NULL (spec `in[len]?`).
+    Buf { dir: Dir, elem: u64, len: Option<Len>, record: Option<String>, optional: bool },
     /// NUL-terminated input string.
     Str,
     /// Must be NULL; not sent.
@@ -908,7 +909,7 @@ fn classify(
             ParamSpec::In => match &kind {
                 Kind::Pointer { .. } => {
                     let elem = pointee_size(&kind, &ty).context("pointee has no size")?;
-                    Wire::Buf { dir: Dir::In, elem, len: None, record: record_of(&ty) }
+                    Wire::Buf { dir: Dir::In, elem, len: None, record: record_of(&ty), optional: false }
                 }
                 Kind::Scalar { bytes, float } => Wire::Val { bytes: *bytes, float: *float },
                 Kind::Handle { kind } => Wire::Handle { kind: kind.clone(), destroy: false },
@@ -925,7 +926,7 @@ fn classify(
                 }
                 let elem = pointee_size(&kind, &ty).context("pointee has no size")?;
                 let dir = if *s == ParamSpec::Out { Dir::Out } else { Dir::InOut };
-                Wire::Buf { dir, elem, len: None, record: record_of(&ty) }
+                Wire::Buf { dir, elem, len: None, record: record_of(&ty), optional: false }
             }
             ParamSpec::Device => match kind {
                 Kind::Pointer { .. } | Kind::Scalar { bytes: 8, .. } => Wire::Device,
@@ -992,14 +993,15 @@ fn classify(
                 }
                 other => bail!("{}: `handles` needs a pointer, not {other:?}", p.name),
             },
-            ParamSpec::InBuf(e) | ParamSpec::OutBuf(e) | ParamSpec::InOutBuf(e) => {
+            ParamSpec::InBuf(e) | ParamSpec::OptInBuf(e) | ParamSpec::OutBuf(e) | ParamSpec::InOutBuf(e) => {
                 let elem = pointee_size(&kind, &ty).with_context(|| format!("{}: buffer needs a pointer", p.name))?;
                 let dir = match s {
-                    ParamSpec::InBuf(_) => Dir::In,
+                    ParamSpec::InBuf(_) | ParamSpec::OptInBuf(_) => Dir::In,
                     ParamSpec::OutBuf(_) => Dir::Out,
                     _ => Dir::InOut,
                 };
-                Wire::Buf { dir, elem, len: Some(len(e)?), record: record_of(&ty) }
+                let optional = matches!(s, ParamSpec::OptInBuf(_));
+                Wire::Buf { dir, elem, len: Some(len(e)?), record: record_of(&ty), optional }
             }
         }));
     }
@@ -1027,11 +1029,11 @@ fn classify(
             (Kind::Scalar { bytes: 1, .. }, true) => Err("char buffer: how long?".into()),
             (Kind::Scalar { .. }, true) if counted => Err("pointer to scalar beside a length: array?".into()),
             (Kind::Scalar { bytes, .. }, true) if lib.infer_scalar_out => {
-                Ok(Wire::Buf { dir: Dir::Out, elem: bytes as u64, len: None, record: None })
+                Ok(Wire::Buf { dir: Dir::Out, elem: bytes as u64, len: None, record: None, optional: false })
             }
             (Kind::Record { .. }, true) => Err("pointer to a record: one or an array?".into()),
             (Kind::Record { name, size, plain: true }, false) if !counted => {
-                Ok(Wire::Buf { dir: Dir::In, elem: size, len: None, record: Some(name) })
+                Ok(Wire::Buf { dir: Dir::In, elem: size, len: None, record: Some(name), optional: false })
             }
             (Kind::Void, _) => Err("untyped pointer: host or device memory?".into()),
             (Kind::Pointer { .. }, _) => Err("pointer to pointer: host or device memory?".into()),

@@ -300,6 +300,8 @@ pub enum ParamSpec {
     /// `client_named` for a whole kind).
     Named,
     InBuf(LenExpr),
+    /// `in[expr]?`: an input array the API lets be NULL (meaning none, or a default layout).
+    OptInBuf(LenExpr),
     OutBuf(LenExpr),
     InOutBuf(LenExpr),
     /// `handles(kind)[expr]`: an input array of `expr` handles of `kind`, each checked and
@@ -400,9 +402,17 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         }
         return Ok(ParamSpec::Scalar { mode: mode.trim().to_owned(), dir, count, bytes });
     }
+    // `in[expr]?`: an input array that may be NULL.
+    let (s, optional) = match s.strip_suffix('?') {
+        Some(rest) => (rest.trim_end(), true),
+        None => (s, false),
+    };
     let (head, rest) = s.split_once('[').with_context(|| format!("unknown parameter kind {s:?}"))?;
     let body = rest.strip_suffix(']').with_context(|| format!("missing ] in {s:?}"))?;
     let expr = parse_expr(body).with_context(|| format!("in {s:?}"))?;
+    if optional && head.trim() != "in" {
+        bail!("only an input array may be NULL (`in[expr]?`), not {s:?}?");
+    }
     if let Some(kind) = head.trim().strip_prefix("handles(").and_then(|k| k.strip_suffix(')')) {
         let kind = kind.trim();
         if kind.is_empty() || !kind.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -411,6 +421,7 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         return Ok(ParamSpec::Handles { kind: kind.to_owned(), len: expr });
     }
     Ok(match head.trim() {
+        "in" if optional => ParamSpec::OptInBuf(expr),
         "in" => ParamSpec::InBuf(expr),
         "out" => ParamSpec::OutBuf(expr),
         "inout" => ParamSpec::InOutBuf(expr),
@@ -525,6 +536,8 @@ mod tests {
     #[test]
     fn parameter_kinds_parse() {
         assert_eq!(parse_param("out").unwrap(), ParamSpec::Out);
+        assert_eq!(parse_param("in[rank]?").unwrap(), ParamSpec::OptInBuf(LenExpr::Param("rank".into())));
+        assert!(parse_param("out[rank]?").is_err(), "only inputs may be NULL");
         assert_eq!(
             parse_param("in[n * elemSize]").unwrap(),
             ParamSpec::InBuf(LenExpr::Mul(

@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 643341108310949380u64;
+pub const SCHEMA_HASH: u64 = 18075949784588941251u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2514usize] = [
+pub static FUNCTIONS: [&str; 2556usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -1146,6 +1146,34 @@ pub static FUNCTIONS: [&str; 2514usize] = [
     "cudnnTransformTensor",
     "cufftCreate",
     "cufftDestroy",
+    "cufftEstimate1d",
+    "cufftEstimate2d",
+    "cufftEstimate3d",
+    "cufftEstimateMany",
+    "cufftExecC2C",
+    "cufftExecC2R",
+    "cufftExecD2Z",
+    "cufftExecR2C",
+    "cufftExecZ2D",
+    "cufftExecZ2Z",
+    "cufftGetPlanPropertyInt64",
+    "cufftGetProperty",
+    "cufftGetSize",
+    "cufftGetSize1d",
+    "cufftGetSize2d",
+    "cufftGetSize3d",
+    "cufftGetSizeMany",
+    "cufftGetSizeMany64",
+    "cufftGetVersion",
+    "cufftMakePlan1d",
+    "cufftMakePlan2d",
+    "cufftMakePlan3d",
+    "cufftMakePlanMany",
+    "cufftMakePlanMany64",
+    "cufftPlan1d",
+    "cufftPlan2d",
+    "cufftPlan3d",
+    "cufftPlanMany",
     "cufftResetPlanProperty",
     "cufftSetAutoAllocation",
     "cufftSetPlanPropertyInt64",
@@ -1153,15 +1181,29 @@ pub static FUNCTIONS: [&str; 2514usize] = [
     "cufftSetWorkArea",
     "cufftXtClearCallback",
     "cufftXtExec",
+    "cufftXtGetSizeMany",
     "cufftXtMakePlanMany",
     "cufftXtSetCallbackSharedSize",
     "cufftXtSetDistribution",
     "curandCreateGenerator",
-    "curandCreateGeneratorHost",
     "curandCreatePoissonDistribution",
     "curandDestroyDistribution",
     "curandDestroyGenerator",
+    "curandGenerate",
+    "curandGenerateBinomial",
+    "curandGenerateBinomialMethod",
+    "curandGenerateLogNormal",
+    "curandGenerateLogNormalDouble",
+    "curandGenerateLongLong",
+    "curandGenerateNormal",
+    "curandGenerateNormalDouble",
+    "curandGeneratePoisson",
+    "curandGeneratePoissonMethod",
     "curandGenerateSeeds",
+    "curandGenerateUniform",
+    "curandGenerateUniformDouble",
+    "curandGetProperty",
+    "curandGetVersion",
     "curandSetGeneratorOffset",
     "curandSetGeneratorOrdering",
     "curandSetPseudoRandomGeneratorSeed",
@@ -2523,7 +2565,7 @@ pub static FUNCTIONS: [&str; 2514usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2514usize] = [
+pub static LIBRARY_OF: [&str; 2556usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -3673,6 +3715,48 @@ pub static LIBRARY_OF: [&str; 2514usize] = [
     "cufft",
     "cufft",
     "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
+    "curand",
     "curand",
     "curand",
     "curand",
@@ -7173,6 +7257,34 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlVgpuTypeGetResolution,
     &cufft::cufftCreate,
     &cufft::cufftDestroy,
+    &cufft::cufftEstimate1d,
+    &cufft::cufftEstimate2d,
+    &cufft::cufftEstimate3d,
+    &cufft::cufftEstimateMany,
+    &cufft::cufftExecC2C,
+    &cufft::cufftExecC2R,
+    &cufft::cufftExecD2Z,
+    &cufft::cufftExecR2C,
+    &cufft::cufftExecZ2D,
+    &cufft::cufftExecZ2Z,
+    &cufft::cufftGetPlanPropertyInt64,
+    &cufft::cufftGetProperty,
+    &cufft::cufftGetSize,
+    &cufft::cufftGetSize1d,
+    &cufft::cufftGetSize2d,
+    &cufft::cufftGetSize3d,
+    &cufft::cufftGetSizeMany,
+    &cufft::cufftGetSizeMany64,
+    &cufft::cufftGetVersion,
+    &cufft::cufftMakePlan1d,
+    &cufft::cufftMakePlan2d,
+    &cufft::cufftMakePlan3d,
+    &cufft::cufftMakePlanMany,
+    &cufft::cufftMakePlanMany64,
+    &cufft::cufftPlan1d,
+    &cufft::cufftPlan2d,
+    &cufft::cufftPlan3d,
+    &cufft::cufftPlanMany,
     &cufft::cufftResetPlanProperty,
     &cufft::cufftSetAutoAllocation,
     &cufft::cufftSetPlanPropertyInt64,
@@ -7180,15 +7292,29 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cufft::cufftSetWorkArea,
     &cufft::cufftXtClearCallback,
     &cufft::cufftXtExec,
+    &cufft::cufftXtGetSizeMany,
     &cufft::cufftXtMakePlanMany,
     &cufft::cufftXtSetCallbackSharedSize,
     &cufft::cufftXtSetDistribution__cu118,
     &curand::curandCreateGenerator,
-    &curand::curandCreateGeneratorHost,
     &curand::curandCreatePoissonDistribution,
     &curand::curandDestroyDistribution,
     &curand::curandDestroyGenerator,
+    &curand::curandGenerate,
+    &curand::curandGenerateBinomial,
+    &curand::curandGenerateBinomialMethod,
+    &curand::curandGenerateLogNormal,
+    &curand::curandGenerateLogNormalDouble,
+    &curand::curandGenerateLongLong,
+    &curand::curandGenerateNormal,
+    &curand::curandGenerateNormalDouble,
+    &curand::curandGeneratePoisson,
+    &curand::curandGeneratePoissonMethod,
     &curand::curandGenerateSeeds,
+    &curand::curandGenerateUniform,
+    &curand::curandGenerateUniformDouble,
+    &curand::curandGetProperty,
+    &curand::curandGetVersion,
     &curand::curandSetGeneratorOffset,
     &curand::curandSetGeneratorOrdering,
     &curand::curandSetPseudoRandomGeneratorSeed,
@@ -9234,6 +9360,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -10937,6 +11064,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -11325,6 +11453,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -11382,6 +11511,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -13016,6 +13146,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -13071,6 +13202,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -13131,6 +13263,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -15559,6 +15692,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -15610,6 +15744,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -15661,6 +15796,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -15708,6 +15844,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -15759,6 +15896,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -15810,6 +15948,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -15853,6 +15992,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -17654,6 +17794,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -18571,6 +18712,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -18812,6 +18954,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -18869,6 +19012,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -19090,6 +19234,7 @@ pub mod cublas {
                 elem: 1u32,
                 len: Some(&LEN_cublasDotEx__host_2),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -22908,6 +23053,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -22979,6 +23125,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -23009,6 +23156,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -25863,6 +26011,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -26946,6 +27095,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -27187,6 +27337,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -27244,6 +27395,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -30961,6 +31113,7 @@ pub mod cublas {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -31894,6 +32047,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -32839,6 +32993,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -34404,6 +34559,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -35451,6 +35607,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -35839,6 +35996,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -35896,6 +36054,7 @@ pub mod cublas {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -37250,6 +37409,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -37305,6 +37465,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -37365,6 +37526,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -39144,6 +39306,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -39195,6 +39358,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -39246,6 +39410,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -39293,6 +39458,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -39344,6 +39510,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -39395,6 +39562,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -39438,6 +39606,7 @@ pub mod cublas {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -40614,6 +40783,7 @@ pub mod cublaslt {
                 elem: 64u32,
                 len: None,
                 record: Some("cublasLtMatmulAlgo_t"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -40689,6 +40859,7 @@ pub mod cublaslt {
                 elem: 64u32,
                 len: None,
                 record: Some("cublasLtMatmulAlgo_t"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -40756,12 +40927,14 @@ pub mod cublaslt {
                 elem: 96u32,
                 len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu118__call_0),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -40820,12 +40993,14 @@ pub mod cublaslt {
                 elem: 96u32,
                 len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu121__call_1),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -40884,12 +41059,14 @@ pub mod cublaslt {
                 elem: 96u32,
                 len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu126__call_2),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -41108,6 +41285,7 @@ pub mod cublaslt {
                 elem: 1u32,
                 len: Some(&LEN_cublasLtMatmulDescSetAttribute__cu118__call_3),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -41146,6 +41324,7 @@ pub mod cublaslt {
                 elem: 1u32,
                 len: Some(&LEN_cublasLtMatmulDescSetAttribute__cu126__call_4),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -41336,6 +41515,7 @@ pub mod cublaslt {
                 elem: 1u32,
                 len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu118__call_5),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -41374,6 +41554,7 @@ pub mod cublaslt {
                 elem: 1u32,
                 len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu121__call_6),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -41520,6 +41701,7 @@ pub mod cublaslt {
                 elem: 1u32,
                 len: Some(&LEN_cublasLtMatrixLayoutSetAttribute__call_7),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -41836,18 +42018,21 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 24u32,
                 len: None,
                 record: Some("cudaExtent"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -41878,6 +42063,7 @@ pub mod cudart {
                 elem: 32u32,
                 len: None,
                 record: Some("cudaArrayMemoryRequirements"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -41944,6 +42130,7 @@ pub mod cudart {
                 elem: 48u32,
                 len: None,
                 record: Some("cudaArraySparseProperties"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -41974,6 +42161,7 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("surfaceReference"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -41984,6 +42172,7 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42010,6 +42199,7 @@ pub mod cudart {
                 elem: 124u32,
                 len: None,
                 record: Some("textureReference"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -42020,6 +42210,7 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42046,6 +42237,7 @@ pub mod cudart {
                 elem: 124u32,
                 len: None,
                 record: Some("textureReference"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 48u16,
@@ -42056,6 +42248,7 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42082,12 +42275,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 728u32,
                 len: None,
                 record: Some("cudaDeviceProp"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42114,12 +42309,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1032u32,
                 len: None,
                 record: Some("cudaDeviceProp"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42146,12 +42343,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1008u32,
                 len: None,
                 record: Some("cudaDeviceProp"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42178,12 +42377,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 64u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42210,12 +42411,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 144u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42242,24 +42445,28 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 64u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 68u32,
                 len: None,
                 record: Some("cudaTextureDesc"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
                 len: None,
                 record: Some("cudaResourceViewDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42286,24 +42493,28 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 64u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 72u32,
                 len: None,
                 record: Some("cudaTextureDesc"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
                 len: None,
                 record: Some("cudaResourceViewDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42330,24 +42541,28 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 144u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 72u32,
                 len: None,
                 record: Some("cudaTextureDesc"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 112u32,
                 len: None,
                 record: Some("cudaResourceViewDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42374,24 +42589,28 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 64u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 72u32,
                 len: None,
                 record: Some("cudaTextureDesc_v2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
                 len: None,
                 record: Some("cudaResourceViewDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42537,6 +42756,7 @@ pub mod cudart {
                 elem: 144u32,
                 len: Some(&LEN_cudaDevResourceGenerateDesc_0),
                 record: Some("cudaDevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -42567,6 +42787,7 @@ pub mod cudart {
                 elem: 144u32,
                 len: Some(&LEN_cudaDevSmResourceSplit_1),
                 record: Some("cudaDevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -42577,12 +42798,14 @@ pub mod cudart {
                 elem: 144u32,
                 len: None,
                 record: Some("cudaDevResource_st"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 144u32,
                 len: None,
                 record: Some("cudaDevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -42593,6 +42816,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: Some(&LEN_cudaDevSmResourceSplit_2),
                 record: Some("cudaDevSmResourceGroupParams_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42619,6 +42843,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -42733,6 +42958,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Str,
         ],
@@ -42760,6 +42986,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42818,6 +43045,7 @@ pub mod cudart {
                 elem: 144u32,
                 len: None,
                 record: Some("cudaDevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -42884,6 +43112,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaDeviceGetGraphMemAttribute_3),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -42910,12 +43139,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: Some(&LEN_cudaDeviceGetHostAtomicCapabilities_4),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cudaDeviceGetHostAtomicCapabilities_5),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -42950,6 +43181,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -43008,12 +43240,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: Some(&LEN_cudaDeviceGetP2PAtomicCapabilities_6),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cudaDeviceGetP2PAtomicCapabilities_7),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -43052,6 +43286,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -43090,6 +43325,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaDeviceGetPCIBusId_8),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -43124,6 +43360,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -43150,12 +43387,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -43182,12 +43421,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -43293,6 +43534,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaDeviceSetGraphMemAttribute_9),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -43522,6 +43764,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 4u16,
@@ -43556,6 +43799,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 4u16,
@@ -43786,6 +44030,7 @@ pub mod cudart {
                 elem: 144u32,
                 len: None,
                 record: Some("cudaDevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -43816,6 +44061,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 46u16,
@@ -43850,6 +44096,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -44000,6 +44247,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaExternalMemoryMipmappedArrayDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -44034,6 +44282,7 @@ pub mod cudart {
                 elem: 128u32,
                 len: None,
                 record: Some("cudaExternalMemoryMipmappedArrayDesc"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -44177,6 +44426,7 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -44207,6 +44457,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -44265,6 +44516,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44295,6 +44547,7 @@ pub mod cudart {
                 elem: 144u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44325,12 +44578,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 124u32,
                 len: None,
                 record: Some("textureReference"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -44357,6 +44612,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44387,6 +44643,7 @@ pub mod cudart {
                 elem: 144u32,
                 len: None,
                 record: Some("cudaResourceDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44417,6 +44674,7 @@ pub mod cudart {
                 elem: 48u32,
                 len: None,
                 record: Some("cudaResourceViewDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44447,6 +44705,7 @@ pub mod cudart {
                 elem: 112u32,
                 len: None,
                 record: Some("cudaResourceViewDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44477,6 +44736,7 @@ pub mod cudart {
                 elem: 68u32,
                 len: None,
                 record: Some("cudaTextureDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44507,6 +44767,7 @@ pub mod cudart {
                 elem: 72u32,
                 len: None,
                 record: Some("cudaTextureDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44537,6 +44798,7 @@ pub mod cudart {
                 elem: 72u32,
                 len: None,
                 record: Some("cudaTextureDesc_v2"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44655,6 +44917,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaGraphAddDependencies__cu130_15),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44697,6 +44960,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaGraphAddDependencies_v2_18),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -44896,6 +45160,7 @@ pub mod cudart {
                 elem: 160u32,
                 len: None,
                 record: Some("cudaMemcpy3DParms"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -44984,6 +45249,7 @@ pub mod cudart {
                 elem: 40u32,
                 len: None,
                 record: Some("cudaMemsetParams"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45066,6 +45332,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 12u16,
@@ -45104,6 +45371,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 12u16,
@@ -45458,6 +45726,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45488,6 +45757,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45522,6 +45792,7 @@ pub mod cudart {
                 elem: 160u32,
                 len: None,
                 record: Some("cudaMemcpy3DParms"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45594,6 +45865,7 @@ pub mod cudart {
                 elem: 40u32,
                 len: None,
                 record: Some("cudaMemsetParams"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45632,6 +45904,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45666,6 +45939,7 @@ pub mod cudart {
                 elem: 24u32,
                 len: None,
                 record: Some("cudaGraphExecUpdateResultInfo_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45696,6 +45970,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45734,6 +46009,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaGraphInstantiate__cu118_26),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -45836,6 +46112,7 @@ pub mod cudart {
                 elem: 32u32,
                 len: None,
                 record: Some("cudaGraphInstantiateParams_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45870,6 +46147,7 @@ pub mod cudart {
                 elem: 32u32,
                 len: None,
                 record: Some("cudaGraphInstantiateParams_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45932,6 +46210,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -45966,6 +46245,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46000,6 +46280,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46034,6 +46315,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46068,6 +46350,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46102,6 +46385,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46136,6 +46420,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46170,6 +46455,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46204,6 +46490,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46238,6 +46525,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46324,6 +46612,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaGraphMemFreeNodeGetParams_27),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46354,6 +46643,7 @@ pub mod cudart {
                 elem: 160u32,
                 len: None,
                 record: Some("cudaMemcpy3DParms"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46384,6 +46674,7 @@ pub mod cudart {
                 elem: 160u32,
                 len: None,
                 record: Some("cudaMemcpy3DParms"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46448,6 +46739,7 @@ pub mod cudart {
                 elem: 40u32,
                 len: None,
                 record: Some("cudaMemsetParams"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46478,6 +46770,7 @@ pub mod cudart {
                 elem: 40u32,
                 len: None,
                 record: Some("cudaMemsetParams"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46572,6 +46865,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46602,6 +46896,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46632,6 +46927,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46662,6 +46958,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -46800,6 +47097,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaGraphRemoveDependencies__cu130_32),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -46842,6 +47140,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaGraphRemoveDependencies_v2_35),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47369,12 +47668,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 16u16,
@@ -47435,6 +47736,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 16u16,
@@ -47465,6 +47767,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -47519,6 +47822,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47549,6 +47853,7 @@ pub mod cudart {
                 elem: 32u32,
                 len: None,
                 record: Some("cudaPitchedPtr"),
+                optional: false,
             },
             Wire::ByValRecord { bytes: 24u32 },
         ],
@@ -47580,6 +47885,7 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
             Wire::ByValRecord { bytes: 24u32 },
             Wire::Val {
@@ -47615,6 +47921,7 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47653,6 +47960,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47687,6 +47995,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47721,6 +48030,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47759,6 +48069,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47801,6 +48112,7 @@ pub mod cudart {
                 elem: 20u32,
                 len: None,
                 record: Some("cudaChannelFormatDesc"),
+                optional: false,
             },
             Wire::ByValRecord { bytes: 24u32 },
             Wire::Val {
@@ -47836,12 +48148,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47969,12 +48283,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardAndPrefetchBatchAsync_36),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardAndPrefetchBatchAsync_37),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -47985,12 +48301,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardAndPrefetchBatchAsync_38),
                 record: Some("cudaMemLocation"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardAndPrefetchBatchAsync_39),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48029,12 +48347,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardAndPrefetchBatchAsync_ptsz_40),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardAndPrefetchBatchAsync_ptsz_41),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48045,12 +48365,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardAndPrefetchBatchAsync_ptsz_42),
                 record: Some("cudaMemLocation"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardAndPrefetchBatchAsync_ptsz_43),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48089,12 +48411,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardBatchAsync_44),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardBatchAsync_45),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48133,12 +48457,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardBatchAsync_ptsz_46),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemDiscardBatchAsync_ptsz_47),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48181,6 +48507,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: Some("cudaMemLocation"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -48211,12 +48538,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -48247,6 +48576,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: Some("cudaMemLocation"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -48281,6 +48611,7 @@ pub mod cudart {
                 elem: 88u32,
                 len: None,
                 record: Some("cudaMemPoolProps"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -48311,6 +48642,7 @@ pub mod cudart {
                 elem: 88u32,
                 len: None,
                 record: Some("cudaMemPoolProps"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -48361,6 +48693,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 18u16,
@@ -48371,6 +48704,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: Some("cudaMemLocation"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -48405,6 +48739,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemPoolGetAttribute_48),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -48435,6 +48770,7 @@ pub mod cudart {
                 elem: 12u32,
                 len: Some(&LEN_cudaMemPoolSetAccess_49),
                 record: Some("cudaMemAccessDesc"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48473,6 +48809,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemPoolSetAttribute_50),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -48729,12 +49066,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemPrefetchBatchAsync_51),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemPrefetchBatchAsync_52),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48745,12 +49084,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemPrefetchBatchAsync_53),
                 record: Some("cudaMemLocation"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemPrefetchBatchAsync_54),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48789,12 +49130,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemPrefetchBatchAsync_ptsz_55),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemPrefetchBatchAsync_ptsz_56),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48805,12 +49148,14 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaMemPrefetchBatchAsync_ptsz_57),
                 record: Some("cudaMemLocation"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cudaMemPrefetchBatchAsync_ptsz_58),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48849,6 +49194,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemRangeGetAttribute_59),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -48888,6 +49234,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: Some("cudaMemLocation"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -48952,6 +49299,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy__d2h_60),
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -48988,6 +49336,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy__h2d_61),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49064,6 +49413,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2D__d2h_64),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49116,6 +49466,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2D__h2d_67),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49316,6 +49667,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DAsync__d2h_70),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49372,6 +49724,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DAsync__h2d_73),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49464,6 +49817,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DAsync_ptsz__d2h_76),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49520,6 +49874,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DAsync_ptsz__h2d_79),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49615,6 +49970,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DFromArray__a2h_82),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49722,6 +50078,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DFromArrayAsync__a2h_85),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49833,6 +50190,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DFromArrayAsync_ptsz__a2h_88),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49940,6 +50298,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DFromArray_ptds__a2h_91),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -50055,6 +50414,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DToArray__h2a_94),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -50162,6 +50522,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DToArrayAsync__h2a_97),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -50273,6 +50634,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DToArrayAsync_ptsz__h2a_100),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -50380,6 +50742,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2DToArray_ptds__h2a_103),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -50464,6 +50827,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2D_ptds__d2h_106),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -50516,6 +50880,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy2D_ptds__h2d_109),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -50558,6 +50923,7 @@ pub mod cudart {
                 elem: 160u32,
                 len: None,
                 record: Some("cudaMemcpy3DParms"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -50584,6 +50950,7 @@ pub mod cudart {
                 elem: 160u32,
                 len: None,
                 record: Some("cudaMemcpy3DParms"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -50614,6 +50981,7 @@ pub mod cudart {
                 elem: 160u32,
                 len: None,
                 record: Some("cudaMemcpy3DParms"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -50644,6 +51012,7 @@ pub mod cudart {
                 elem: 168u32,
                 len: None,
                 record: Some("cudaMemcpy3DPeerParms"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -50670,6 +51039,7 @@ pub mod cudart {
                 elem: 168u32,
                 len: None,
                 record: Some("cudaMemcpy3DPeerParms"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -50700,6 +51070,7 @@ pub mod cudart {
                 elem: 168u32,
                 len: None,
                 record: Some("cudaMemcpy3DPeerParms"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -50730,6 +51101,7 @@ pub mod cudart {
                 elem: 168u32,
                 len: None,
                 record: Some("cudaMemcpy3DPeerParms"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -50756,6 +51128,7 @@ pub mod cudart {
                 elem: 160u32,
                 len: None,
                 record: Some("cudaMemcpy3DParms"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -50920,6 +51293,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyAsync__d2h_110),
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -50960,6 +51334,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyAsync__h2d_111),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -51032,6 +51407,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyAsync_ptsz__d2h_112),
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -51072,6 +51448,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyAsync_ptsz__h2d_113),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -51151,6 +51528,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyFromArray__a2h_114),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -51242,6 +51620,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyFromArrayAsync__a2h_115),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -51337,6 +51716,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyFromArrayAsync_ptsz__a2h_116),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -51428,6 +51808,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyFromArray_ptds__a2h_117),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 44u16,
@@ -51599,6 +51980,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyToArray__h2a_118),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -51690,6 +52072,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyToArrayAsync__h2a_119),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -51785,6 +52168,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyToArrayAsync_ptsz__h2a_120),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -51876,6 +52260,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpyToArray_ptds__h2a_121),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -51940,6 +52325,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy_ptds__d2h_122),
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -51976,6 +52362,7 @@ pub mod cudart {
                 elem: 1u32,
                 len: Some(&LEN_cudaMemcpy_ptds__h2d_123),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -52402,6 +52789,7 @@ pub mod cudart {
                 elem: 32u32,
                 len: None,
                 record: Some("cudaArrayMemoryRequirements"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 48u16,
@@ -52436,6 +52824,7 @@ pub mod cudart {
                 elem: 48u32,
                 len: None,
                 record: Some("cudaArraySparseProperties"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 48u16,
@@ -52514,6 +52903,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -52540,6 +52930,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -52566,6 +52957,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: Some(&LEN_cudaSetValidDevices_124),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -52774,6 +53166,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaStreamBeginCaptureToGraph__call_126),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -52820,6 +53213,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaStreamBeginCaptureToGraph_ptsz__call_128),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -53110,6 +53504,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53144,6 +53539,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53178,6 +53574,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53212,6 +53609,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53246,6 +53644,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53280,6 +53679,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53314,6 +53714,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53348,6 +53749,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53382,6 +53784,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53416,6 +53819,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53446,12 +53850,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53482,12 +53888,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::OutHandle {
                 kind: 12u16,
@@ -53500,6 +53908,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53530,12 +53939,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53566,12 +53977,14 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::OutHandle {
                 kind: 12u16,
@@ -53584,6 +53997,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53614,6 +54028,7 @@ pub mod cudart {
                 elem: 144u32,
                 len: None,
                 record: Some("cudaDevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -53648,6 +54063,7 @@ pub mod cudart {
                 elem: 144u32,
                 len: None,
                 record: Some("cudaDevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -53682,6 +54098,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53712,6 +54129,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53742,6 +54160,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53772,6 +54191,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53802,6 +54222,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53832,6 +54253,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53862,6 +54284,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53892,6 +54315,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53922,6 +54346,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -53952,6 +54377,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54034,6 +54460,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54068,6 +54495,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54102,6 +54530,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54136,6 +54565,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54170,6 +54600,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54204,6 +54635,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54238,6 +54670,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54272,6 +54705,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54306,6 +54740,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54340,6 +54775,7 @@ pub mod cudart {
                 elem: 64u32,
                 len: None,
                 record: Some("cudaLaunchAttributeValue"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54458,6 +54894,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaStreamUpdateCaptureDependencies__cu130_131),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -54536,6 +54973,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaStreamUpdateCaptureDependencies_ptsz__cu130_134),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -54578,6 +55016,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaStreamUpdateCaptureDependencies_v2_136),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -54620,6 +55059,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: Some(&LEN_cudaStreamUpdateCaptureDependencies_v2_ptsz_138),
                 record: Some("cudaGraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -54718,6 +55158,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54763,6 +55204,7 @@ pub mod cudart {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -54789,6 +55231,7 @@ pub mod cudart {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -54890,6 +55333,7 @@ pub mod cudart {
                 elem: 124u32,
                 len: None,
                 record: Some("textureReference"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -55192,6 +55636,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnActivationBackward__cu118_0),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -55213,6 +55658,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnActivationBackward__cu118_1),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -55252,6 +55698,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnActivationBackward__cu126_2),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -55273,6 +55720,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnActivationBackward__cu126_3),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -55312,6 +55760,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnActivationForward__cu118_4),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -55323,6 +55772,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnActivationForward__cu118_5),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -55362,6 +55812,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnActivationForward__cu126_6),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -55373,6 +55824,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnActivationForward__cu126_7),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -55797,12 +56249,14 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBackendGetAttribute__cu118__call_10),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -55845,6 +56299,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handles {
                 kind: 53u16,
@@ -55932,12 +56387,14 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBackendGetAttribute__cu126__call_15),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -55980,6 +56437,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handles {
                 kind: 53u16,
@@ -56151,6 +56609,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBackendSetAttribute__cu118__call_20),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -56233,6 +56692,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBackendSetAttribute__cu118__hostvalues_24),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -56275,6 +56735,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBackendSetAttribute__cu126__call_27),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -56357,6 +56818,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBackendSetAttribute__cu126__hostvalues_31),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -56431,24 +56893,28 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_32),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_33),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_34),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_35),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -56540,24 +57006,28 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_36),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_37),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_38),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_39),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -56645,12 +57115,14 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_40),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_41),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -56707,12 +57179,14 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_42),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_43),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -56769,12 +57243,14 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_44),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_45),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -56837,12 +57313,14 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_46),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_47),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -56909,12 +57387,14 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_48),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_49),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57000,12 +57480,14 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_50),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_51),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57306,6 +57788,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBackwardData__cu118_52),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 58u16,
@@ -57335,6 +57818,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBackwardData__cu118_53),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57370,6 +57854,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBackwardData__cu126_54),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 58u16,
@@ -57399,6 +57884,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBackwardData__cu126_55),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57434,6 +57920,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_56),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57463,6 +57950,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_57),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 58u16,
@@ -57498,6 +57986,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_58),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57527,6 +58016,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_59),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 58u16,
@@ -57562,6 +58052,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_60),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57591,6 +58082,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_61),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57640,6 +58132,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_62),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57669,6 +58162,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_63),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57718,6 +58212,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionForward__cu118_64),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57747,6 +58242,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionForward__cu118_65),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57782,6 +58278,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionForward__cu126_66),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -57811,6 +58308,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnConvolutionForward__cu126_67),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -60298,6 +60796,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -60328,6 +60827,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -60358,6 +60858,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -60388,6 +60889,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -60441,12 +60943,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_68),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -60505,12 +61009,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_69),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -60569,12 +61075,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_70),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -60633,12 +61141,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_71),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -60697,12 +61207,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_72),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -60761,12 +61273,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_73),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -60866,18 +61380,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -60908,18 +61425,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -60950,6 +61470,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -60980,6 +61501,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61014,18 +61536,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61060,6 +61585,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61126,6 +61652,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61192,6 +61719,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61250,6 +61778,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61308,6 +61837,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61354,6 +61884,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61400,6 +61931,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61430,6 +61962,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61460,6 +61993,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61490,18 +62024,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61532,18 +62069,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61590,6 +62130,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61636,6 +62177,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61666,48 +62208,56 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61738,48 +62288,56 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61818,18 +62376,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -61869,18 +62430,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -61912,6 +62476,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61942,6 +62507,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -61992,12 +62558,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_74),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62048,12 +62616,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_75),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62104,6 +62674,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62154,6 +62725,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62184,6 +62756,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62214,6 +62787,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62264,12 +62838,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_76),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62320,12 +62896,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_77),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62376,6 +62954,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62426,6 +63005,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62456,6 +63036,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62486,6 +63067,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62536,12 +63118,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_78),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62592,12 +63176,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
                 len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_79),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62648,6 +63234,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62698,6 +63285,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62728,6 +63316,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62758,6 +63347,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62788,6 +63378,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62818,6 +63409,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62860,6 +63452,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62902,6 +63495,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62932,6 +63526,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -62962,6 +63557,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63040,6 +63636,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Buf {
@@ -63047,6 +63644,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63081,6 +63679,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Buf {
@@ -63088,6 +63687,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63118,30 +63718,35 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -63173,30 +63778,35 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -63232,24 +63842,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: Some(&LEN_cudnnGetFilterNdDescriptor__cu118_80),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63284,24 +63898,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: Some(&LEN_cudnnGetFilterNdDescriptor__cu126_81),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63332,6 +63950,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63362,6 +63981,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63544,24 +64164,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63592,24 +64216,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -63636,6 +64264,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnGetLastErrorString_82),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -63758,6 +64387,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -63836,6 +64466,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -63906,6 +64537,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -63976,6 +64608,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -64030,6 +64663,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -64084,6 +64718,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -64118,18 +64753,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64160,18 +64798,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64202,48 +64843,56 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64274,48 +64923,56 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64350,18 +65007,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -64397,18 +65057,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -64444,36 +65107,42 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64508,36 +65177,42 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64576,6 +65251,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64614,6 +65290,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64644,6 +65321,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64674,6 +65352,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64708,6 +65387,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64742,6 +65422,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64772,6 +65453,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64806,6 +65488,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64840,6 +65523,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64870,6 +65554,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64900,6 +65585,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -64938,6 +65624,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -64984,12 +65671,14 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65032,12 +65721,14 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65089,6 +65780,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -65099,6 +65791,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65150,6 +65843,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -65160,6 +65854,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65194,6 +65889,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65228,6 +65924,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65258,30 +65955,35 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65312,30 +66014,35 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65378,6 +66085,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65420,6 +66128,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65462,6 +66171,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65504,6 +66214,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65590,24 +66301,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Buf {
@@ -65615,24 +66330,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65663,24 +66382,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
             Wire::Buf {
@@ -65688,24 +66411,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65740,24 +66467,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118__call_83),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118__call_84),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65792,24 +66523,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126__call_85),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126__call_86),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65840,6 +66575,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65870,6 +66606,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65904,30 +66641,35 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -65962,30 +66704,35 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -66087,6 +66834,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -66125,6 +66873,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -66163,6 +66912,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_87),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66184,6 +66934,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_88),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66227,6 +66978,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_89),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66248,6 +67000,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_90),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66291,6 +67044,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_91),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66302,6 +67056,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_92),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66345,6 +67100,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_93),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66356,6 +67112,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_94),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66399,6 +67156,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -66437,6 +67195,7 @@ pub mod cudnn {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -66528,6 +67287,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnPoolingBackward__cu118_95),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66549,6 +67309,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnPoolingBackward__cu118_96),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66588,6 +67349,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnPoolingBackward__cu126_97),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66609,6 +67371,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnPoolingBackward__cu126_98),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66648,6 +67411,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnPoolingForward__cu118_99),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66659,6 +67423,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnPoolingForward__cu118_100),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66698,6 +67463,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnPoolingForward__cu126_101),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66709,6 +67475,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnPoolingForward__cu126_102),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -66744,6 +67511,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -66782,6 +67550,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -67286,24 +68055,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -67334,24 +68107,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -67382,24 +68159,28 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -67430,18 +68211,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -67719,6 +68503,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnScaleTensor__cu118_103),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -67754,6 +68539,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnScaleTensor__cu126_104),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -68653,18 +69439,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_105),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_106),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_107),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -68707,18 +69496,21 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_108),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_109),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_110),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -69003,6 +69795,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetFilterNdDescriptor__cu118_111),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -69045,6 +69838,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetFilterNdDescriptor__cu126_112),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -69447,12 +70241,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_113),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_114),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -69503,12 +70299,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_115),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_116),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -69951,6 +70749,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_117),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -69993,6 +70792,7 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_118),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -70303,12 +71103,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_119),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_120),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -70347,12 +71149,14 @@ pub mod cudnn {
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_121),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_122),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -70391,6 +71195,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSoftmaxBackward__cu118_123),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70407,6 +71212,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSoftmaxBackward__cu118_124),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70450,6 +71256,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSoftmaxBackward__cu126_125),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70466,6 +71273,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSoftmaxBackward__cu126_126),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70509,6 +71317,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSoftmaxForward__cu118_127),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70520,6 +71329,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSoftmaxForward__cu118_128),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70563,6 +71373,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSoftmaxForward__cu126_129),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70574,6 +71385,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSoftmaxForward__cu126_130),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70733,6 +71545,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_131),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70744,6 +71557,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_132),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70755,6 +71569,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_133),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70767,6 +71582,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_134),
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -70802,6 +71618,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_135),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70813,6 +71630,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_136),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70824,6 +71642,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_137),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70836,6 +71655,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_138),
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -70871,6 +71691,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_139),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70883,6 +71704,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_140),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70922,6 +71744,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_141),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70934,6 +71757,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_142),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70969,6 +71793,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnTransformTensor__cu118_143),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -70980,6 +71805,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnTransformTensor__cu118_144),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -71015,6 +71841,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnTransformTensor__cu126_145),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -71026,6 +71853,7 @@ pub mod cudnn {
                 elem: 1u32,
                 len: Some(&LEN_cudnnTransformTensor__cu126_146),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 72u16,
@@ -71046,9 +71874,30 @@ pub mod cudnn {
 }
 pub mod cufft {
     use chidori_protocol::desc::*;
-    static LEN_cufftXtMakePlanMany_0: Len = Len::Param(1u8);
-    static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
-    static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
+    static LEN_cufftEstimateMany_0: Len = Len::Param(0u8);
+    static LEN_cufftEstimateMany_1: Len = Len::Param(0u8);
+    static LEN_cufftEstimateMany_2: Len = Len::Param(0u8);
+    static LEN_cufftGetSizeMany_3: Len = Len::Param(1u8);
+    static LEN_cufftGetSizeMany_4: Len = Len::Param(1u8);
+    static LEN_cufftGetSizeMany_5: Len = Len::Param(1u8);
+    static LEN_cufftGetSizeMany64_6: Len = Len::Param(1u8);
+    static LEN_cufftGetSizeMany64_7: Len = Len::Param(1u8);
+    static LEN_cufftGetSizeMany64_8: Len = Len::Param(1u8);
+    static LEN_cufftMakePlanMany_9: Len = Len::Param(1u8);
+    static LEN_cufftMakePlanMany_10: Len = Len::Param(1u8);
+    static LEN_cufftMakePlanMany_11: Len = Len::Param(1u8);
+    static LEN_cufftMakePlanMany64_12: Len = Len::Param(1u8);
+    static LEN_cufftMakePlanMany64_13: Len = Len::Param(1u8);
+    static LEN_cufftMakePlanMany64_14: Len = Len::Param(1u8);
+    static LEN_cufftPlanMany_15: Len = Len::Param(1u8);
+    static LEN_cufftPlanMany_16: Len = Len::Param(1u8);
+    static LEN_cufftPlanMany_17: Len = Len::Param(1u8);
+    static LEN_cufftXtGetSizeMany_18: Len = Len::Param(1u8);
+    static LEN_cufftXtGetSizeMany_19: Len = Len::Param(1u8);
+    static LEN_cufftXtGetSizeMany_20: Len = Len::Param(1u8);
+    static LEN_cufftXtMakePlanMany_21: Len = Len::Param(1u8);
+    static LEN_cufftXtMakePlanMany_22: Len = Len::Param(1u8);
+    static LEN_cufftXtMakePlanMany_23: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
         wire: 2130u32,
         call: 1828u32,
@@ -71063,6 +71912,7 @@ pub mod cufft {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -71099,9 +71949,1277 @@ pub mod cufft {
         },
         only_waits: false,
     };
-    pub static cufftResetPlanProperty: CallDesc = CallDesc {
+    pub static cufftEstimate1d: CallDesc = CallDesc {
         wire: 2132u32,
         call: 1830u32,
+        name: "cufftEstimate1d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftEstimate2d: CallDesc = CallDesc {
+        wire: 2133u32,
+        call: 1831u32,
+        name: "cufftEstimate2d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftEstimate3d: CallDesc = CallDesc {
+        wire: 2134u32,
+        call: 1832u32,
+        name: "cufftEstimate3d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftEstimateMany: CallDesc = CallDesc {
+        wire: 2135u32,
+        call: 1833u32,
+        name: "cufftEstimateMany",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftEstimateMany_0),
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftEstimateMany_1),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftEstimateMany_2),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftExecC2C: CallDesc = CallDesc {
+        wire: 2136u32,
+        call: 1834u32,
+        name: "cufftExecC2C",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftExecC2R: CallDesc = CallDesc {
+        wire: 2137u32,
+        call: 1835u32,
+        name: "cufftExecC2R",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftExecD2Z: CallDesc = CallDesc {
+        wire: 2138u32,
+        call: 1836u32,
+        name: "cufftExecD2Z",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftExecR2C: CallDesc = CallDesc {
+        wire: 2139u32,
+        call: 1837u32,
+        name: "cufftExecR2C",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftExecZ2D: CallDesc = CallDesc {
+        wire: 2140u32,
+        call: 1838u32,
+        name: "cufftExecZ2D",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftExecZ2Z: CallDesc = CallDesc {
+        wire: 2141u32,
+        call: 1839u32,
+        name: "cufftExecZ2Z",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetPlanPropertyInt64: CallDesc = CallDesc {
+        wire: 2142u32,
+        call: 1840u32,
+        name: "cufftGetPlanPropertyInt64",
+        form: None,
+        library: "cufft",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetProperty: CallDesc = CallDesc {
+        wire: 2143u32,
+        call: 1841u32,
+        name: "cufftGetProperty",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetSize: CallDesc = CallDesc {
+        wire: 2144u32,
+        call: 1842u32,
+        name: "cufftGetSize",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetSize1d: CallDesc = CallDesc {
+        wire: 2145u32,
+        call: 1843u32,
+        name: "cufftGetSize1d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetSize2d: CallDesc = CallDesc {
+        wire: 2146u32,
+        call: 1844u32,
+        name: "cufftGetSize2d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetSize3d: CallDesc = CallDesc {
+        wire: 2147u32,
+        call: 1845u32,
+        name: "cufftGetSize3d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetSizeMany: CallDesc = CallDesc {
+        wire: 2148u32,
+        call: 1846u32,
+        name: "cufftGetSizeMany",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftGetSizeMany_3),
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftGetSizeMany_4),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftGetSizeMany_5),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetSizeMany64: CallDesc = CallDesc {
+        wire: 2149u32,
+        call: 1847u32,
+        name: "cufftGetSizeMany64",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftGetSizeMany64_6),
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftGetSizeMany64_7),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftGetSizeMany64_8),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftGetVersion: CallDesc = CallDesc {
+        wire: 2150u32,
+        call: 1848u32,
+        name: "cufftGetVersion",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftMakePlan1d: CallDesc = CallDesc {
+        wire: 2151u32,
+        call: 1849u32,
+        name: "cufftMakePlan1d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftMakePlan2d: CallDesc = CallDesc {
+        wire: 2152u32,
+        call: 1850u32,
+        name: "cufftMakePlan2d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftMakePlan3d: CallDesc = CallDesc {
+        wire: 2153u32,
+        call: 1851u32,
+        name: "cufftMakePlan3d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftMakePlanMany: CallDesc = CallDesc {
+        wire: 2154u32,
+        call: 1852u32,
+        name: "cufftMakePlanMany",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftMakePlanMany_9),
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftMakePlanMany_10),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftMakePlanMany_11),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftMakePlanMany64: CallDesc = CallDesc {
+        wire: 2155u32,
+        call: 1853u32,
+        name: "cufftMakePlanMany64",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftMakePlanMany64_12),
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftMakePlanMany64_13),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftMakePlanMany64_14),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftPlan1d: CallDesc = CallDesc {
+        wire: 2156u32,
+        call: 1854u32,
+        name: "cufftPlan1d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftPlan2d: CallDesc = CallDesc {
+        wire: 2157u32,
+        call: 1855u32,
+        name: "cufftPlan2d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftPlan3d: CallDesc = CallDesc {
+        wire: 2158u32,
+        call: 1856u32,
+        name: "cufftPlan3d",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftPlanMany: CallDesc = CallDesc {
+        wire: 2159u32,
+        call: 1857u32,
+        name: "cufftPlanMany",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftPlanMany_15),
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftPlanMany_16),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cufftPlanMany_17),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftResetPlanProperty: CallDesc = CallDesc {
+        wire: 2160u32,
+        call: 1858u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -71128,8 +73246,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1831u32,
+        wire: 2161u32,
+        call: 1859u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -71156,8 +73274,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1832u32,
+        wire: 2162u32,
+        call: 1860u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -71188,8 +73306,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1833u32,
+        wire: 2163u32,
+        call: 1861u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -71216,8 +73334,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1834u32,
+        wire: 2164u32,
+        call: 1862u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -71241,8 +73359,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1835u32,
+        wire: 2165u32,
+        call: 1863u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -71269,8 +73387,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1836u32,
+        wire: 2166u32,
+        call: 1864u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -71298,10 +73416,10 @@ pub mod cufft {
         },
         only_waits: false,
     };
-    pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1837u32,
-        name: "cufftXtMakePlanMany",
+    pub static cufftXtGetSizeMany: CallDesc = CallDesc {
+        wire: 2167u32,
+        call: 1865u32,
+        name: "cufftXtGetSizeMany",
         form: None,
         library: "cufft",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
@@ -71318,14 +73436,16 @@ pub mod cufft {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cufftXtMakePlanMany_0),
+                len: Some(&LEN_cufftXtGetSizeMany_18),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cufftXtMakePlanMany_1),
+                len: Some(&LEN_cufftXtGetSizeMany_19),
                 record: None,
+                optional: true,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -71342,8 +73462,9 @@ pub mod cufft {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cufftXtMakePlanMany_2),
+                len: Some(&LEN_cufftXtGetSizeMany_20),
                 record: None,
+                optional: true,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -71366,6 +73487,95 @@ pub mod cufft {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+            invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static cufftXtMakePlanMany: CallDesc = CallDesc {
+        wire: 2168u32,
+        call: 1866u32,
+        name: "cufftXtMakePlanMany",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftXtMakePlanMany_21),
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftXtMakePlanMany_22),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftXtMakePlanMany_23),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -71383,8 +73593,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1838u32,
+        wire: 2169u32,
+        call: 1867u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -71415,8 +73625,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1839u32,
+        wire: 2170u32,
+        call: 1868u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -71432,12 +73642,14 @@ pub mod cufft {
                 elem: 72u32,
                 len: None,
                 record: Some("cufftBox3d_t"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 72u32,
                 len: None,
                 record: Some("cufftBox3d_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -71454,8 +73666,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1840u32,
+        wire: 2171u32,
+        call: 1869u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -71481,37 +73693,9 @@ pub mod curand {
         },
         only_waits: false,
     };
-    pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1841u32,
-        name: "curandCreateGeneratorHost",
-        form: None,
-        library: "curand",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::OutHandle {
-                kind: 75u16,
-                named: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 999i64,
-            unavailable: 203i64,
-            invalid_handle: 101i64,
-            invalid_value: 104i64,
-        },
-        only_waits: false,
-    };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1842u32,
+        wire: 2172u32,
+        call: 1870u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -71538,8 +73722,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1843u32,
+        wire: 2173u32,
+        call: 1871u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -71562,8 +73746,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1844u32,
+        wire: 2174u32,
+        call: 1872u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -71585,9 +73769,363 @@ pub mod curand {
         },
         only_waits: false,
     };
+    pub static curandGenerate: CallDesc = CallDesc {
+        wire: 2175u32,
+        call: 1873u32,
+        name: "curandGenerate",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGenerateBinomial: CallDesc = CallDesc {
+        wire: 2176u32,
+        call: 1874u32,
+        name: "curandGenerateBinomial",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGenerateBinomialMethod: CallDesc = CallDesc {
+        wire: 2177u32,
+        call: 1875u32,
+        name: "curandGenerateBinomialMethod",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGenerateLogNormal: CallDesc = CallDesc {
+        wire: 2178u32,
+        call: 1876u32,
+        name: "curandGenerateLogNormal",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGenerateLogNormalDouble: CallDesc = CallDesc {
+        wire: 2179u32,
+        call: 1877u32,
+        name: "curandGenerateLogNormalDouble",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGenerateLongLong: CallDesc = CallDesc {
+        wire: 2180u32,
+        call: 1878u32,
+        name: "curandGenerateLongLong",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGenerateNormal: CallDesc = CallDesc {
+        wire: 2181u32,
+        call: 1879u32,
+        name: "curandGenerateNormal",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGenerateNormalDouble: CallDesc = CallDesc {
+        wire: 2182u32,
+        call: 1880u32,
+        name: "curandGenerateNormalDouble",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGeneratePoisson: CallDesc = CallDesc {
+        wire: 2183u32,
+        call: 1881u32,
+        name: "curandGeneratePoisson",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGeneratePoissonMethod: CallDesc = CallDesc {
+        wire: 2184u32,
+        call: 1882u32,
+        name: "curandGeneratePoissonMethod",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1845u32,
+        wire: 2185u32,
+        call: 1883u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -71609,9 +74147,125 @@ pub mod curand {
         },
         only_waits: false,
     };
+    pub static curandGenerateUniform: CallDesc = CallDesc {
+        wire: 2186u32,
+        call: 1884u32,
+        name: "curandGenerateUniform",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGenerateUniformDouble: CallDesc = CallDesc {
+        wire: 2187u32,
+        call: 1885u32,
+        name: "curandGenerateUniformDouble",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGetProperty: CallDesc = CallDesc {
+        wire: 2188u32,
+        call: 1886u32,
+        name: "curandGetProperty",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
+    pub static curandGetVersion: CallDesc = CallDesc {
+        wire: 2189u32,
+        call: 1887u32,
+        name: "curandGetVersion",
+        form: None,
+        library: "curand",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 999i64,
+            unavailable: 203i64,
+            invalid_handle: 101i64,
+            invalid_value: 104i64,
+        },
+        only_waits: false,
+    };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1846u32,
+        wire: 2190u32,
+        call: 1888u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -71638,8 +74292,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1847u32,
+        wire: 2191u32,
+        call: 1889u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -71666,8 +74320,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1848u32,
+        wire: 2192u32,
+        call: 1890u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -71694,8 +74348,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1849u32,
+        wire: 2193u32,
+        call: 1891u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -71722,8 +74376,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1850u32,
+        wire: 2194u32,
+        call: 1892u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -71762,8 +74416,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2154u32,
+        wire: 2498u32,
+        call: 2196u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71787,6 +74441,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -71800,8 +74455,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2155u32,
+        wire: 2499u32,
+        call: 2197u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -71844,8 +74499,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2156u32,
+        wire: 2500u32,
+        call: 2198u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71874,6 +74529,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -71887,8 +74543,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2157u32,
+        wire: 2501u32,
+        call: 2199u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -71950,8 +74606,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2158u32,
+        wire: 2502u32,
+        call: 2200u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71975,6 +74631,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -71988,8 +74645,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2159u32,
+        wire: 2503u32,
+        call: 2201u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -72059,6 +74716,7 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -72076,8 +74734,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2160u32,
+        wire: 2504u32,
+        call: 2202u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72141,6 +74799,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -72158,8 +74817,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2161u32,
+        wire: 2505u32,
+        call: 2203u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -72224,8 +74883,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2162u32,
+        wire: 2506u32,
+        call: 2204u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -72290,8 +74949,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2163u32,
+        wire: 2507u32,
+        call: 2205u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72335,6 +74994,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 93u16,
@@ -72356,8 +75016,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2164u32,
+        wire: 2508u32,
+        call: 2206u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -72405,6 +75065,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 93u16,
@@ -72422,8 +75083,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2165u32,
+        wire: 2509u32,
+        call: 2207u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -72462,8 +75123,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2166u32,
+        wire: 2510u32,
+        call: 2208u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72492,6 +75153,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -72505,8 +75167,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2167u32,
+        wire: 2511u32,
+        call: 2209u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -72553,8 +75215,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2168u32,
+        wire: 2512u32,
+        call: 2210u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -72601,8 +75263,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2169u32,
+        wire: 2513u32,
+        call: 2211u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72636,6 +75298,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -72649,8 +75312,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2170u32,
+        wire: 2514u32,
+        call: 2212u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -72701,8 +75364,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2171u32,
+        wire: 2515u32,
+        call: 2213u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -72757,8 +75420,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2172u32,
+        wire: 2516u32,
+        call: 2214u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72792,6 +75455,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -72813,8 +75477,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2173u32,
+        wire: 2517u32,
+        call: 2215u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -72848,6 +75512,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -72865,8 +75530,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2174u32,
+        wire: 2518u32,
+        call: 2216u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -72922,8 +75587,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2175u32,
+        wire: 2519u32,
+        call: 2217u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72966,6 +75631,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -72979,8 +75645,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2176u32,
+        wire: 2520u32,
+        call: 2218u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -73040,8 +75706,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2177u32,
+        wire: 2521u32,
+        call: 2219u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -73084,6 +75750,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -73101,8 +75768,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2178u32,
+        wire: 2522u32,
+        call: 2220u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -73147,8 +75814,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2179u32,
+        wire: 2523u32,
+        call: 2221u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -73190,8 +75857,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2180u32,
+        wire: 2524u32,
+        call: 2222u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -73220,6 +75887,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -73233,8 +75901,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2181u32,
+        wire: 2525u32,
+        call: 2223u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -73276,8 +75944,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2182u32,
+        wire: 2526u32,
+        call: 2224u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -73318,8 +75986,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2183u32,
+        wire: 2527u32,
+        call: 2225u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73348,6 +76016,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -73361,8 +76030,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2184u32,
+        wire: 2528u32,
+        call: 2226u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -73404,8 +76073,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2185u32,
+        wire: 2529u32,
+        call: 2227u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -73434,6 +76103,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -73447,8 +76117,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2186u32,
+        wire: 2530u32,
+        call: 2228u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -73494,8 +76164,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2187u32,
+        wire: 2531u32,
+        call: 2229u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -73545,8 +76215,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2188u32,
+        wire: 2532u32,
+        call: 2230u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -73569,8 +76239,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2189u32,
+        wire: 2533u32,
+        call: 2231u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -73593,8 +76263,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2190u32,
+        wire: 2534u32,
+        call: 2232u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -73617,8 +76287,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2191u32,
+        wire: 2535u32,
+        call: 2233u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -73641,8 +76311,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2192u32,
+        wire: 2536u32,
+        call: 2234u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -73685,8 +76355,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2193u32,
+        wire: 2537u32,
+        call: 2235u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73711,6 +76381,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -73724,8 +76395,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2194u32,
+        wire: 2538u32,
+        call: 2236u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -73768,8 +76439,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2195u32,
+        wire: 2539u32,
+        call: 2237u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -73799,6 +76470,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -73812,8 +76484,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2196u32,
+        wire: 2540u32,
+        call: 2238u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -73864,8 +76536,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2197u32,
+        wire: 2541u32,
+        call: 2239u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73903,6 +76575,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -73916,8 +76589,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2198u32,
+        wire: 2542u32,
+        call: 2240u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -73964,8 +76637,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2199u32,
+        wire: 2543u32,
+        call: 2241u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73999,6 +76672,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -74012,8 +76686,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2200u32,
+        wire: 2544u32,
+        call: 2242u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -74056,8 +76730,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2201u32,
+        wire: 2545u32,
+        call: 2243u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74087,6 +76761,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -74100,8 +76775,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2202u32,
+        wire: 2546u32,
+        call: 2244u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -74161,8 +76836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2203u32,
+        wire: 2547u32,
+        call: 2245u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74209,6 +76884,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -74222,8 +76898,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2204u32,
+        wire: 2548u32,
+        call: 2246u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -74283,8 +76959,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2205u32,
+        wire: 2549u32,
+        call: 2247u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74331,6 +77007,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -74344,8 +77021,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2206u32,
+        wire: 2550u32,
+        call: 2248u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -74368,8 +77045,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2207u32,
+        wire: 2551u32,
+        call: 2249u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -74392,8 +77069,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2208u32,
+        wire: 2552u32,
+        call: 2250u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -74416,8 +77093,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2209u32,
+        wire: 2553u32,
+        call: 2251u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -74440,8 +77117,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2210u32,
+        wire: 2554u32,
+        call: 2252u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74465,6 +77142,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -74478,8 +77156,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2211u32,
+        wire: 2555u32,
+        call: 2253u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -74522,8 +77200,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2212u32,
+        wire: 2556u32,
+        call: 2254u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -74552,6 +77230,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -74565,8 +77244,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2213u32,
+        wire: 2557u32,
+        call: 2255u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -74628,8 +77307,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2214u32,
+        wire: 2558u32,
+        call: 2256u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74653,6 +77332,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -74666,8 +77346,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2215u32,
+        wire: 2559u32,
+        call: 2257u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -74737,6 +77417,7 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -74754,8 +77435,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2216u32,
+        wire: 2560u32,
+        call: 2258u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -74819,6 +77500,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -74836,8 +77518,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2217u32,
+        wire: 2561u32,
+        call: 2259u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -74902,8 +77584,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2218u32,
+        wire: 2562u32,
+        call: 2260u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -74968,8 +77650,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2219u32,
+        wire: 2563u32,
+        call: 2261u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75013,6 +77695,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 93u16,
@@ -75034,8 +77717,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2220u32,
+        wire: 2564u32,
+        call: 2262u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75083,6 +77766,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 93u16,
@@ -75100,8 +77784,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2221u32,
+        wire: 2565u32,
+        call: 2263u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -75140,8 +77824,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2222u32,
+        wire: 2566u32,
+        call: 2264u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75170,6 +77854,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -75183,8 +77868,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2223u32,
+        wire: 2567u32,
+        call: 2265u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -75231,8 +77916,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2224u32,
+        wire: 2568u32,
+        call: 2266u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -75277,8 +77962,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2225u32,
+        wire: 2569u32,
+        call: 2267u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -75320,8 +78005,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2226u32,
+        wire: 2570u32,
+        call: 2268u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -75350,6 +78035,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -75363,8 +78049,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2227u32,
+        wire: 2571u32,
+        call: 2269u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -75415,8 +78101,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2228u32,
+        wire: 2572u32,
+        call: 2270u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -75454,6 +78140,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -75467,8 +78154,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2229u32,
+        wire: 2573u32,
+        call: 2271u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -75515,8 +78202,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2230u32,
+        wire: 2574u32,
+        call: 2272u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -75550,6 +78237,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -75563,8 +78251,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2231u32,
+        wire: 2575u32,
+        call: 2273u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -75607,8 +78295,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2232u32,
+        wire: 2576u32,
+        call: 2274u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -75638,6 +78326,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -75651,8 +78340,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2233u32,
+        wire: 2577u32,
+        call: 2275u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -75712,8 +78401,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2234u32,
+        wire: 2578u32,
+        call: 2276u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -75760,6 +78449,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -75773,8 +78463,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2235u32,
+        wire: 2579u32,
+        call: 2277u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -75834,8 +78524,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2236u32,
+        wire: 2580u32,
+        call: 2278u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -75882,6 +78572,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -75895,8 +78586,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2237u32,
+        wire: 2581u32,
+        call: 2279u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -75938,8 +78629,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2238u32,
+        wire: 2582u32,
+        call: 2280u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -75980,8 +78671,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2239u32,
+        wire: 2583u32,
+        call: 2281u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76010,6 +78701,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -76023,8 +78715,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2240u32,
+        wire: 2584u32,
+        call: 2282u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -76066,8 +78758,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2241u32,
+        wire: 2585u32,
+        call: 2283u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76096,6 +78788,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -76109,8 +78802,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2242u32,
+        wire: 2586u32,
+        call: 2284u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -76156,8 +78849,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2243u32,
+        wire: 2587u32,
+        call: 2285u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -76207,8 +78900,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2244u32,
+        wire: 2588u32,
+        call: 2286u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -76255,8 +78948,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2245u32,
+        wire: 2589u32,
+        call: 2287u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76290,6 +78983,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -76303,8 +78997,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2246u32,
+        wire: 2590u32,
+        call: 2288u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -76355,8 +79049,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2247u32,
+        wire: 2591u32,
+        call: 2289u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -76411,8 +79105,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2248u32,
+        wire: 2592u32,
+        call: 2290u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -76446,6 +79140,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -76467,8 +79162,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2249u32,
+        wire: 2593u32,
+        call: 2291u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76502,6 +79197,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -76519,8 +79215,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2250u32,
+        wire: 2594u32,
+        call: 2292u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -76576,8 +79272,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2251u32,
+        wire: 2595u32,
+        call: 2293u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76620,6 +79316,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -76633,8 +79330,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2252u32,
+        wire: 2596u32,
+        call: 2294u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -76694,8 +79391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2253u32,
+        wire: 2597u32,
+        call: 2295u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76738,6 +79435,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -76755,8 +79453,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2254u32,
+        wire: 2598u32,
+        call: 2296u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -76799,8 +79497,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2255u32,
+        wire: 2599u32,
+        call: 2297u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76825,6 +79523,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -76838,8 +79537,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2256u32,
+        wire: 2600u32,
+        call: 2298u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -76882,8 +79581,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2257u32,
+        wire: 2601u32,
+        call: 2299u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76913,6 +79612,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -76926,8 +79626,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2258u32,
+        wire: 2602u32,
+        call: 2300u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -76954,8 +79654,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2259u32,
+        wire: 2603u32,
+        call: 2301u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -77014,8 +79714,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2260u32,
+        wire: 2604u32,
+        call: 2302u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -77038,8 +79738,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2261u32,
+        wire: 2605u32,
+        call: 2303u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -77062,8 +79762,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2262u32,
+        wire: 2606u32,
+        call: 2304u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -77086,8 +79786,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2263u32,
+        wire: 2607u32,
+        call: 2305u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -77110,8 +79810,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2264u32,
+        wire: 2608u32,
+        call: 2306u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -77134,8 +79834,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2265u32,
+        wire: 2609u32,
+        call: 2307u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -77158,8 +79858,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2266u32,
+        wire: 2610u32,
+        call: 2308u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -77182,8 +79882,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2267u32,
+        wire: 2611u32,
+        call: 2309u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -77210,8 +79910,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2268u32,
+        wire: 2612u32,
+        call: 2310u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -77238,8 +79938,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2269u32,
+        wire: 2613u32,
+        call: 2311u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -77266,8 +79966,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2270u32,
+        wire: 2614u32,
+        call: 2312u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -77294,8 +79994,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2271u32,
+        wire: 2615u32,
+        call: 2313u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -77322,8 +80022,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2272u32,
+        wire: 2616u32,
+        call: 2314u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -77354,8 +80054,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2273u32,
+        wire: 2617u32,
+        call: 2315u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -77382,8 +80082,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2274u32,
+        wire: 2618u32,
+        call: 2316u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -77410,8 +80110,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2275u32,
+        wire: 2619u32,
+        call: 2317u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -77429,8 +80129,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2276u32,
+        wire: 2620u32,
+        call: 2318u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -77453,8 +80153,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2277u32,
+        wire: 2621u32,
+        call: 2319u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -77477,8 +80177,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2278u32,
+        wire: 2622u32,
+        call: 2320u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -77536,8 +80236,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2279u32,
+        wire: 2623u32,
+        call: 2321u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -77568,8 +80268,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2280u32,
+        wire: 2624u32,
+        call: 2322u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -77596,8 +80296,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2281u32,
+        wire: 2625u32,
+        call: 2323u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -77624,8 +80324,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2282u32,
+        wire: 2626u32,
+        call: 2324u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -77652,8 +80352,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2283u32,
+        wire: 2627u32,
+        call: 2325u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -77680,8 +80380,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2284u32,
+        wire: 2628u32,
+        call: 2326u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77705,6 +80405,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -77718,8 +80419,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2285u32,
+        wire: 2629u32,
+        call: 2327u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -77762,8 +80463,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2286u32,
+        wire: 2630u32,
+        call: 2328u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77792,6 +80493,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -77805,8 +80507,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2287u32,
+        wire: 2631u32,
+        call: 2329u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -77868,8 +80570,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2288u32,
+        wire: 2632u32,
+        call: 2330u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77893,6 +80595,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -77906,8 +80609,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2289u32,
+        wire: 2633u32,
+        call: 2331u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -77977,6 +80680,7 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -77994,8 +80698,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2290u32,
+        wire: 2634u32,
+        call: 2332u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78059,6 +80763,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -78076,8 +80781,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2291u32,
+        wire: 2635u32,
+        call: 2333u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -78142,8 +80847,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2292u32,
+        wire: 2636u32,
+        call: 2334u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -78208,8 +80913,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2293u32,
+        wire: 2637u32,
+        call: 2335u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78253,6 +80958,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 93u16,
@@ -78274,8 +80980,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2294u32,
+        wire: 2638u32,
+        call: 2336u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78323,6 +81029,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 93u16,
@@ -78340,8 +81047,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2295u32,
+        wire: 2639u32,
+        call: 2337u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -78380,8 +81087,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2296u32,
+        wire: 2640u32,
+        call: 2338u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78410,6 +81117,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -78423,8 +81131,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2297u32,
+        wire: 2641u32,
+        call: 2339u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -78471,8 +81179,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2298u32,
+        wire: 2642u32,
+        call: 2340u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -78517,8 +81225,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2299u32,
+        wire: 2643u32,
+        call: 2341u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -78560,8 +81268,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2300u32,
+        wire: 2644u32,
+        call: 2342u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78590,6 +81298,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -78603,8 +81312,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2301u32,
+        wire: 2645u32,
+        call: 2343u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -78655,8 +81364,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2302u32,
+        wire: 2646u32,
+        call: 2344u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78694,6 +81403,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -78707,8 +81417,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2303u32,
+        wire: 2647u32,
+        call: 2345u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -78755,8 +81465,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2304u32,
+        wire: 2648u32,
+        call: 2346u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78790,6 +81500,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -78803,8 +81514,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2305u32,
+        wire: 2649u32,
+        call: 2347u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -78847,8 +81558,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2306u32,
+        wire: 2650u32,
+        call: 2348u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78878,6 +81589,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -78891,8 +81603,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2307u32,
+        wire: 2651u32,
+        call: 2349u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -78952,8 +81664,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2308u32,
+        wire: 2652u32,
+        call: 2350u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79000,6 +81712,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -79013,8 +81726,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2309u32,
+        wire: 2653u32,
+        call: 2351u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -79074,8 +81787,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2310u32,
+        wire: 2654u32,
+        call: 2352u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79122,6 +81835,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -79135,8 +81849,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2311u32,
+        wire: 2655u32,
+        call: 2353u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -79178,8 +81892,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2312u32,
+        wire: 2656u32,
+        call: 2354u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -79220,8 +81934,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2313u32,
+        wire: 2657u32,
+        call: 2355u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79250,6 +81964,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -79263,8 +81978,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2314u32,
+        wire: 2658u32,
+        call: 2356u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -79306,8 +82021,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2315u32,
+        wire: 2659u32,
+        call: 2357u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79336,6 +82051,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -79349,8 +82065,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2316u32,
+        wire: 2660u32,
+        call: 2358u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -79396,8 +82112,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2317u32,
+        wire: 2661u32,
+        call: 2359u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -79447,8 +82163,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2318u32,
+        wire: 2662u32,
+        call: 2360u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -79495,8 +82211,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2319u32,
+        wire: 2663u32,
+        call: 2361u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79530,6 +82246,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -79543,8 +82260,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2320u32,
+        wire: 2664u32,
+        call: 2362u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -79595,8 +82312,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2321u32,
+        wire: 2665u32,
+        call: 2363u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -79651,8 +82368,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2322u32,
+        wire: 2666u32,
+        call: 2364u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -79686,6 +82403,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -79707,8 +82425,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2323u32,
+        wire: 2667u32,
+        call: 2365u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -79742,6 +82460,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -79759,8 +82478,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2324u32,
+        wire: 2668u32,
+        call: 2366u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -79816,8 +82535,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2325u32,
+        wire: 2669u32,
+        call: 2367u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79860,6 +82579,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -79873,8 +82593,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2326u32,
+        wire: 2670u32,
+        call: 2368u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -79934,8 +82654,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2327u32,
+        wire: 2671u32,
+        call: 2369u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -79978,6 +82698,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -79995,8 +82716,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2328u32,
+        wire: 2672u32,
+        call: 2370u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -80039,8 +82760,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2329u32,
+        wire: 2673u32,
+        call: 2371u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80065,6 +82786,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -80078,8 +82800,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2330u32,
+        wire: 2674u32,
+        call: 2372u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -80122,8 +82844,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2331u32,
+        wire: 2675u32,
+        call: 2373u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -80153,6 +82875,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -80166,8 +82889,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2332u32,
+        wire: 2676u32,
+        call: 2374u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -80240,6 +82963,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXgeev_0),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -80258,8 +82982,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2333u32,
+        wire: 2677u32,
+        call: 2375u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -80327,12 +83051,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -80346,8 +83072,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2334u32,
+        wire: 2678u32,
+        call: 2376u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -80398,6 +83124,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXgeqrf_1),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -80416,8 +83143,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2335u32,
+        wire: 2679u32,
+        call: 2377u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80463,12 +83190,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -80482,8 +83211,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2336u32,
+        wire: 2680u32,
+        call: 2378u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -80560,6 +83289,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXgesvd_2),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -80578,8 +83308,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2337u32,
+        wire: 2681u32,
+        call: 2379u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80651,12 +83381,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -80670,8 +83402,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2338u32,
+        wire: 2682u32,
+        call: 2380u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -80698,8 +83430,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2339u32,
+        wire: 2683u32,
+        call: 2381u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -80726,8 +83458,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2340u32,
+        wire: 2684u32,
+        call: 2382u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -80754,8 +83486,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2341u32,
+        wire: 2685u32,
+        call: 2383u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -80827,12 +83559,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -80846,8 +83580,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2342u32,
+        wire: 2686u32,
+        call: 2384u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -80894,6 +83628,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXgetrf_3),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -80912,8 +83647,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2343u32,
+        wire: 2687u32,
+        call: 2385u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80954,12 +83689,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -80973,8 +83710,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2344u32,
+        wire: 2688u32,
+        call: 2386u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -81033,8 +83770,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2345u32,
+        wire: 2689u32,
+        call: 2387u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -81080,6 +83817,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXpotrf_4),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -81098,8 +83836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2346u32,
+        wire: 2690u32,
+        call: 2388u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81140,12 +83878,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -81159,8 +83899,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2347u32,
+        wire: 2691u32,
+        call: 2389u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -81218,8 +83958,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2348u32,
+        wire: 2692u32,
+        call: 2390u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -81274,6 +84014,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXsyevBatched_5),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -81296,8 +84037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2349u32,
+        wire: 2693u32,
+        call: 2391u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81347,12 +84088,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -81370,8 +84113,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2350u32,
+        wire: 2694u32,
+        call: 2392u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -81426,6 +84169,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXsyevd_6),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -81444,8 +84188,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2351u32,
+        wire: 2695u32,
+        call: 2393u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81495,12 +84239,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -81514,8 +84260,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2352u32,
+        wire: 2696u32,
+        call: 2394u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -81542,8 +84288,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2353u32,
+        wire: 2697u32,
+        call: 2395u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -81570,8 +84316,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2354u32,
+        wire: 2698u32,
+        call: 2396u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -81598,8 +84344,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2355u32,
+        wire: 2699u32,
+        call: 2397u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -81651,6 +84397,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXsytrs_7),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -81669,8 +84416,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2356u32,
+        wire: 2700u32,
+        call: 2398u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -81717,12 +84464,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -81736,8 +84485,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2357u32,
+        wire: 2701u32,
+        call: 2399u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -81779,6 +84528,7 @@ pub mod cusolver {
                 elem: 1u32,
                 len: Some(&LEN_cusolverDnXtrtri_8),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -81797,8 +84547,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2358u32,
+        wire: 2702u32,
+        call: 2400u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -81835,12 +84585,14 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -81854,8 +84606,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2359u32,
+        wire: 2703u32,
+        call: 2401u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81879,6 +84631,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -81892,8 +84645,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2360u32,
+        wire: 2704u32,
+        call: 2402u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -81936,8 +84689,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2663u32,
-        call: 2361u32,
+        wire: 2705u32,
+        call: 2403u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81966,6 +84719,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -81979,8 +84733,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2664u32,
-        call: 2362u32,
+        wire: 2706u32,
+        call: 2404u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -82042,8 +84796,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2665u32,
-        call: 2363u32,
+        wire: 2707u32,
+        call: 2405u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -82067,6 +84821,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -82080,8 +84835,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2666u32,
-        call: 2364u32,
+        wire: 2708u32,
+        call: 2406u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -82151,6 +84906,7 @@ pub mod cusolver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -82168,8 +84924,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2667u32,
-        call: 2365u32,
+        wire: 2709u32,
+        call: 2407u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -82233,6 +84989,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -82250,8 +85007,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2668u32,
-        call: 2366u32,
+        wire: 2710u32,
+        call: 2408u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -82316,8 +85073,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2669u32,
-        call: 2367u32,
+        wire: 2711u32,
+        call: 2409u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -82382,8 +85139,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2670u32,
-        call: 2368u32,
+        wire: 2712u32,
+        call: 2410u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -82427,6 +85184,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 93u16,
@@ -82448,8 +85206,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2671u32,
-        call: 2369u32,
+        wire: 2713u32,
+        call: 2411u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -82497,6 +85255,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 93u16,
@@ -82514,8 +85273,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2672u32,
-        call: 2370u32,
+        wire: 2714u32,
+        call: 2412u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -82554,8 +85313,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2673u32,
-        call: 2371u32,
+        wire: 2715u32,
+        call: 2413u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82584,6 +85343,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -82597,8 +85357,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2674u32,
-        call: 2372u32,
+        wire: 2716u32,
+        call: 2414u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -82645,8 +85405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2675u32,
-        call: 2373u32,
+        wire: 2717u32,
+        call: 2415u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -82693,8 +85453,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2676u32,
-        call: 2374u32,
+        wire: 2718u32,
+        call: 2416u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -82728,6 +85488,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -82741,8 +85502,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2677u32,
-        call: 2375u32,
+        wire: 2719u32,
+        call: 2417u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -82793,8 +85554,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2678u32,
-        call: 2376u32,
+        wire: 2720u32,
+        call: 2418u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -82849,8 +85610,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2679u32,
-        call: 2377u32,
+        wire: 2721u32,
+        call: 2419u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -82884,6 +85645,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -82905,8 +85667,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2680u32,
-        call: 2378u32,
+        wire: 2722u32,
+        call: 2420u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -82940,6 +85702,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -82957,8 +85720,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2681u32,
-        call: 2379u32,
+        wire: 2723u32,
+        call: 2421u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -83014,8 +85777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2682u32,
-        call: 2380u32,
+        wire: 2724u32,
+        call: 2422u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83058,6 +85821,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -83071,8 +85835,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2683u32,
-        call: 2381u32,
+        wire: 2725u32,
+        call: 2423u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -83132,8 +85896,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2684u32,
-        call: 2382u32,
+        wire: 2726u32,
+        call: 2424u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -83176,6 +85940,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 105u16,
@@ -83193,8 +85958,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2685u32,
-        call: 2383u32,
+        wire: 2727u32,
+        call: 2425u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -83239,8 +86004,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2686u32,
-        call: 2384u32,
+        wire: 2728u32,
+        call: 2426u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -83282,8 +86047,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2687u32,
-        call: 2385u32,
+        wire: 2729u32,
+        call: 2427u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -83312,6 +86077,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -83325,8 +86091,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2688u32,
-        call: 2386u32,
+        wire: 2730u32,
+        call: 2428u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -83368,8 +86134,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2689u32,
-        call: 2387u32,
+        wire: 2731u32,
+        call: 2429u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -83410,8 +86176,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2690u32,
-        call: 2388u32,
+        wire: 2732u32,
+        call: 2430u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83440,6 +86206,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -83453,8 +86220,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2691u32,
-        call: 2389u32,
+        wire: 2733u32,
+        call: 2431u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -83496,8 +86263,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2692u32,
-        call: 2390u32,
+        wire: 2734u32,
+        call: 2432u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -83526,6 +86293,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -83539,8 +86307,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2693u32,
-        call: 2391u32,
+        wire: 2735u32,
+        call: 2433u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -83586,8 +86354,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2694u32,
-        call: 2392u32,
+        wire: 2736u32,
+        call: 2434u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -83637,8 +86405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2695u32,
-        call: 2393u32,
+        wire: 2737u32,
+        call: 2435u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -83681,8 +86449,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2696u32,
-        call: 2394u32,
+        wire: 2738u32,
+        call: 2436u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83707,6 +86475,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -83720,8 +86489,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2697u32,
-        call: 2395u32,
+        wire: 2739u32,
+        call: 2437u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -83764,8 +86533,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2698u32,
-        call: 2396u32,
+        wire: 2740u32,
+        call: 2438u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -83795,6 +86564,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -83808,8 +86578,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2699u32,
-        call: 2397u32,
+        wire: 2741u32,
+        call: 2439u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -83860,8 +86630,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2700u32,
-        call: 2398u32,
+        wire: 2742u32,
+        call: 2440u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -83899,6 +86669,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -83912,8 +86683,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2701u32,
-        call: 2399u32,
+        wire: 2743u32,
+        call: 2441u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -83960,8 +86731,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2702u32,
-        call: 2400u32,
+        wire: 2744u32,
+        call: 2442u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -83995,6 +86766,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -84008,8 +86780,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2703u32,
-        call: 2401u32,
+        wire: 2745u32,
+        call: 2443u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -84052,8 +86824,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2704u32,
-        call: 2402u32,
+        wire: 2746u32,
+        call: 2444u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -84083,6 +86855,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -84096,8 +86869,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2705u32,
-        call: 2403u32,
+        wire: 2747u32,
+        call: 2445u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -84157,8 +86930,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2706u32,
-        call: 2404u32,
+        wire: 2748u32,
+        call: 2446u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -84205,6 +86978,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -84218,8 +86992,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2707u32,
-        call: 2405u32,
+        wire: 2749u32,
+        call: 2447u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -84279,8 +87053,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2708u32,
-        call: 2406u32,
+        wire: 2750u32,
+        call: 2448u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -84327,6 +87101,7 @@ pub mod cusolver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -84340,8 +87115,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2709u32,
-        call: 2407u32,
+        wire: 2751u32,
+        call: 2449u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -84364,8 +87139,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2710u32,
-        call: 2408u32,
+        wire: 2752u32,
+        call: 2450u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -84388,8 +87163,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2711u32,
-        call: 2409u32,
+        wire: 2753u32,
+        call: 2451u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -84412,8 +87187,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2712u32,
-        call: 2410u32,
+        wire: 2754u32,
+        call: 2452u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -84436,8 +87211,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2713u32,
-        call: 2411u32,
+        wire: 2755u32,
+        call: 2453u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -84460,8 +87235,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2714u32,
-        call: 2412u32,
+        wire: 2756u32,
+        call: 2454u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -84484,8 +87259,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2715u32,
-        call: 2413u32,
+        wire: 2757u32,
+        call: 2455u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -84516,8 +87291,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2716u32,
-        call: 2414u32,
+        wire: 2758u32,
+        call: 2456u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -84548,8 +87323,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2717u32,
-        call: 2415u32,
+        wire: 2759u32,
+        call: 2457u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -84580,8 +87355,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2718u32,
-        call: 2416u32,
+        wire: 2760u32,
+        call: 2458u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -84608,8 +87383,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2719u32,
-        call: 2417u32,
+        wire: 2761u32,
+        call: 2459u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -84632,8 +87407,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2720u32,
-        call: 2418u32,
+        wire: 2762u32,
+        call: 2460u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -84656,8 +87431,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2721u32,
-        call: 2419u32,
+        wire: 2763u32,
+        call: 2461u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -84680,8 +87455,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2722u32,
-        call: 2420u32,
+        wire: 2764u32,
+        call: 2462u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -84704,8 +87479,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2723u32,
-        call: 2421u32,
+        wire: 2765u32,
+        call: 2463u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -84732,8 +87507,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2724u32,
-        call: 2422u32,
+        wire: 2766u32,
+        call: 2464u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -85051,8 +87826,8 @@ pub mod cusparse {
         ],
     );
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1851u32,
+        wire: 2195u32,
+        call: 1893u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -85095,8 +87870,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1852u32,
+        wire: 2196u32,
+        call: 1894u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -85135,8 +87910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1853u32,
+        wire: 2197u32,
+        call: 1895u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -85189,8 +87964,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1854u32,
+        wire: 2198u32,
+        call: 1896u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -85245,8 +88020,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1855u32,
+        wire: 2199u32,
+        call: 1897u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -85289,6 +88064,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -85302,8 +88078,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1856u32,
+        wire: 2200u32,
+        call: 1898u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -85358,8 +88134,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1857u32,
+        wire: 2201u32,
+        call: 1899u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -85414,8 +88190,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1858u32,
+        wire: 2202u32,
+        call: 1900u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -85458,6 +88234,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -85471,8 +88248,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1859u32,
+        wire: 2203u32,
+        call: 1901u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -85556,8 +88333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1860u32,
+        wire: 2204u32,
+        call: 1902u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -85625,8 +88402,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1861u32,
+        wire: 2205u32,
+        call: 1903u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -85693,8 +88470,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1862u32,
+        wire: 2206u32,
+        call: 1904u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85749,6 +88526,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -85762,8 +88540,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1863u32,
+        wire: 2207u32,
+        call: 1905u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -85846,8 +88624,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1864u32,
+        wire: 2208u32,
+        call: 1906u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -85906,8 +88684,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1865u32,
+        wire: 2209u32,
+        call: 1907u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85954,6 +88732,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -85967,8 +88746,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1866u32,
+        wire: 2210u32,
+        call: 1908u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -86035,8 +88814,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1867u32,
+        wire: 2211u32,
+        call: 1909u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -86110,8 +88889,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1868u32,
+        wire: 2212u32,
+        call: 1910u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -86164,8 +88943,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1869u32,
+        wire: 2213u32,
+        call: 1911u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -86212,8 +88991,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1870u32,
+        wire: 2214u32,
+        call: 1912u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -86271,8 +89050,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1871u32,
+        wire: 2215u32,
+        call: 1913u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -86315,6 +89094,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -86328,8 +89108,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1872u32,
+        wire: 2216u32,
+        call: 1914u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -86402,8 +89182,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1873u32,
+        wire: 2217u32,
+        call: 1915u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86468,6 +89248,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -86481,8 +89262,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1874u32,
+        wire: 2218u32,
+        call: 1916u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -86574,8 +89355,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1875u32,
+        wire: 2219u32,
+        call: 1917u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86649,6 +89430,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -86662,8 +89444,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1876u32,
+        wire: 2220u32,
+        call: 1918u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -86710,8 +89492,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1877u32,
+        wire: 2221u32,
+        call: 1919u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -86746,6 +89528,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -86759,8 +89542,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1878u32,
+        wire: 2222u32,
+        call: 1920u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -86807,8 +89590,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1879u32,
+        wire: 2223u32,
+        call: 1921u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -86843,6 +89626,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -86856,8 +89640,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1880u32,
+        wire: 2224u32,
+        call: 1922u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -86931,8 +89715,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1881u32,
+        wire: 2225u32,
+        call: 1923u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -87006,8 +89790,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1882u32,
+        wire: 2226u32,
+        call: 1924u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -87058,8 +89842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1883u32,
+        wire: 2227u32,
+        call: 1925u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -87098,6 +89882,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -87111,8 +89896,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1884u32,
+        wire: 2228u32,
+        call: 1926u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -87171,8 +89956,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1885u32,
+        wire: 2229u32,
+        call: 1927u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -87219,8 +90004,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1886u32,
+        wire: 2230u32,
+        call: 1928u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -87255,6 +90040,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -87268,8 +90054,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1887u32,
+        wire: 2231u32,
+        call: 1929u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -87326,8 +90112,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1888u32,
+        wire: 2232u32,
+        call: 1930u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -87366,6 +90152,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -87379,8 +90166,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1889u32,
+        wire: 2233u32,
+        call: 1931u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -87450,8 +90237,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1890u32,
+        wire: 2234u32,
+        call: 1932u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -87506,6 +90293,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -87519,8 +90307,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1891u32,
+        wire: 2235u32,
+        call: 1933u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -87544,18 +90332,21 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -87575,8 +90366,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1892u32,
+        wire: 2236u32,
+        call: 1934u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -87600,18 +90391,21 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: None,
                 record: Some("float2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -87631,8 +90425,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1893u32,
+        wire: 2237u32,
+        call: 1935u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -87656,8 +90450,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1894u32,
+        wire: 2238u32,
+        call: 1936u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -87681,8 +90475,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1895u32,
+        wire: 2239u32,
+        call: 1937u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -87706,8 +90500,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1896u32,
+        wire: 2240u32,
+        call: 1938u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -87731,8 +90525,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1897u32,
+        wire: 2241u32,
+        call: 1939u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -87792,8 +90586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1898u32,
+        wire: 2242u32,
+        call: 1940u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -87845,6 +90639,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -87858,8 +90653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1899u32,
+        wire: 2243u32,
+        call: 1941u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -87885,8 +90680,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1900u32,
+        wire: 2244u32,
+        call: 1942u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -87917,8 +90712,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1901u32,
+        wire: 2245u32,
+        call: 1943u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -87945,8 +90740,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1902u32,
+        wire: 2246u32,
+        call: 1944u32,
         name: "cusparseCreate",
         form: Some(Form::Call),
         library: "cusparse",
@@ -87969,8 +90764,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1903u32,
+        wire: 2247u32,
+        call: 1945u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -88036,8 +90831,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1904u32,
+        wire: 2248u32,
+        call: 1946u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -88060,8 +90855,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1905u32,
+        wire: 2249u32,
+        call: 1947u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -88084,8 +90879,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1906u32,
+        wire: 2250u32,
+        call: 1948u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -88108,8 +90903,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1907u32,
+        wire: 2251u32,
+        call: 1949u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -88132,8 +90927,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1908u32,
+        wire: 2252u32,
+        call: 1950u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -88156,8 +90951,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1909u32,
+        wire: 2253u32,
+        call: 1951u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -88223,8 +91018,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1910u32,
+        wire: 2254u32,
+        call: 1952u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -88274,8 +91069,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1911u32,
+        wire: 2255u32,
+        call: 1953u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -88329,8 +91124,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1912u32,
+        wire: 2256u32,
+        call: 1954u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -88374,8 +91169,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1913u32,
+        wire: 2257u32,
+        call: 1955u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -88407,8 +91202,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1914u32,
+        wire: 2258u32,
+        call: 1956u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -88458,8 +91253,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1915u32,
+        wire: 2259u32,
+        call: 1957u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -88508,8 +91303,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1916u32,
+        wire: 2260u32,
+        call: 1958u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -88563,8 +91358,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1917u32,
+        wire: 2261u32,
+        call: 1959u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -88587,8 +91382,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1918u32,
+        wire: 2262u32,
+        call: 1960u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -88611,8 +91406,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1919u32,
+        wire: 2263u32,
+        call: 1961u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -88635,8 +91430,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1920u32,
+        wire: 2264u32,
+        call: 1962u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -88659,8 +91454,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1921u32,
+        wire: 2265u32,
+        call: 1963u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -88683,8 +91478,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1922u32,
+        wire: 2266u32,
+        call: 1964u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -88707,8 +91502,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1923u32,
+        wire: 2267u32,
+        call: 1965u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -88752,8 +91547,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1924u32,
+        wire: 2268u32,
+        call: 1966u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -88785,8 +91580,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1925u32,
+        wire: 2269u32,
+        call: 1967u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -88814,8 +91609,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1926u32,
+        wire: 2270u32,
+        call: 1968u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -88838,8 +91633,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1927u32,
+        wire: 2271u32,
+        call: 1969u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -88862,8 +91657,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1928u32,
+        wire: 2272u32,
+        call: 1970u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -88889,8 +91684,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1929u32,
+        wire: 2273u32,
+        call: 1971u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -88925,8 +91720,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1930u32,
+        wire: 2274u32,
+        call: 1972u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -88979,8 +91774,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1931u32,
+        wire: 2275u32,
+        call: 1973u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -89035,8 +91830,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1932u32,
+        wire: 2276u32,
+        call: 1974u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89079,6 +91874,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -89092,8 +91888,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1933u32,
+        wire: 2277u32,
+        call: 1975u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -89148,8 +91944,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1934u32,
+        wire: 2278u32,
+        call: 1976u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89204,8 +92000,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1935u32,
+        wire: 2279u32,
+        call: 1977u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89248,6 +92044,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -89261,8 +92058,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1936u32,
+        wire: 2280u32,
+        call: 1978u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -89346,8 +92143,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1937u32,
+        wire: 2281u32,
+        call: 1979u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -89415,8 +92212,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1938u32,
+        wire: 2282u32,
+        call: 1980u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89483,8 +92280,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1939u32,
+        wire: 2283u32,
+        call: 1981u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89539,6 +92336,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -89552,8 +92350,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1940u32,
+        wire: 2284u32,
+        call: 1982u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -89636,8 +92434,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1941u32,
+        wire: 2285u32,
+        call: 1983u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -89696,8 +92494,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1942u32,
+        wire: 2286u32,
+        call: 1984u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89744,6 +92542,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -89757,8 +92556,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1943u32,
+        wire: 2287u32,
+        call: 1985u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89825,8 +92624,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1944u32,
+        wire: 2288u32,
+        call: 1986u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -89900,8 +92699,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1945u32,
+        wire: 2289u32,
+        call: 1987u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -89954,8 +92753,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1946u32,
+        wire: 2290u32,
+        call: 1988u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -90002,8 +92801,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1947u32,
+        wire: 2291u32,
+        call: 1989u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -90061,8 +92860,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1948u32,
+        wire: 2292u32,
+        call: 1990u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -90105,6 +92904,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -90118,8 +92918,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1949u32,
+        wire: 2293u32,
+        call: 1991u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -90192,8 +92992,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1950u32,
+        wire: 2294u32,
+        call: 1992u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90258,6 +93058,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -90271,8 +93072,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1951u32,
+        wire: 2295u32,
+        call: 1993u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -90364,8 +93165,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1952u32,
+        wire: 2296u32,
+        call: 1994u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90439,6 +93240,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -90452,8 +93254,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1953u32,
+        wire: 2297u32,
+        call: 1995u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -90500,8 +93302,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1954u32,
+        wire: 2298u32,
+        call: 1996u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90536,6 +93338,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -90549,8 +93352,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1955u32,
+        wire: 2299u32,
+        call: 1997u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -90597,8 +93400,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1956u32,
+        wire: 2300u32,
+        call: 1998u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90633,6 +93436,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -90646,8 +93450,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1957u32,
+        wire: 2301u32,
+        call: 1999u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -90721,8 +93525,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1958u32,
+        wire: 2302u32,
+        call: 2000u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -90796,8 +93600,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1959u32,
+        wire: 2303u32,
+        call: 2001u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -90848,8 +93652,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1960u32,
+        wire: 2304u32,
+        call: 2002u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -90888,6 +93692,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -90901,8 +93706,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1961u32,
+        wire: 2305u32,
+        call: 2003u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -90961,8 +93766,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1962u32,
+        wire: 2306u32,
+        call: 2004u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -91009,8 +93814,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1963u32,
+        wire: 2307u32,
+        call: 2005u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -91045,6 +93850,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -91058,8 +93864,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1964u32,
+        wire: 2308u32,
+        call: 2006u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -91095,8 +93901,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1965u32,
+        wire: 2309u32,
+        call: 2007u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -91124,6 +93930,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -91137,8 +93944,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1966u32,
+        wire: 2310u32,
+        call: 2008u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -91174,8 +93981,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1967u32,
+        wire: 2311u32,
+        call: 2009u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -91198,8 +94005,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1968u32,
+        wire: 2312u32,
+        call: 2010u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -91222,8 +94029,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1969u32,
+        wire: 2313u32,
+        call: 2011u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91246,8 +94053,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1970u32,
+        wire: 2314u32,
+        call: 2012u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91270,8 +94077,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1971u32,
+        wire: 2315u32,
+        call: 2013u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91294,8 +94101,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1972u32,
+        wire: 2316u32,
+        call: 2014u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -91318,8 +94125,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1973u32,
+        wire: 2317u32,
+        call: 2015u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -91342,8 +94149,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1974u32,
+        wire: 2318u32,
+        call: 2016u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -91366,8 +94173,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1975u32,
+        wire: 2319u32,
+        call: 2017u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91390,8 +94197,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 1976u32,
+        wire: 2320u32,
+        call: 2018u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91414,8 +94221,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 1977u32,
+        wire: 2321u32,
+        call: 2019u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91438,8 +94245,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 1978u32,
+        wire: 2322u32,
+        call: 2020u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -91462,8 +94269,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 1979u32,
+        wire: 2323u32,
+        call: 2021u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -91486,8 +94293,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 1980u32,
+        wire: 2324u32,
+        call: 2022u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -91510,8 +94317,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 1981u32,
+        wire: 2325u32,
+        call: 2023u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -91534,8 +94341,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 1982u32,
+        wire: 2326u32,
+        call: 2024u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -91558,8 +94365,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 1983u32,
+        wire: 2327u32,
+        call: 2025u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -91582,8 +94389,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 1984u32,
+        wire: 2328u32,
+        call: 2026u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -91606,8 +94413,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 1985u32,
+        wire: 2329u32,
+        call: 2027u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -91664,8 +94471,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 1986u32,
+        wire: 2330u32,
+        call: 2028u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -91704,6 +94511,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -91717,8 +94525,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 1987u32,
+        wire: 2331u32,
+        call: 2029u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -91788,8 +94596,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 1988u32,
+        wire: 2332u32,
+        call: 2030u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -91844,6 +94652,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -91857,8 +94666,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 1989u32,
+        wire: 2333u32,
+        call: 2031u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -91882,8 +94691,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 1990u32,
+        wire: 2334u32,
+        call: 2032u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -91914,8 +94723,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 1991u32,
+        wire: 2335u32,
+        call: 2033u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -91939,8 +94748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 1992u32,
+        wire: 2336u32,
+        call: 2034u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -91964,8 +94773,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 1993u32,
+        wire: 2337u32,
+        call: 2035u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -91989,8 +94798,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 1994u32,
+        wire: 2338u32,
+        call: 2036u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -92048,8 +94857,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 1995u32,
+        wire: 2339u32,
+        call: 2037u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -92099,6 +94908,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -92112,8 +94922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 1996u32,
+        wire: 2340u32,
+        call: 2038u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -92175,8 +94985,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 1997u32,
+        wire: 2341u32,
+        call: 2039u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -92207,8 +95017,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 1998u32,
+        wire: 2342u32,
+        call: 2040u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -92234,8 +95044,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 1999u32,
+        wire: 2343u32,
+        call: 2041u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -92261,8 +95071,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2000u32,
+        wire: 2344u32,
+        call: 2042u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -92288,8 +95098,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2001u32,
+        wire: 2345u32,
+        call: 2043u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -92315,8 +95125,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2002u32,
+        wire: 2346u32,
+        call: 2044u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -92343,8 +95153,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2003u32,
+        wire: 2347u32,
+        call: 2045u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -92362,8 +95172,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2004u32,
+        wire: 2348u32,
+        call: 2046u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -92386,8 +95196,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2005u32,
+        wire: 2349u32,
+        call: 2047u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -92410,8 +95220,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2006u32,
+        wire: 2350u32,
+        call: 2048u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -92475,8 +95285,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2007u32,
+        wire: 2351u32,
+        call: 2049u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -92532,6 +95342,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -92545,8 +95356,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2008u32,
+        wire: 2352u32,
+        call: 2050u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -92610,8 +95421,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2009u32,
+        wire: 2353u32,
+        call: 2051u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -92664,8 +95475,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2010u32,
+        wire: 2354u32,
+        call: 2052u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -92720,8 +95531,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2011u32,
+        wire: 2355u32,
+        call: 2053u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92764,6 +95575,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -92777,8 +95589,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2012u32,
+        wire: 2356u32,
+        call: 2054u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -92833,8 +95645,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2013u32,
+        wire: 2357u32,
+        call: 2055u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92889,8 +95701,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2014u32,
+        wire: 2358u32,
+        call: 2056u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92933,6 +95745,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -92946,8 +95759,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2015u32,
+        wire: 2359u32,
+        call: 2057u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -93031,8 +95844,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2016u32,
+        wire: 2360u32,
+        call: 2058u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -93100,8 +95913,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2017u32,
+        wire: 2361u32,
+        call: 2059u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -93168,8 +95981,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2018u32,
+        wire: 2362u32,
+        call: 2060u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93224,6 +96037,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -93237,8 +96051,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2019u32,
+        wire: 2363u32,
+        call: 2061u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93321,8 +96135,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2020u32,
+        wire: 2364u32,
+        call: 2062u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93381,8 +96195,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2021u32,
+        wire: 2365u32,
+        call: 2063u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93429,6 +96243,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -93442,8 +96257,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2022u32,
+        wire: 2366u32,
+        call: 2064u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -93510,8 +96325,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2023u32,
+        wire: 2367u32,
+        call: 2065u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -93585,8 +96400,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2024u32,
+        wire: 2368u32,
+        call: 2066u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -93617,8 +96432,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2025u32,
+        wire: 2369u32,
+        call: 2067u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -93671,8 +96486,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2026u32,
+        wire: 2370u32,
+        call: 2068u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -93719,8 +96534,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2027u32,
+        wire: 2371u32,
+        call: 2069u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -93778,8 +96593,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2028u32,
+        wire: 2372u32,
+        call: 2070u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -93822,6 +96637,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -93835,8 +96651,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2029u32,
+        wire: 2373u32,
+        call: 2071u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -93909,8 +96725,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2030u32,
+        wire: 2374u32,
+        call: 2072u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93975,6 +96791,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -93988,8 +96805,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2031u32,
+        wire: 2375u32,
+        call: 2073u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -94081,8 +96898,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2032u32,
+        wire: 2376u32,
+        call: 2074u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94156,6 +96973,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -94169,8 +96987,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2033u32,
+        wire: 2377u32,
+        call: 2075u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -94217,8 +97035,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2034u32,
+        wire: 2378u32,
+        call: 2076u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94253,6 +97071,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -94266,8 +97085,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2035u32,
+        wire: 2379u32,
+        call: 2077u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -94314,8 +97133,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2036u32,
+        wire: 2380u32,
+        call: 2078u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94350,6 +97169,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -94363,8 +97183,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2037u32,
+        wire: 2381u32,
+        call: 2079u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -94438,8 +97258,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2038u32,
+        wire: 2382u32,
+        call: 2080u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -94513,8 +97333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2039u32,
+        wire: 2383u32,
+        call: 2081u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -94565,8 +97385,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2040u32,
+        wire: 2384u32,
+        call: 2082u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -94605,6 +97425,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -94618,8 +97439,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2041u32,
+        wire: 2385u32,
+        call: 2083u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -94678,8 +97499,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2042u32,
+        wire: 2386u32,
+        call: 2084u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -94726,8 +97547,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2043u32,
+        wire: 2387u32,
+        call: 2085u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94762,6 +97583,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -94775,8 +97597,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2044u32,
+        wire: 2388u32,
+        call: 2086u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -94803,8 +97625,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2045u32,
+        wire: 2389u32,
+        call: 2087u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -94831,8 +97653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2046u32,
+        wire: 2390u32,
+        call: 2088u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -94859,8 +97681,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2047u32,
+        wire: 2391u32,
+        call: 2089u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -94887,8 +97709,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2048u32,
+        wire: 2392u32,
+        call: 2090u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -94915,8 +97737,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2049u32,
+        wire: 2393u32,
+        call: 2091u32,
         name: "cusparseSetPointerMode",
         form: Some(Form::Call),
         library: "cusparse",
@@ -94943,8 +97765,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2050u32,
+        wire: 2394u32,
+        call: 2092u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -94971,8 +97793,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2051u32,
+        wire: 2395u32,
+        call: 2093u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -95029,8 +97851,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2052u32,
+        wire: 2396u32,
+        call: 2094u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -95069,6 +97891,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -95082,8 +97905,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2053u32,
+        wire: 2397u32,
+        call: 2095u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -95153,8 +97976,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2054u32,
+        wire: 2398u32,
+        call: 2096u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -95209,6 +98032,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -95222,8 +98046,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2055u32,
+        wire: 2399u32,
+        call: 2097u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -95283,6 +98107,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -95297,8 +98122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2056u32,
+        wire: 2400u32,
+        call: 2098u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -95365,8 +98190,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2057u32,
+        wire: 2401u32,
+        call: 2099u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -95389,8 +98214,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2058u32,
+        wire: 2402u32,
+        call: 2100u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -95413,8 +98238,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2059u32,
+        wire: 2403u32,
+        call: 2101u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -95474,6 +98299,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -95488,8 +98314,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2060u32,
+        wire: 2404u32,
+        call: 2102u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -95556,8 +98382,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2061u32,
+        wire: 2405u32,
+        call: 2103u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -95601,6 +98427,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -95615,8 +98442,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2062u32,
+        wire: 2406u32,
+        call: 2104u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -95680,8 +98507,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2063u32,
+        wire: 2407u32,
+        call: 2105u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -95705,8 +98532,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2064u32,
+        wire: 2408u32,
+        call: 2106u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -95729,8 +98556,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2065u32,
+        wire: 2409u32,
+        call: 2107u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -95786,6 +98613,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -95799,8 +98627,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2066u32,
+        wire: 2410u32,
+        call: 2108u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -95864,8 +98692,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2067u32,
+        wire: 2411u32,
+        call: 2109u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -95925,8 +98753,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2068u32,
+        wire: 2412u32,
+        call: 2110u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -95978,6 +98806,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -95991,8 +98820,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2069u32,
+        wire: 2413u32,
+        call: 2111u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -96052,8 +98881,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2070u32,
+        wire: 2414u32,
+        call: 2112u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -96085,8 +98914,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2071u32,
+        wire: 2415u32,
+        call: 2113u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -96102,18 +98931,21 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -96127,8 +98959,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2072u32,
+        wire: 2416u32,
+        call: 2114u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -96152,8 +98984,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2073u32,
+        wire: 2417u32,
+        call: 2115u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -96185,8 +99017,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2074u32,
+        wire: 2418u32,
+        call: 2116u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -96213,8 +99045,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2075u32,
+        wire: 2419u32,
+        call: 2117u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -96238,8 +99070,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2076u32,
+        wire: 2420u32,
+        call: 2118u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -96301,8 +99133,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2077u32,
+        wire: 2421u32,
+        call: 2119u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -96356,6 +99188,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -96369,8 +99202,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2078u32,
+        wire: 2422u32,
+        call: 2120u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -96393,8 +99226,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2079u32,
+        wire: 2423u32,
+        call: 2121u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -96417,8 +99250,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2080u32,
+        wire: 2424u32,
+        call: 2122u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -96479,8 +99312,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2081u32,
+        wire: 2425u32,
+        call: 2123u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -96538,8 +99371,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2082u32,
+        wire: 2426u32,
+        call: 2124u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -96589,6 +99422,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -96602,8 +99436,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2083u32,
+        wire: 2427u32,
+        call: 2125u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -96626,8 +99460,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2084u32,
+        wire: 2428u32,
+        call: 2126u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -96650,8 +99484,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2085u32,
+        wire: 2429u32,
+        call: 2127u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -96708,8 +99542,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2086u32,
+        wire: 2430u32,
+        call: 2128u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -96733,8 +99567,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2087u32,
+        wire: 2431u32,
+        call: 2129u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -96758,8 +99592,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2088u32,
+        wire: 2432u32,
+        call: 2130u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -96795,8 +99629,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2089u32,
+        wire: 2433u32,
+        call: 2131u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -96824,6 +99658,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -96837,8 +99672,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2090u32,
+        wire: 2434u32,
+        call: 2132u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -96896,8 +99731,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2091u32,
+        wire: 2435u32,
+        call: 2133u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -96947,6 +99782,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -96960,8 +99796,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2092u32,
+        wire: 2436u32,
+        call: 2134u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -97023,8 +99859,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2093u32,
+        wire: 2437u32,
+        call: 2135u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -97057,8 +99893,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2094u32,
+        wire: 2438u32,
+        call: 2136u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -97091,8 +99927,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2095u32,
+        wire: 2439u32,
+        call: 2137u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -97125,8 +99961,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2096u32,
+        wire: 2440u32,
+        call: 2138u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -97159,8 +99995,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2097u32,
+        wire: 2441u32,
+        call: 2139u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -97197,8 +100033,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2098u32,
+        wire: 2442u32,
+        call: 2140u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -97237,8 +100073,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2099u32,
+        wire: 2443u32,
+        call: 2141u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -97277,8 +100113,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2100u32,
+        wire: 2444u32,
+        call: 2142u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97308,6 +100144,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -97321,8 +100158,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2101u32,
+        wire: 2445u32,
+        call: 2143u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -97378,8 +100215,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2102u32,
+        wire: 2446u32,
+        call: 2144u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -97416,8 +100253,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2103u32,
+        wire: 2447u32,
+        call: 2145u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -97478,8 +100315,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2104u32,
+        wire: 2448u32,
+        call: 2146u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -97542,8 +100379,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2105u32,
+        wire: 2449u32,
+        call: 2147u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -97624,8 +100461,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2106u32,
+        wire: 2450u32,
+        call: 2148u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -97658,8 +100495,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2107u32,
+        wire: 2451u32,
+        call: 2149u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -97692,8 +100529,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2108u32,
+        wire: 2452u32,
+        call: 2150u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -97726,8 +100563,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2109u32,
+        wire: 2453u32,
+        call: 2151u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -97770,8 +100607,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2110u32,
+        wire: 2454u32,
+        call: 2152u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97801,6 +100638,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -97814,8 +100652,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2111u32,
+        wire: 2455u32,
+        call: 2153u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -97848,8 +100686,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2112u32,
+        wire: 2456u32,
+        call: 2154u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -97904,8 +100742,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2113u32,
+        wire: 2457u32,
+        call: 2155u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -97978,8 +100816,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2114u32,
+        wire: 2458u32,
+        call: 2156u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -98032,8 +100870,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2115u32,
+        wire: 2459u32,
+        call: 2157u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -98088,8 +100926,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2116u32,
+        wire: 2460u32,
+        call: 2158u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -98132,6 +100970,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -98145,8 +100984,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2117u32,
+        wire: 2461u32,
+        call: 2159u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -98201,8 +101040,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2118u32,
+        wire: 2462u32,
+        call: 2160u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -98257,8 +101096,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2119u32,
+        wire: 2463u32,
+        call: 2161u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -98301,6 +101140,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -98314,8 +101154,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2120u32,
+        wire: 2464u32,
+        call: 2162u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -98399,8 +101239,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2121u32,
+        wire: 2465u32,
+        call: 2163u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -98468,8 +101308,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2122u32,
+        wire: 2466u32,
+        call: 2164u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -98536,8 +101376,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2123u32,
+        wire: 2467u32,
+        call: 2165u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -98592,6 +101432,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -98605,8 +101446,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2124u32,
+        wire: 2468u32,
+        call: 2166u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -98689,8 +101530,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2125u32,
+        wire: 2469u32,
+        call: 2167u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -98749,8 +101590,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2126u32,
+        wire: 2470u32,
+        call: 2168u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -98797,6 +101638,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -98810,8 +101652,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2127u32,
+        wire: 2471u32,
+        call: 2169u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -98878,8 +101720,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2128u32,
+        wire: 2472u32,
+        call: 2170u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -98953,8 +101795,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2129u32,
+        wire: 2473u32,
+        call: 2171u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -99007,8 +101849,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2130u32,
+        wire: 2474u32,
+        call: 2172u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -99055,8 +101897,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2131u32,
+        wire: 2475u32,
+        call: 2173u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -99114,8 +101956,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2132u32,
+        wire: 2476u32,
+        call: 2174u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -99158,6 +102000,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -99171,8 +102014,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2133u32,
+        wire: 2477u32,
+        call: 2175u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -99245,8 +102088,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2134u32,
+        wire: 2478u32,
+        call: 2176u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -99311,6 +102154,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -99324,8 +102168,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2135u32,
+        wire: 2479u32,
+        call: 2177u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -99417,8 +102261,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2136u32,
+        wire: 2480u32,
+        call: 2178u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -99492,6 +102336,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -99505,8 +102350,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2137u32,
+        wire: 2481u32,
+        call: 2179u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -99553,8 +102398,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2138u32,
+        wire: 2482u32,
+        call: 2180u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -99589,6 +102434,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -99602,8 +102448,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2139u32,
+        wire: 2483u32,
+        call: 2181u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -99650,8 +102496,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2140u32,
+        wire: 2484u32,
+        call: 2182u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -99686,6 +102532,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -99699,8 +102546,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2141u32,
+        wire: 2485u32,
+        call: 2183u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -99774,8 +102621,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2142u32,
+        wire: 2486u32,
+        call: 2184u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -99849,8 +102696,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2143u32,
+        wire: 2487u32,
+        call: 2185u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -99901,8 +102748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2144u32,
+        wire: 2488u32,
+        call: 2186u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -99941,6 +102788,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -99954,8 +102802,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2145u32,
+        wire: 2489u32,
+        call: 2187u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -100014,8 +102862,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2146u32,
+        wire: 2490u32,
+        call: 2188u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -100062,8 +102910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2147u32,
+        wire: 2491u32,
+        call: 2189u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100098,6 +102946,7 @@ pub mod cusparse {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100111,8 +102960,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2148u32,
+        wire: 2492u32,
+        call: 2190u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -100169,8 +103018,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2149u32,
+        wire: 2493u32,
+        call: 2191u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -100209,6 +103058,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100222,8 +103072,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2150u32,
+        wire: 2494u32,
+        call: 2192u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -100293,8 +103143,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2151u32,
+        wire: 2495u32,
+        call: 2193u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -100349,6 +103199,7 @@ pub mod cusparse {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100362,8 +103213,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2152u32,
+        wire: 2496u32,
+        call: 2194u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -100387,18 +103238,21 @@ pub mod cusparse {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -100418,8 +103272,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2153u32,
+        wire: 2497u32,
+        call: 2195u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -100443,18 +103297,21 @@ pub mod cusparse {
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 16u32,
                 len: None,
                 record: Some("double2"),
+                optional: false,
             },
             Wire::Device,
             Wire::Val {
@@ -100477,8 +103334,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2819u32,
-        call: 2510u32,
+        wire: 2861u32,
+        call: 2552u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -100490,6 +103347,7 @@ pub mod cusparselt {
                 elem: 13072u32,
                 len: None,
                 record: Some("cusparseLtHandle_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100503,8 +103361,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2820u32,
-        call: 2510u32,
+        wire: 2862u32,
+        call: 2552u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -100516,6 +103374,7 @@ pub mod cusparselt {
                 elem: 1024u32,
                 len: None,
                 record: Some("cusparseLtHandle_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100529,8 +103388,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2821u32,
-        call: 2510u32,
+        wire: 2863u32,
+        call: 2552u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -100542,6 +103401,7 @@ pub mod cusparselt {
                 elem: 512u32,
                 len: None,
                 record: Some("cusparseLtHandle_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100555,8 +103415,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2822u32,
-        call: 2511u32,
+        wire: 2864u32,
+        call: 2553u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -100568,6 +103428,7 @@ pub mod cusparselt {
                 elem: 13072u32,
                 len: None,
                 record: Some("cusparseLtMatDescriptor_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100581,8 +103442,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2823u32,
-        call: 2511u32,
+        wire: 2865u32,
+        call: 2553u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -100594,6 +103455,7 @@ pub mod cusparselt {
                 elem: 1024u32,
                 len: None,
                 record: Some("cusparseLtMatDescriptor_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100607,8 +103469,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2824u32,
-        call: 2511u32,
+        wire: 2866u32,
+        call: 2553u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -100620,6 +103482,7 @@ pub mod cusparselt {
                 elem: 512u32,
                 len: None,
                 record: Some("cusparseLtMatDescriptor_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100633,8 +103496,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2825u32,
-        call: 2512u32,
+        wire: 2867u32,
+        call: 2554u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -100646,6 +103509,7 @@ pub mod cusparselt {
                 elem: 512u32,
                 len: None,
                 record: Some("cusparseLtMatmulAlgSelection_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100659,8 +103523,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2826u32,
-        call: 2513u32,
+        wire: 2868u32,
+        call: 2555u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -100672,6 +103536,7 @@ pub mod cusparselt {
                 elem: 13072u32,
                 len: None,
                 record: Some("cusparseLtMatmulPlan_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100685,8 +103550,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2827u32,
-        call: 2513u32,
+        wire: 2869u32,
+        call: 2555u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -100698,6 +103563,7 @@ pub mod cusparselt {
                 elem: 1024u32,
                 len: None,
                 record: Some("cusparseLtMatmulPlan_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100711,8 +103577,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2828u32,
-        call: 2513u32,
+        wire: 2870u32,
+        call: 2555u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -100724,6 +103590,7 @@ pub mod cusparselt {
                 elem: 512u32,
                 len: None,
                 record: Some("cusparseLtMatmulPlan_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100901,6 +103768,7 @@ pub mod driver {
                 elem: 24u32,
                 len: None,
                 record: Some("CUDA_ARRAY3D_DESCRIPTOR_v1_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100931,6 +103799,7 @@ pub mod driver {
                 elem: 40u32,
                 len: None,
                 record: Some("CUDA_ARRAY3D_DESCRIPTOR_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -100957,6 +103826,7 @@ pub mod driver {
                 elem: 24u32,
                 len: None,
                 record: Some("CUDA_ARRAY3D_DESCRIPTOR_v1_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -100987,6 +103857,7 @@ pub mod driver {
                 elem: 40u32,
                 len: None,
                 record: Some("CUDA_ARRAY3D_DESCRIPTOR_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -101021,6 +103892,7 @@ pub mod driver {
                 elem: 16u32,
                 len: None,
                 record: Some("CUDA_ARRAY_DESCRIPTOR_v1_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101051,6 +103923,7 @@ pub mod driver {
                 elem: 24u32,
                 len: None,
                 record: Some("CUDA_ARRAY_DESCRIPTOR_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101101,6 +103974,7 @@ pub mod driver {
                 elem: 16u32,
                 len: None,
                 record: Some("CUDA_ARRAY_DESCRIPTOR_v1_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -101131,6 +104005,7 @@ pub mod driver {
                 elem: 24u32,
                 len: None,
                 record: Some("CUDA_ARRAY_DESCRIPTOR_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -101161,6 +104036,7 @@ pub mod driver {
                 elem: 32u32,
                 len: None,
                 record: Some("CUDA_ARRAY_MEMORY_REQUIREMENTS_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -101227,6 +104103,7 @@ pub mod driver {
                 elem: 48u32,
                 len: None,
                 record: Some("CUDA_ARRAY_SPARSE_PROPERTIES_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -101261,6 +104138,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101291,6 +104169,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101413,6 +104292,7 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuCtxCreate_v3__call_0),
                 record: Some("CUexecAffinityParam_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -101607,6 +104487,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101633,6 +104514,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101687,6 +104569,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -101721,6 +104604,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -101751,6 +104635,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101777,6 +104662,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 2u16,
@@ -101807,6 +104693,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: Some("CUexecAffinityParam_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -101837,6 +104724,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101867,6 +104755,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101893,6 +104782,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -101923,6 +104813,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -101949,12 +104840,14 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -102371,6 +105264,7 @@ pub mod driver {
                 elem: 144u32,
                 len: Some(&LEN_cuDevResourceGenerateDesc__cu126_1),
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102405,6 +105299,7 @@ pub mod driver {
                 elem: 144u32,
                 len: Some(&LEN_cuDevResourceGenerateDesc__cu131_2),
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102435,6 +105330,7 @@ pub mod driver {
                 elem: 144u32,
                 len: Some(&LEN_cuDevSmResourceSplit_3),
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102445,12 +105341,14 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102461,6 +105359,7 @@ pub mod driver {
                 elem: 64u32,
                 len: Some(&LEN_cuDevSmResourceSplit_4),
                 record: Some("CU_DEV_SM_RESOURCE_GROUP_PARAMS_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -102487,6 +105386,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102521,6 +105421,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Str,
         ],
@@ -102580,6 +105481,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102614,6 +105516,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102644,6 +105547,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102686,6 +105590,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuDeviceGetGraphMemAttribute_5),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -102712,12 +105617,14 @@ pub mod driver {
                 elem: 4u32,
                 len: Some(&LEN_cuDeviceGetHostAtomicCapabilities_6),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cuDeviceGetHostAtomicCapabilities_7),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102752,12 +105659,14 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuDeviceGetLuid_8),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102816,12 +105725,14 @@ pub mod driver {
                 elem: 4u32,
                 len: Some(&LEN_cuDeviceGetP2PAtomicCapabilities_9),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cuDeviceGetP2PAtomicCapabilities_10),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102860,6 +105771,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102898,6 +105810,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuDeviceGetPCIBusId_11),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102932,6 +105845,7 @@ pub mod driver {
                 elem: 56u32,
                 len: None,
                 record: Some("CUdevprop_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -102962,6 +105876,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -103028,12 +105943,14 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -103248,6 +106165,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuDeviceSetGraphMemAttribute_12),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -103302,6 +106220,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -103436,6 +106355,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 4u16,
@@ -103470,6 +106390,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 4u16,
@@ -103672,6 +106593,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 5u16,
@@ -103682,6 +106604,7 @@ pub mod driver {
                 elem: 88u32,
                 len: None,
                 record: Some("CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -103716,6 +106639,7 @@ pub mod driver {
                 elem: 120u32,
                 len: None,
                 record: Some("CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -103770,6 +106694,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -103840,12 +106765,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -103872,6 +106799,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 9u16,
@@ -104166,6 +107094,7 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuGraphAddDependencies_v2_18),
                 record: Some("CUgraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -104368,6 +107297,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 2u16,
@@ -104414,6 +107344,7 @@ pub mod driver {
                 elem: 40u32,
                 len: None,
                 record: Some("CUDA_MEMSET_NODE_PARAMS_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 2u16,
@@ -104500,6 +107431,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 12u16,
@@ -104854,6 +107786,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -104884,6 +107817,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -104918,6 +107852,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 2u16,
@@ -104956,6 +107891,7 @@ pub mod driver {
                 elem: 40u32,
                 len: None,
                 record: Some("CUDA_MEMSET_NODE_PARAMS_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 2u16,
@@ -104998,6 +107934,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105032,6 +107969,7 @@ pub mod driver {
                 elem: 24u32,
                 len: None,
                 record: Some("CUgraphExecUpdateResultInfo_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105062,6 +108000,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105100,6 +108039,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuGraphInstantiate_25),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -105170,6 +108110,7 @@ pub mod driver {
                 elem: 32u32,
                 len: None,
                 record: Some("CUDA_GRAPH_INSTANTIATE_PARAMS_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105204,6 +108145,7 @@ pub mod driver {
                 elem: 32u32,
                 len: None,
                 record: Some("CUDA_GRAPH_INSTANTIATE_PARAMS_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105242,6 +108184,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuGraphInstantiate_v2_26),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -105308,6 +108251,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105342,6 +108286,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105376,6 +108321,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105410,6 +108356,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105444,6 +108391,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105478,6 +108426,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105512,6 +108461,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105546,6 +108496,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105580,6 +108531,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105614,6 +108566,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105700,6 +108653,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105730,6 +108684,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105760,6 +108715,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105790,6 +108746,7 @@ pub mod driver {
                 elem: 40u32,
                 len: None,
                 record: Some("CUDA_MEMSET_NODE_PARAMS_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105820,6 +108777,7 @@ pub mod driver {
                 elem: 40u32,
                 len: None,
                 record: Some("CUDA_MEMSET_NODE_PARAMS_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105914,6 +108872,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105944,6 +108903,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -105974,6 +108934,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -106004,6 +108965,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -106142,6 +109104,7 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuGraphRemoveDependencies_v2_31),
                 record: Some("CUgraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -106600,6 +109563,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -106634,6 +109598,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -106668,6 +109633,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -106859,6 +109825,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::ByValRecord { bytes: 64u32 },
             Wire::Val {
@@ -106890,6 +109857,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::ByValRecord { bytes: 64u32 },
             Wire::Val {
@@ -106921,6 +109889,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -107023,12 +109992,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -107311,12 +110282,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 16u16,
@@ -107377,6 +110350,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 16u16,
@@ -107407,12 +110381,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 16u16,
@@ -107472,6 +110448,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -107554,6 +110531,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107665,6 +110643,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107699,6 +110678,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107733,6 +110713,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107771,6 +110752,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107809,12 +110791,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107853,6 +110837,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107883,6 +110868,7 @@ pub mod driver {
                 elem: 64u32,
                 len: Some(&LEN_cuMemBatchDecompressAsync_32),
                 record: Some("CUmemDecompressParams_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107897,6 +110883,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -107927,6 +110914,7 @@ pub mod driver {
                 elem: 64u32,
                 len: Some(&LEN_cuMemBatchDecompressAsync_ptsz_33),
                 record: Some("CUmemDecompressParams_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107941,6 +110929,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -107971,6 +110960,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -107981,6 +110971,7 @@ pub mod driver {
                 elem: 32u32,
                 len: None,
                 record: Some("CUmemAllocationProp_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108011,12 +111002,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_34),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_35),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108027,12 +111020,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_36),
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_37),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108071,12 +111066,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_38),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_39),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108087,12 +111084,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_40),
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_41),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108131,12 +111130,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardBatchAsync_42),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardBatchAsync_43),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108175,12 +111176,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardBatchAsync_ptsz_44),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemDiscardBatchAsync_ptsz_45),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108323,12 +111326,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: None,
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108359,12 +111364,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108395,12 +111402,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 32u32,
                 len: None,
                 record: Some("CUmemAllocationProp_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -108431,6 +111440,7 @@ pub mod driver {
                 elem: 32u32,
                 len: None,
                 record: Some("CUmemAllocationProp_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108465,6 +111475,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -108495,12 +111506,14 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -108527,12 +111540,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -108563,6 +111578,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -108633,6 +111649,7 @@ pub mod driver {
                 elem: 96u32,
                 len: Some(&LEN_cuMemMapArrayAsync_46),
                 record: Some("CUarrayMapInfo_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -108667,6 +111684,7 @@ pub mod driver {
                 elem: 96u32,
                 len: Some(&LEN_cuMemMapArrayAsync_ptsz_47),
                 record: Some("CUarrayMapInfo_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -108705,6 +111723,7 @@ pub mod driver {
                 elem: 88u32,
                 len: None,
                 record: Some("CUmemPoolProps_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -108735,6 +111754,7 @@ pub mod driver {
                 elem: 88u32,
                 len: None,
                 record: Some("CUmemPoolProps_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -108785,6 +111805,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 18u16,
@@ -108795,6 +111816,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -108829,6 +111851,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemPoolGetAttribute_48),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -108859,6 +111882,7 @@ pub mod driver {
                 elem: 12u32,
                 len: Some(&LEN_cuMemPoolSetAccess_49),
                 record: Some("CUmemAccessDesc_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -108897,6 +111921,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemPoolSetAttribute_50),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -109097,12 +112122,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemPrefetchBatchAsync_51),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemPrefetchBatchAsync_52),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -109113,12 +112140,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemPrefetchBatchAsync_53),
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemPrefetchBatchAsync_54),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -109157,12 +112186,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_55),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_56),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -109173,12 +112204,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_57),
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_58),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -109217,6 +112250,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemRangeGetAttribute_59),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -109283,6 +112317,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Device,
         ],
@@ -109318,6 +112353,7 @@ pub mod driver {
                 elem: 12u32,
                 len: Some(&LEN_cuMemSetAccess_60),
                 record: Some("CUmemAccessDesc_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -109348,6 +112384,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: Some("CUmemLocation_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -109442,6 +112479,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUDA_MEMCPY2D_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -109472,6 +112510,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUDA_MEMCPY2D_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -109502,6 +112541,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUDA_MEMCPY2D_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -109528,6 +112568,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUDA_MEMCPY2D_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -109554,6 +112595,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUDA_MEMCPY2D_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -109580,6 +112622,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUDA_MEMCPY2D_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -109606,6 +112649,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -109636,6 +112680,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -109666,6 +112711,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_PEER_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -109692,6 +112738,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_PEER_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -109722,6 +112769,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_PEER_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 21u16,
@@ -109752,6 +112800,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_PEER_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -109778,6 +112827,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -109804,6 +112854,7 @@ pub mod driver {
                 elem: 200u32,
                 len: None,
                 record: Some("CUDA_MEMCPY3D_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -110130,6 +113181,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyAtoH_61),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -110168,6 +113220,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyAtoHAsync_62),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -110210,6 +113263,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyAtoHAsync_v2_63),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -110252,6 +113306,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyAtoHAsync_v2_ptsz_64),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -110294,6 +113349,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyAtoH_v2_65),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -110332,6 +113388,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyAtoH_v2_ptds_66),
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 0u16,
@@ -110682,6 +113739,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyDtoHAsync_v2__call_67),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -110720,6 +113778,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyDtoHAsync_v2_ptsz__call_68),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -110758,6 +113817,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyDtoH_v2__call_69),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -110792,6 +113852,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyDtoH_v2_ptds__call_70),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -110834,6 +113895,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoA_71),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -110872,6 +113934,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoAAsync_72),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -110914,6 +113977,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoAAsync_v2_73),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -110956,6 +114020,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoAAsync_v2_ptsz_74),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -110998,6 +114063,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoA_v2_75),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -111036,6 +114102,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoA_v2_ptds_76),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -111070,6 +114137,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoDAsync_v2__call_77),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -111108,6 +114176,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoDAsync_v2_ptsz__call_78),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -111146,6 +114215,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoD_v2__call_79),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -111180,6 +114250,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuMemcpyHtoD_v2_ptds__call_80),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -112542,6 +115613,7 @@ pub mod driver {
                 elem: 40u32,
                 len: None,
                 record: Some("CUDA_ARRAY3D_DESCRIPTOR_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -112628,6 +115700,7 @@ pub mod driver {
                 elem: 32u32,
                 len: None,
                 record: Some("CUDA_ARRAY_MEMORY_REQUIREMENTS_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 19u16,
@@ -112662,6 +115735,7 @@ pub mod driver {
                 elem: 48u32,
                 len: None,
                 record: Some("CUDA_ARRAY_SPARSE_PROPERTIES_st"),
+                optional: false,
             },
             Wire::Handle {
                 kind: 19u16,
@@ -112753,6 +115827,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 20u16,
@@ -112783,12 +115858,14 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 20u16,
@@ -112820,12 +115897,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 20u16,
@@ -112857,6 +115936,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -113145,12 +116225,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 32u32,
                 len: None,
                 record: Some("CUmulticastObjectProp_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -113177,12 +116259,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 32u32,
                 len: None,
                 record: Some("CUmulticastObjectProp_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113249,6 +116333,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 9u16,
@@ -113287,6 +116372,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 9u16,
@@ -113325,6 +116411,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 9u16,
@@ -113499,6 +116586,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuParamSetv_81),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113529,6 +116617,7 @@ pub mod driver {
                 elem: 1u32,
                 len: Some(&LEN_cuPointerSetAttribute_82),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113715,6 +116804,7 @@ pub mod driver {
                 elem: 48u32,
                 len: Some(&LEN_cuStreamBatchMemOp__cu118_83),
                 record: Some("CUstreamBatchMemOpParams_union"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113753,6 +116843,7 @@ pub mod driver {
                 elem: 48u32,
                 len: Some(&LEN_cuStreamBatchMemOp__cu131_84),
                 record: Some("CUstreamBatchMemOpParams_union"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113791,6 +116882,7 @@ pub mod driver {
                 elem: 48u32,
                 len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu118_85),
                 record: Some("CUstreamBatchMemOpParams_union"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113829,6 +116921,7 @@ pub mod driver {
                 elem: 48u32,
                 len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu131_86),
                 record: Some("CUstreamBatchMemOpParams_union"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113867,6 +116960,7 @@ pub mod driver {
                 elem: 48u32,
                 len: Some(&LEN_cuStreamBatchMemOp_v2__cu118_87),
                 record: Some("CUstreamBatchMemOpParams_union"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113905,6 +116999,7 @@ pub mod driver {
                 elem: 48u32,
                 len: Some(&LEN_cuStreamBatchMemOp_v2__cu131_88),
                 record: Some("CUstreamBatchMemOpParams_union"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113943,6 +117038,7 @@ pub mod driver {
                 elem: 48u32,
                 len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu118_89),
                 record: Some("CUstreamBatchMemOpParams_union"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -113981,6 +117077,7 @@ pub mod driver {
                 elem: 48u32,
                 len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu131_90),
                 record: Some("CUstreamBatchMemOpParams_union"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -114047,6 +117144,7 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuStreamBeginCaptureToGraph__call_92),
                 record: Some("CUgraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -114093,6 +117191,7 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuStreamBeginCaptureToGraph_ptsz__call_94),
                 record: Some("CUgraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -114435,6 +117534,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114469,6 +117569,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114503,6 +117604,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114537,6 +117639,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114571,6 +117674,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114605,6 +117709,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114639,6 +117744,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114673,6 +117779,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114707,6 +117814,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114741,6 +117849,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114771,12 +117880,14 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114807,12 +117918,14 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -114963,6 +118076,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -114997,6 +118111,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUdevResource_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -115031,6 +118146,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115061,6 +118177,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115091,6 +118208,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115121,6 +118239,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115179,6 +118298,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115209,6 +118329,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115239,6 +118360,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115269,6 +118391,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115299,6 +118422,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115329,6 +118453,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115411,6 +118536,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115445,6 +118571,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115479,6 +118606,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115513,6 +118641,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115547,6 +118676,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115581,6 +118711,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115615,6 +118746,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115649,6 +118781,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115683,6 +118816,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115717,6 +118851,7 @@ pub mod driver {
                 elem: 64u32,
                 len: None,
                 record: Some("CUlaunchAttributeValue_union"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -115871,6 +119006,7 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuStreamUpdateCaptureDependencies_v2_98),
                 record: Some("CUgraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -115913,6 +119049,7 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_100),
                 record: Some("CUgraphEdgeData_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -116587,12 +119724,14 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 144u32,
                 len: None,
                 record: Some("CUDA_RESOURCE_DESC_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -116643,6 +119782,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUDA_RESOURCE_DESC_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -116733,6 +119873,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUtensorMap_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -116748,24 +119889,28 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuTensorMapEncodeIm2col_101),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuTensorMapEncodeIm2col_104),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cuTensorMapEncodeIm2col_107),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cuTensorMapEncodeIm2col_110),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -116780,6 +119925,7 @@ pub mod driver {
                 elem: 4u32,
                 len: Some(&LEN_cuTensorMapEncodeIm2col_111),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -116822,6 +119968,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUtensorMap_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -116837,12 +119984,14 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuTensorMapEncodeIm2colWide_112),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuTensorMapEncodeIm2colWide_115),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -116865,6 +120014,7 @@ pub mod driver {
                 elem: 4u32,
                 len: Some(&LEN_cuTensorMapEncodeIm2colWide_116),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -116911,6 +120061,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUtensorMap_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -116926,24 +120077,28 @@ pub mod driver {
                 elem: 8u32,
                 len: Some(&LEN_cuTensorMapEncodeTiled_117),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
                 len: Some(&LEN_cuTensorMapEncodeTiled_120),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cuTensorMapEncodeTiled_121),
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
                 len: Some(&LEN_cuTensorMapEncodeTiled_122),
                 record: None,
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -116986,6 +120141,7 @@ pub mod driver {
                 elem: 128u32,
                 len: None,
                 record: Some("CUtensorMap_st"),
+                optional: false,
             },
             Wire::Device,
         ],
@@ -117013,24 +120169,28 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 144u32,
                 len: None,
                 record: Some("CUDA_RESOURCE_DESC_st"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 104u32,
                 len: None,
                 record: Some("CUDA_TEXTURE_DESC_st"),
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 112u32,
                 len: None,
                 record: Some("CUDA_RESOURCE_VIEW_DESC_st"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -117081,6 +120241,7 @@ pub mod driver {
                 elem: 144u32,
                 len: None,
                 record: Some("CUDA_RESOURCE_DESC_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -117111,6 +120272,7 @@ pub mod driver {
                 elem: 112u32,
                 len: None,
                 record: Some("CUDA_RESOURCE_VIEW_DESC_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -117141,6 +120303,7 @@ pub mod driver {
                 elem: 104u32,
                 len: None,
                 record: Some("CUDA_TEXTURE_DESC_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -117219,6 +120382,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117249,6 +120413,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117283,6 +120448,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117341,6 +120507,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117371,6 +120538,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117401,6 +120569,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117431,12 +120600,14 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117467,6 +120638,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117497,6 +120669,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117527,6 +120700,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117557,12 +120731,14 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117621,6 +120797,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117663,6 +120840,7 @@ pub mod driver {
                 elem: 16u32,
                 len: None,
                 record: Some("CUDA_ARRAY_DESCRIPTOR_v1_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -117701,6 +120879,7 @@ pub mod driver {
                 elem: 24u32,
                 len: None,
                 record: Some("CUDA_ARRAY_DESCRIPTOR_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -117739,6 +120918,7 @@ pub mod driver {
                 elem: 24u32,
                 len: None,
                 record: Some("CUDA_ARRAY_DESCRIPTOR_st"),
+                optional: false,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -117805,6 +120985,7 @@ pub mod driver {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Handle {
                 kind: 23u16,
@@ -117879,6 +121060,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118141,6 +121323,7 @@ pub mod driver {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118213,8 +121396,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclAllGather: CallDesc = CallDesc {
-        wire: 2761u32,
-        call: 2459u32,
+        wire: 2803u32,
+        call: 2501u32,
         name: "ncclAllGather",
         form: None,
         library: "nccl",
@@ -118251,8 +121434,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAllReduce: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2460u32,
+        wire: 2804u32,
+        call: 2502u32,
         name: "ncclAllReduce",
         form: None,
         library: "nccl",
@@ -118293,8 +121476,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAlltoAll: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2461u32,
+        wire: 2805u32,
+        call: 2503u32,
         name: "ncclAlltoAll",
         form: None,
         library: "nccl",
@@ -118331,8 +121514,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBcast: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2462u32,
+        wire: 2806u32,
+        call: 2504u32,
         name: "ncclBcast",
         form: None,
         library: "nccl",
@@ -118372,8 +121555,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBroadcast: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2463u32,
+        wire: 2807u32,
+        call: 2505u32,
         name: "ncclBroadcast",
         form: None,
         library: "nccl",
@@ -118414,8 +121597,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2464u32,
+        wire: 2808u32,
+        call: 2506u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -118438,8 +121621,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCount: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2465u32,
+        wire: 2809u32,
+        call: 2507u32,
         name: "ncclCommCount",
         form: None,
         library: "nccl",
@@ -118455,6 +121638,7 @@ pub mod nccl {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118468,8 +121652,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCuDevice: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2466u32,
+        wire: 2810u32,
+        call: 2508u32,
         name: "ncclCommCuDevice",
         form: None,
         library: "nccl",
@@ -118485,6 +121669,7 @@ pub mod nccl {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118498,8 +121683,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2467u32,
+        wire: 2811u32,
+        call: 2509u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -118522,8 +121707,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2468u32,
+        wire: 2812u32,
+        call: 2510u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -118546,8 +121731,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommGetAsyncError: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2469u32,
+        wire: 2813u32,
+        call: 2511u32,
         name: "ncclCommGetAsyncError",
         form: None,
         library: "nccl",
@@ -118563,6 +121748,7 @@ pub mod nccl {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118576,8 +121762,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2470u32,
+        wire: 2814u32,
+        call: 2512u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -118609,8 +121795,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu118: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2471u32,
+        wire: 2815u32,
+        call: 2513u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -118635,6 +121821,7 @@ pub mod nccl {
                 elem: 48u32,
                 len: None,
                 record: Some("ncclConfig_v21700"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118648,8 +121835,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu128: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2471u32,
+        wire: 2816u32,
+        call: 2513u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -118674,6 +121861,7 @@ pub mod nccl {
                 elem: 72u32,
                 len: None,
                 record: Some("ncclConfig_v22700"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118687,8 +121875,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu131: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2471u32,
+        wire: 2817u32,
+        call: 2513u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -118713,6 +121901,7 @@ pub mod nccl {
                 elem: 80u32,
                 len: None,
                 record: Some("ncclConfig_v22800"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118726,8 +121915,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2472u32,
+        wire: 2818u32,
+        call: 2514u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -118754,8 +121943,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu118: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2473u32,
+        wire: 2819u32,
+        call: 2515u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -118783,6 +121972,7 @@ pub mod nccl {
                 elem: 48u32,
                 len: None,
                 record: Some("ncclConfig_v21700"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118796,8 +121986,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu128: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2473u32,
+        wire: 2820u32,
+        call: 2515u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -118825,6 +122015,7 @@ pub mod nccl {
                 elem: 72u32,
                 len: None,
                 record: Some("ncclConfig_v22700"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118838,8 +122029,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu131: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2473u32,
+        wire: 2821u32,
+        call: 2515u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -118867,6 +122058,7 @@ pub mod nccl {
                 elem: 80u32,
                 len: None,
                 record: Some("ncclConfig_v22800"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118880,8 +122072,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommUserRank: CallDesc = CallDesc {
-        wire: 2780u32,
-        call: 2474u32,
+        wire: 2822u32,
+        call: 2516u32,
         name: "ncclCommUserRank",
         form: None,
         library: "nccl",
@@ -118897,6 +122089,7 @@ pub mod nccl {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -118910,8 +122103,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2781u32,
-        call: 2475u32,
+        wire: 2823u32,
+        call: 2517u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -118938,8 +122131,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2782u32,
-        call: 2475u32,
+        wire: 2824u32,
+        call: 2517u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -118966,8 +122159,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGather: CallDesc = CallDesc {
-        wire: 2783u32,
-        call: 2476u32,
+        wire: 2825u32,
+        call: 2518u32,
         name: "ncclGather",
         form: None,
         library: "nccl",
@@ -119008,8 +122201,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetUniqueId: CallDesc = CallDesc {
-        wire: 2784u32,
-        call: 2477u32,
+        wire: 2826u32,
+        call: 2519u32,
         name: "ncclGetUniqueId",
         form: None,
         library: "nccl",
@@ -119021,6 +122214,7 @@ pub mod nccl {
                 elem: 128u32,
                 len: None,
                 record: Some("ncclUniqueId"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -119034,8 +122228,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetVersion: CallDesc = CallDesc {
-        wire: 2785u32,
-        call: 2478u32,
+        wire: 2827u32,
+        call: 2520u32,
         name: "ncclGetVersion",
         form: None,
         library: "nccl",
@@ -119047,6 +122241,7 @@ pub mod nccl {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -119060,8 +122255,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2786u32,
-        call: 2479u32,
+        wire: 2828u32,
+        call: 2521u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -119079,8 +122274,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2787u32,
-        call: 2480u32,
+        wire: 2829u32,
+        call: 2522u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -119098,8 +122293,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRecv: CallDesc = CallDesc {
-        wire: 2788u32,
-        call: 2481u32,
+        wire: 2830u32,
+        call: 2523u32,
         name: "ncclRecv",
         form: None,
         library: "nccl",
@@ -119139,8 +122334,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2789u32,
-        call: 2482u32,
+        wire: 2831u32,
+        call: 2524u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -119167,8 +122362,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduce: CallDesc = CallDesc {
-        wire: 2790u32,
-        call: 2483u32,
+        wire: 2832u32,
+        call: 2525u32,
         name: "ncclReduce",
         form: None,
         library: "nccl",
@@ -119213,8 +122408,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduceScatter: CallDesc = CallDesc {
-        wire: 2791u32,
-        call: 2484u32,
+        wire: 2833u32,
+        call: 2526u32,
         name: "ncclReduceScatter",
         form: None,
         library: "nccl",
@@ -119255,8 +122450,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2792u32,
-        call: 2485u32,
+        wire: 2834u32,
+        call: 2527u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -119274,8 +122469,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclScatter: CallDesc = CallDesc {
-        wire: 2793u32,
-        call: 2486u32,
+        wire: 2835u32,
+        call: 2528u32,
         name: "ncclScatter",
         form: None,
         library: "nccl",
@@ -119316,8 +122511,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclSend: CallDesc = CallDesc {
-        wire: 2794u32,
-        call: 2487u32,
+        wire: 2836u32,
+        call: 2529u32,
         name: "ncclSend",
         form: None,
         library: "nccl",
@@ -119357,8 +122552,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllGather: CallDesc = CallDesc {
-        wire: 2795u32,
-        call: 2488u32,
+        wire: 2837u32,
+        call: 2530u32,
         name: "pncclAllGather",
         form: None,
         library: "nccl",
@@ -119395,8 +122590,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllReduce: CallDesc = CallDesc {
-        wire: 2796u32,
-        call: 2489u32,
+        wire: 2838u32,
+        call: 2531u32,
         name: "pncclAllReduce",
         form: None,
         library: "nccl",
@@ -119437,8 +122632,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAlltoAll: CallDesc = CallDesc {
-        wire: 2797u32,
-        call: 2490u32,
+        wire: 2839u32,
+        call: 2532u32,
         name: "pncclAlltoAll",
         form: None,
         library: "nccl",
@@ -119475,8 +122670,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBcast: CallDesc = CallDesc {
-        wire: 2798u32,
-        call: 2491u32,
+        wire: 2840u32,
+        call: 2533u32,
         name: "pncclBcast",
         form: None,
         library: "nccl",
@@ -119516,8 +122711,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBroadcast: CallDesc = CallDesc {
-        wire: 2799u32,
-        call: 2492u32,
+        wire: 2841u32,
+        call: 2534u32,
         name: "pncclBroadcast",
         form: None,
         library: "nccl",
@@ -119558,8 +122753,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2800u32,
-        call: 2493u32,
+        wire: 2842u32,
+        call: 2535u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -119582,8 +122777,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2801u32,
-        call: 2494u32,
+        wire: 2843u32,
+        call: 2536u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -119606,8 +122801,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2802u32,
-        call: 2495u32,
+        wire: 2844u32,
+        call: 2537u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -119630,8 +122825,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2803u32,
-        call: 2496u32,
+        wire: 2845u32,
+        call: 2538u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -119663,8 +122858,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2804u32,
-        call: 2497u32,
+        wire: 2846u32,
+        call: 2539u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -119691,8 +122886,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2805u32,
-        call: 2498u32,
+        wire: 2847u32,
+        call: 2540u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -119719,8 +122914,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2806u32,
-        call: 2498u32,
+        wire: 2848u32,
+        call: 2540u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -119747,8 +122942,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu128: CallDesc = CallDesc {
-        wire: 2807u32,
-        call: 2499u32,
+        wire: 2849u32,
+        call: 2541u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -119784,8 +122979,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu131: CallDesc = CallDesc {
-        wire: 2808u32,
-        call: 2499u32,
+        wire: 2850u32,
+        call: 2541u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -119821,8 +123016,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGather: CallDesc = CallDesc {
-        wire: 2809u32,
-        call: 2500u32,
+        wire: 2851u32,
+        call: 2542u32,
         name: "pncclGather",
         form: None,
         library: "nccl",
@@ -119863,8 +123058,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2810u32,
-        call: 2501u32,
+        wire: 2852u32,
+        call: 2543u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -119882,8 +123077,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2811u32,
-        call: 2502u32,
+        wire: 2853u32,
+        call: 2544u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -119901,8 +123096,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRecv: CallDesc = CallDesc {
-        wire: 2812u32,
-        call: 2503u32,
+        wire: 2854u32,
+        call: 2545u32,
         name: "pncclRecv",
         form: None,
         library: "nccl",
@@ -119942,8 +123137,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2813u32,
-        call: 2504u32,
+        wire: 2855u32,
+        call: 2546u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -119970,8 +123165,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduce: CallDesc = CallDesc {
-        wire: 2814u32,
-        call: 2505u32,
+        wire: 2856u32,
+        call: 2547u32,
         name: "pncclReduce",
         form: None,
         library: "nccl",
@@ -120016,8 +123211,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduceScatter: CallDesc = CallDesc {
-        wire: 2815u32,
-        call: 2506u32,
+        wire: 2857u32,
+        call: 2548u32,
         name: "pncclReduceScatter",
         form: None,
         library: "nccl",
@@ -120058,8 +123253,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2816u32,
-        call: 2507u32,
+        wire: 2858u32,
+        call: 2549u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -120077,8 +123272,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclScatter: CallDesc = CallDesc {
-        wire: 2817u32,
-        call: 2508u32,
+        wire: 2859u32,
+        call: 2550u32,
         name: "pncclScatter",
         form: None,
         library: "nccl",
@@ -120119,8 +123314,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclSend: CallDesc = CallDesc {
-        wire: 2818u32,
-        call: 2509u32,
+        wire: 2860u32,
+        call: 2551u32,
         name: "pncclSend",
         form: None,
         library: "nccl",
@@ -120163,8 +123358,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2730u32,
-        call: 2428u32,
+        wire: 2772u32,
+        call: 2470u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -120187,8 +123382,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2731u32,
-        call: 2429u32,
+        wire: 2773u32,
+        call: 2471u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -120211,8 +123406,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2732u32,
-        call: 2430u32,
+        wire: 2774u32,
+        call: 2472u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -120235,8 +123430,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2733u32,
-        call: 2431u32,
+        wire: 2775u32,
+        call: 2473u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -120259,8 +123454,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2734u32,
-        call: 2432u32,
+        wire: 2776u32,
+        call: 2474u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -120283,8 +123478,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2735u32,
-        call: 2433u32,
+        wire: 2777u32,
+        call: 2475u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -120307,8 +123502,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2736u32,
-        call: 2434u32,
+        wire: 2778u32,
+        call: 2476u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -120331,8 +123526,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2737u32,
-        call: 2435u32,
+        wire: 2779u32,
+        call: 2477u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -120355,8 +123550,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2738u32,
-        call: 2436u32,
+        wire: 2780u32,
+        call: 2478u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -120379,8 +123574,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2739u32,
-        call: 2437u32,
+        wire: 2781u32,
+        call: 2479u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -120403,8 +123598,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2740u32,
-        call: 2438u32,
+        wire: 2782u32,
+        call: 2480u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -120420,6 +123615,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120433,8 +123629,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2741u32,
-        call: 2439u32,
+        wire: 2783u32,
+        call: 2481u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -120450,6 +123646,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120463,8 +123660,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2742u32,
-        call: 2440u32,
+        wire: 2784u32,
+        call: 2482u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -120480,6 +123677,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120493,8 +123691,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2743u32,
-        call: 2441u32,
+        wire: 2785u32,
+        call: 2483u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -120510,6 +123708,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120523,8 +123722,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2744u32,
-        call: 2442u32,
+        wire: 2786u32,
+        call: 2484u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -120540,6 +123739,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120553,8 +123753,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2745u32,
-        call: 2443u32,
+        wire: 2787u32,
+        call: 2485u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -120570,6 +123770,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120583,8 +123784,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2746u32,
-        call: 2444u32,
+        wire: 2788u32,
+        call: 2486u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -120600,6 +123801,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120613,8 +123815,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2747u32,
-        call: 2445u32,
+        wire: 2789u32,
+        call: 2487u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -120630,6 +123832,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120643,8 +123846,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2748u32,
-        call: 2446u32,
+        wire: 2790u32,
+        call: 2488u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -120660,6 +123863,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120673,8 +123877,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2749u32,
-        call: 2447u32,
+        wire: 2791u32,
+        call: 2489u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -120690,6 +123894,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120703,8 +123908,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2750u32,
-        call: 2448u32,
+        wire: 2792u32,
+        call: 2490u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -120720,6 +123925,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120733,8 +123939,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2751u32,
-        call: 2449u32,
+        wire: 2793u32,
+        call: 2491u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -120750,6 +123956,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120763,8 +123970,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2752u32,
-        call: 2450u32,
+        wire: 2794u32,
+        call: 2492u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -120780,6 +123987,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120793,8 +124001,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2753u32,
-        call: 2451u32,
+        wire: 2795u32,
+        call: 2493u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -120810,6 +124018,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120823,8 +124032,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2754u32,
-        call: 2452u32,
+        wire: 2796u32,
+        call: 2494u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -120840,6 +124049,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120853,8 +124063,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2755u32,
-        call: 2453u32,
+        wire: 2797u32,
+        call: 2495u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -120870,6 +124080,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120883,8 +124094,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2756u32,
-        call: 2454u32,
+        wire: 2798u32,
+        call: 2496u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -120900,6 +124111,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120913,8 +124125,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2757u32,
-        call: 2455u32,
+        wire: 2799u32,
+        call: 2497u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -120930,6 +124142,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120943,8 +124156,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2758u32,
-        call: 2456u32,
+        wire: 2800u32,
+        call: 2498u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -120960,6 +124173,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -120973,8 +124187,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2759u32,
-        call: 2457u32,
+        wire: 2801u32,
+        call: 2499u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -120990,6 +124204,7 @@ pub mod nvjitlink {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121003,8 +124218,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2760u32,
-        call: 2458u32,
+        wire: 2802u32,
+        call: 2500u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -121016,12 +124231,14 @@ pub mod nvjitlink {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121079,6 +124296,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121249,6 +124467,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: Some("nvmlGpuInstancePlacement_st"),
+                optional: false,
             },
             Wire::OutHandle {
                 kind: 102u16,
@@ -121323,6 +124542,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121353,6 +124573,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121383,6 +124604,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121413,6 +124635,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121447,6 +124670,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121477,6 +124701,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121507,12 +124732,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121543,6 +124770,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121573,6 +124801,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121603,6 +124832,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121641,6 +124871,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121675,6 +124906,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121705,6 +124937,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121735,6 +124968,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121765,12 +124999,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121801,6 +125037,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121831,6 +125068,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121861,6 +125099,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121891,6 +125130,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121921,12 +125161,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121961,6 +125203,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -121991,6 +125234,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122049,6 +125293,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122079,6 +125324,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122109,12 +125355,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122145,12 +125393,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122181,12 +125431,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122221,6 +125473,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122251,12 +125504,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122287,6 +125542,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122321,6 +125577,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122351,6 +125608,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122385,6 +125643,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122415,12 +125674,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122451,6 +125712,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122513,6 +125775,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122547,6 +125810,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122585,6 +125849,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122615,6 +125880,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122645,12 +125911,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122681,12 +125949,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122869,6 +126139,7 @@ pub mod nvml {
                 elem: 52u32,
                 len: None,
                 record: Some("nvmlUUID_v1_t"),
+                optional: false,
             },
             Wire::OutHandle {
                 kind: 99u16,
@@ -122903,6 +126174,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122933,6 +126205,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122963,6 +126236,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -122993,6 +126267,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123023,12 +126298,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123059,12 +126336,14 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123099,6 +126378,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123133,6 +126413,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123163,6 +126444,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123193,6 +126475,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123223,6 +126506,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123253,12 +126537,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123289,6 +126575,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123319,6 +126606,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123381,12 +126669,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123425,12 +126715,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123461,12 +126753,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123497,6 +126791,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123527,6 +126822,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123557,6 +126853,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123587,6 +126884,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123617,6 +126915,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123647,6 +126946,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123685,6 +126985,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123719,6 +127020,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123753,6 +127055,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123787,6 +127090,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123817,12 +127121,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123861,6 +127167,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123891,6 +127198,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123921,6 +127229,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123951,6 +127260,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -123981,6 +127291,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124011,6 +127322,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124041,6 +127353,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124071,6 +127384,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124101,12 +127415,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124137,6 +127453,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124167,6 +127484,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124197,6 +127515,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124227,6 +127546,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124257,6 +127577,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124287,24 +127608,28 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124335,6 +127660,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124365,6 +127691,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124395,6 +127722,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124425,6 +127753,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124455,6 +127784,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124489,6 +127819,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124523,6 +127854,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124557,6 +127889,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124591,6 +127924,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124625,6 +127959,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::OutHandle {
                 kind: 99u16,
@@ -124659,6 +127994,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124693,6 +128029,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124723,6 +128060,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124753,6 +128091,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -124787,6 +128126,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -125241,6 +128581,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: Some("nvmlDramEncryptionInfo_v1_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -125547,6 +128888,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -125665,6 +129007,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -125727,6 +129070,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: Some("nvmlVgpuHeterogeneousMode_v1_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -125853,6 +129197,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -125883,6 +129228,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -125945,6 +129291,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126115,6 +129462,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: Some("nvmlComputeInstancePlacement_st"),
+                optional: false,
             },
             Wire::OutHandle {
                 kind: 98u16,
@@ -126209,6 +129557,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126247,6 +129596,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126277,6 +129627,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: Some("nvmlVgpuHeterogeneousMode_v1_t"),
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126303,6 +129654,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126329,6 +129681,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126355,6 +129708,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126381,6 +129735,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126455,6 +129810,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126485,6 +129841,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::OutHandle {
                 kind: 99u16,
@@ -126551,6 +129908,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126633,6 +129991,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126663,6 +130022,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126693,6 +130053,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126723,6 +130084,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126753,6 +130115,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126783,6 +130146,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126813,6 +130177,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126843,6 +130208,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126905,6 +130271,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126935,12 +130302,14 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -126971,6 +130340,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127001,6 +130371,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127031,6 +130402,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127061,6 +130433,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127091,6 +130464,7 @@ pub mod nvml {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127125,6 +130499,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127155,6 +130530,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127185,6 +130561,7 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127219,12 +130596,14 @@ pub mod nvml {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127242,8 +130621,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2725u32,
-        call: 2423u32,
+        wire: 2767u32,
+        call: 2465u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -127255,6 +130634,7 @@ pub mod nvrtc {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127268,8 +130648,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2726u32,
-        call: 2424u32,
+        wire: 2768u32,
+        call: 2466u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -127281,6 +130661,7 @@ pub mod nvrtc {
                 elem: 8u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127294,8 +130675,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2727u32,
-        call: 2425u32,
+        wire: 2769u32,
+        call: 2467u32,
         name: "nvrtcGetSupportedArchs",
         form: Some(Form::Call),
         library: "nvrtc",
@@ -127307,6 +130688,7 @@ pub mod nvrtc {
                 elem: 4u32,
                 len: Some(&LEN_nvrtcGetSupportedArchs__call_0),
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,
@@ -127320,8 +130702,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2728u32,
-        call: 2426u32,
+        wire: 2770u32,
+        call: 2468u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -127344,8 +130726,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2729u32,
-        call: 2427u32,
+        wire: 2771u32,
+        call: 2469u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",
@@ -127357,12 +130739,14 @@ pub mod nvrtc {
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
                 len: None,
                 record: None,
+                optional: false,
             },
         ],
         ret: Ret::Status,

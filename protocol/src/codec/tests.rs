@@ -239,7 +239,13 @@ fn build(pieces: &[Piece], client: &mut FakeClient) -> (&'static CallDesc, Vec<u
                 params.push(Wire::Val { bytes: 8, float: false });
                 args.push(n);
                 want.push(Arg::Val(n));
-                params.push(Wire::Buf { dir: *dir, elem: *elem, len: Some(leak(Len::Param(count))), record: None });
+                params.push(Wire::Buf {
+                    dir: *dir,
+                    elem: *elem,
+                    len: Some(leak(Len::Param(count))),
+                    record: None,
+                    optional: false,
+                });
                 match data {
                     Some(d) => {
                         args.push(client.put(d.clone()));
@@ -386,7 +392,7 @@ fn handle_arrays_are_checked_element_by_element() {
 #[test]
 fn buffers_are_as_long_as_the_arguments_say_and_no_longer_than_a_call() {
     let count = Wire::Val { bytes: 8, float: false };
-    let buf = |dir| Wire::Buf { dir, elem: 4, len: Some(&COUNT), record: None };
+    let buf = |dir| Wire::Buf { dir, elem: 4, len: Some(&COUNT), record: None, optional: false };
     let e = refused(vec![count, buf(Dir::In)], &[2, 0x1000], &[0, 4], &[0; 4]);
     assert_eq!(e, DecodeError::Length { param: 1, got: 4, expected: 8 });
     assert_eq!(e.refusal(), Refusal::Fatal);
@@ -401,8 +407,12 @@ fn buffers_are_as_long_as_the_arguments_say_and_no_longer_than_a_call() {
     assert_eq!(e.refusal(), Refusal::Fatal);
     // A length expression the arguments cannot evaluate (an index past them).
     static NOWHERE: Len = Len::Param(9);
-    let e =
-        refused(vec![Wire::Buf { dir: Dir::In, elem: 1, len: Some(&NOWHERE), record: None }], &[0x1000], &[1], &[0]);
+    let e = refused(
+        vec![Wire::Buf { dir: Dir::In, elem: 1, len: Some(&NOWHERE), record: None, optional: false }],
+        &[0x1000],
+        &[1],
+        &[0],
+    );
     assert_eq!(e, DecodeError::NoLength { param: 0 });
     assert_eq!(e.refusal(), Refusal::InvalidValue);
 }
@@ -411,11 +421,25 @@ fn buffers_are_as_long_as_the_arguments_say_and_no_longer_than_a_call() {
 fn null_buffers_follow_the_api() {
     let tables = &mut FakeTables::default();
     // A single output at NULL: written into a buffer no one reads.
-    let out = desc(vec![Wire::Buf { dir: Dir::Out, elem: 8, len: None, record: None }]);
+    let out = desc(vec![Wire::Buf { dir: Dir::Out, elem: 8, len: None, record: None, optional: false }]);
     assert_eq!(decode(out, &[0], &[NULL_LEN], &[], tables), Ok(vec![Arg::Buf(BufArg::Discarded { bytes: Some(8) })]));
     // A single optional input at NULL: passed as NULL.
-    let input = desc(vec![Wire::Buf { dir: Dir::In, elem: 8, len: None, record: None }]);
+    let input = desc(vec![Wire::Buf { dir: Dir::In, elem: 8, len: None, record: None, optional: false }]);
     assert_eq!(decode(input, &[0], &[NULL_LEN], &[], tables), Ok(vec![Arg::Buf(BufArg::Absent)]));
+    // An input array of `rank` elements at NULL: refused (the library would read it) unless
+    // the API lets it be NULL (cuFFT's `inembed`: the basic layout).
+    let count = Wire::Val { bytes: 4, float: false };
+    let array =
+        |optional| desc(vec![count, Wire::Buf { dir: Dir::In, elem: 8, len: Some(&COUNT), record: None, optional }]);
+    let e = decode(array(false), &[2, 0], &[0, NULL_LEN], &[], tables).unwrap_err();
+    assert!(matches!(e, DecodeError::Null { param: 1, .. }), "{e:?}");
+    assert_eq!(
+        decode(array(true), &[2, 0], &[0, NULL_LEN], &[], tables),
+        Ok(vec![Arg::Val(2), Arg::Buf(BufArg::Absent)])
+    );
+    // Given, it is the array as usual.
+    let encoded = encode(array(true), &[2, 0x1000], &mut FakeClient::default());
+    assert_eq!(encoded.inputs, vec![Span { param: 1, addr: 0x1000, len: 16 }]);
 }
 
 #[test]
@@ -423,7 +447,7 @@ fn oversized_lengths_are_not_read_from_the_program() {
     // The encoder names no span for a count past what a call may carry: the worker refuses
     // the length instead of the client reading gigabytes of its program's memory.
     let count = Wire::Val { bytes: 8, float: false };
-    let desc = desc(vec![count, Wire::Buf { dir: Dir::In, elem: 4, len: Some(&COUNT), record: None }]);
+    let desc = desc(vec![count, Wire::Buf { dir: Dir::In, elem: 4, len: Some(&COUNT), record: None, optional: false }]);
     let encoded = encode(desc, &[MAX_BUFFER, 0x1000], &mut FakeClient::default());
     assert!(encoded.inputs.is_empty());
     let e = decode(desc, &encoded.call.args, &encoded.call.lens, &[], &mut FakeTables::default()).unwrap_err();
@@ -461,7 +485,7 @@ fn an_untyped_scalar_is_the_size_of_its_type_parameter() {
 #[test]
 fn an_input_sent_by_content_is_its_hash_and_only_plain_inputs_may_be() {
     let count = Wire::Val { bytes: 8, float: false };
-    let buf = |dir, record| Wire::Buf { dir, elem: 1, len: Some(&COUNT), record };
+    let buf = |dir, record| Wire::Buf { dir, elem: 1, len: Some(&COUNT), record, optional: false };
     let desc = desc(vec![count, buf(Dir::In, None)]);
     let hash = [7u8; 32];
     let args = decode(desc, &[1 << 20, 0x1000], &[0, (1 << 20) | CONTENT_FLAG], &hash, &mut FakeTables::default())
