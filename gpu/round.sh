@@ -299,13 +299,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")'
     > "$LOGS/resume-remote.out" 2> "$LOGS/resume-remote.err"
   rc=$?
   kill $CUT_PID 2>/dev/null
+  # (Quoted on the right of ==, or the brackets of the list would make it a glob pattern.)
   losses() { grep -o '"losses": \[[^]]*\]' "$1"; }
   cuts=$(grep -c " cut " "$LOGS/cut-relay.log")
   resumed=$(grep -c "resumed the session" "$LOGS/resume-remote.err")
   # A second native run: whether the workload itself gives the same losses twice.
   timeout ${RUN_TIMEOUT:-300} python3 "${args[@]}" > "$LOGS/resume-native2.out" 2>> "$LOGS/resume-native.err"
-  native_same=$([[ $(losses "$LOGS/resume-native.out") == $(losses "$LOGS/resume-native2.out") ]] && echo "native runs agree" || echo "NATIVE RUNS DIFFER")
-  if [[ $rc == 0 && -n $(losses "$LOGS/resume-native.out") && $(losses "$LOGS/resume-native.out") == $(losses "$LOGS/resume-remote.out") ]]; then
+  native_same=$([[ $(losses "$LOGS/resume-native.out") == "$(losses "$LOGS/resume-native2.out")" ]] && echo "native runs agree" || echo "NATIVE RUNS DIFFER")
+  if [[ $rc == 0 && -n $(losses "$LOGS/resume-native.out") && $(losses "$LOGS/resume-native.out") == "$(losses "$LOGS/resume-remote.out")" ]]; then
     verdict="native losses ($native_same)"
   else
     verdict="DIFFERENT or failed rc=$rc (resume-*.out; $native_same)"
@@ -419,7 +420,7 @@ if want content; then
         -s 127.0.0.1:$CWAN -- python3 gpu/content/load_checkpoint.py load "$CK" --format $fmt \
         > "$LOGS/content-$fmt-$run.out" 2> "$LOGS/content-$fmt-$run.err"
     done
-    same=$([[ -n $(sum "$LOGS/content-$fmt-native.out") && $(sum "$LOGS/content-$fmt-native.out") == $(sum "$LOGS/content-$fmt-2.out") ]] && echo "native checksum" || echo "CHECKSUM DIFFERS")
+    same=$([[ -n $(sum "$LOGS/content-$fmt-native.out") && $(sum "$LOGS/content-$fmt-native.out") == "$(sum "$LOGS/content-$fmt-2.out")" ]] && echo "native checksum" || echo "CHECKSUM DIFFERS")
     row "content $fmt" "native $(secs "$LOGS/content-$fmt-native.out") s; 70ms first $(secs "$LOGS/content-$fmt-1.out") s $(sent "$LOGS/content-$fmt-1.err") MB sent, second $(secs "$LOGS/content-$fmt-2.out") s $(sent "$LOGS/content-$fmt-2.err") MB; $same"
   done
   kill $CS_PID $CW_PID 2>/dev/null
@@ -436,7 +437,7 @@ if want nccl; then
     > "$LOGS/nccl-remote.out" 2> "$LOGS/nccl-remote.err"
   rc=$?
   field() { grep -o "\"$2\": [^,}]*" "$1" | head -1 | sed 's/.*: //'; }
-  same=$([[ -n $(field "$LOGS/nccl-native.out" checksum) && $(field "$LOGS/nccl-native.out" checksum) == $(field "$LOGS/nccl-remote.out" checksum) ]] && echo "native checksum" || echo "CHECKSUM DIFFERS")
+  same=$([[ -n $(field "$LOGS/nccl-native.out" checksum) && $(field "$LOGS/nccl-native.out" checksum) == "$(field "$LOGS/nccl-remote.out" checksum)" ]] && echo "native checksum" || echo "CHECKSUM DIFFERS")
   row "nccl $ranks rank(s)" "rc=$rc $same; all-reduce ok $(field "$LOGS/nccl-remote.out" allreduce_ok), bus GB/s native $(field "$LOGS/nccl-native.out" allreduce_bus_gbps) remote $(field "$LOGS/nccl-remote.out" allreduce_bus_gbps); $(tail -1 "$LOGS/nccl-remote.err" | cut -c1-160)"
 fi
 

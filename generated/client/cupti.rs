@@ -4,3 +4,13 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`cuptiGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cupti_cuptiGetVersion(version: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cupti::cuptiGetVersion,
+            &[(version) as usize as u64],
+        ) as u32
+    }
+}

@@ -756,15 +756,12 @@ cuptiGetTimestamp:
     .globl cuptiGetVersion
     .type cuptiGetVersion, @function
 cuptiGetVersion:
-    leaq .Lname94(%rip), %rdi
-    movq $27, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cupti_cuptiGetVersion@PLT
     .size cuptiGetVersion, .-cuptiGetVersion
     .globl cuptiKernelReplaySubscribeUpdate
     .type cuptiKernelReplaySubscribeUpdate, @function
 cuptiKernelReplaySubscribeUpdate:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -772,7 +769,7 @@ cuptiKernelReplaySubscribeUpdate:
     .globl cuptiMetricCreateEventGroupSets
     .type cuptiMetricCreateEventGroupSets, @function
 cuptiMetricCreateEventGroupSets:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -780,7 +777,7 @@ cuptiMetricCreateEventGroupSets:
     .globl cuptiMetricEnumEvents
     .type cuptiMetricEnumEvents, @function
 cuptiMetricEnumEvents:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -788,7 +785,7 @@ cuptiMetricEnumEvents:
     .globl cuptiMetricEnumProperties
     .type cuptiMetricEnumProperties, @function
 cuptiMetricEnumProperties:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -796,7 +793,7 @@ cuptiMetricEnumProperties:
     .globl cuptiMetricGetAttribute
     .type cuptiMetricGetAttribute, @function
 cuptiMetricGetAttribute:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -804,7 +801,7 @@ cuptiMetricGetAttribute:
     .globl cuptiMetricGetIdFromName
     .type cuptiMetricGetIdFromName, @function
 cuptiMetricGetIdFromName:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -812,7 +809,7 @@ cuptiMetricGetIdFromName:
     .globl cuptiMetricGetNumEvents
     .type cuptiMetricGetNumEvents, @function
 cuptiMetricGetNumEvents:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -820,7 +817,7 @@ cuptiMetricGetNumEvents:
     .globl cuptiMetricGetNumProperties
     .type cuptiMetricGetNumProperties, @function
 cuptiMetricGetNumProperties:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -828,7 +825,7 @@ cuptiMetricGetNumProperties:
     .globl cuptiMetricGetRequiredEventGroupSets
     .type cuptiMetricGetRequiredEventGroupSets, @function
 cuptiMetricGetRequiredEventGroupSets:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -836,7 +833,7 @@ cuptiMetricGetRequiredEventGroupSets:
     .globl cuptiMetricGetValue
     .type cuptiMetricGetValue, @function
 cuptiMetricGetValue:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -844,7 +841,7 @@ cuptiMetricGetValue:
     .globl cuptiMetricGetValue2
     .type cuptiMetricGetValue2, @function
 cuptiMetricGetValue2:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -852,7 +849,7 @@ cuptiMetricGetValue2:
     .globl cuptiNvtxExtensionInitialize
     .type cuptiNvtxExtensionInitialize, @function
 cuptiNvtxExtensionInitialize:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -860,7 +857,7 @@ cuptiNvtxExtensionInitialize:
     .globl cuptiNvtxInitialize
     .type cuptiNvtxInitialize, @function
 cuptiNvtxInitialize:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -868,7 +865,7 @@ cuptiNvtxInitialize:
     .globl cuptiNvtxInitialize2
     .type cuptiNvtxInitialize2, @function
 cuptiNvtxInitialize2:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -876,7 +873,7 @@ cuptiNvtxInitialize2:
     .globl cuptiOpenACCInitialize
     .type cuptiOpenACCInitialize, @function
 cuptiOpenACCInitialize:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -884,7 +881,7 @@ cuptiOpenACCInitialize:
     .globl cuptiOpenMpInitialize
     .type cuptiOpenMpInitialize, @function
 cuptiOpenMpInitialize:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -892,7 +889,7 @@ cuptiOpenMpInitialize:
     .globl cuptiOpenMpInitialize_v2
     .type cuptiOpenMpInitialize_v2, @function
 cuptiOpenMpInitialize_v2:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -900,7 +897,7 @@ cuptiOpenMpInitialize_v2:
     .globl cuptiPCSamplingDisable
     .type cuptiPCSamplingDisable, @function
 cuptiPCSamplingDisable:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -908,7 +905,7 @@ cuptiPCSamplingDisable:
     .globl cuptiPCSamplingEnable
     .type cuptiPCSamplingEnable, @function
 cuptiPCSamplingEnable:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -916,7 +913,7 @@ cuptiPCSamplingEnable:
     .globl cuptiPCSamplingGetConfigurationAttribute
     .type cuptiPCSamplingGetConfigurationAttribute, @function
 cuptiPCSamplingGetConfigurationAttribute:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -924,7 +921,7 @@ cuptiPCSamplingGetConfigurationAttribute:
     .globl cuptiPCSamplingGetData
     .type cuptiPCSamplingGetData, @function
 cuptiPCSamplingGetData:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -932,7 +929,7 @@ cuptiPCSamplingGetData:
     .globl cuptiPCSamplingGetNumStallReasons
     .type cuptiPCSamplingGetNumStallReasons, @function
 cuptiPCSamplingGetNumStallReasons:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -940,7 +937,7 @@ cuptiPCSamplingGetNumStallReasons:
     .globl cuptiPCSamplingGetStallReasons
     .type cuptiPCSamplingGetStallReasons, @function
 cuptiPCSamplingGetStallReasons:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -948,7 +945,7 @@ cuptiPCSamplingGetStallReasons:
     .globl cuptiPCSamplingSetConfigurationAttribute
     .type cuptiPCSamplingSetConfigurationAttribute, @function
 cuptiPCSamplingSetConfigurationAttribute:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -956,7 +953,7 @@ cuptiPCSamplingSetConfigurationAttribute:
     .globl cuptiPCSamplingStart
     .type cuptiPCSamplingStart, @function
 cuptiPCSamplingStart:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -964,7 +961,7 @@ cuptiPCSamplingStart:
     .globl cuptiPCSamplingStop
     .type cuptiPCSamplingStop, @function
 cuptiPCSamplingStop:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -972,7 +969,7 @@ cuptiPCSamplingStop:
     .globl cuptiPmSamplingCounterDataGetSampleInfo
     .type cuptiPmSamplingCounterDataGetSampleInfo, @function
 cuptiPmSamplingCounterDataGetSampleInfo:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -980,7 +977,7 @@ cuptiPmSamplingCounterDataGetSampleInfo:
     .globl cuptiPmSamplingCounterDataImageInitialize
     .type cuptiPmSamplingCounterDataImageInitialize, @function
 cuptiPmSamplingCounterDataImageInitialize:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -988,7 +985,7 @@ cuptiPmSamplingCounterDataImageInitialize:
     .globl cuptiPmSamplingDecodeData
     .type cuptiPmSamplingDecodeData, @function
 cuptiPmSamplingDecodeData:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -996,7 +993,7 @@ cuptiPmSamplingDecodeData:
     .globl cuptiPmSamplingDisable
     .type cuptiPmSamplingDisable, @function
 cuptiPmSamplingDisable:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1004,7 +1001,7 @@ cuptiPmSamplingDisable:
     .globl cuptiPmSamplingEnable
     .type cuptiPmSamplingEnable, @function
 cuptiPmSamplingEnable:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1012,7 +1009,7 @@ cuptiPmSamplingEnable:
     .globl cuptiPmSamplingGetCounterAvailability
     .type cuptiPmSamplingGetCounterAvailability, @function
 cuptiPmSamplingGetCounterAvailability:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1020,7 +1017,7 @@ cuptiPmSamplingGetCounterAvailability:
     .globl cuptiPmSamplingGetCounterDataInfo
     .type cuptiPmSamplingGetCounterDataInfo, @function
 cuptiPmSamplingGetCounterDataInfo:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1028,7 +1025,7 @@ cuptiPmSamplingGetCounterDataInfo:
     .globl cuptiPmSamplingGetCounterDataSize
     .type cuptiPmSamplingGetCounterDataSize, @function
 cuptiPmSamplingGetCounterDataSize:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1036,7 +1033,7 @@ cuptiPmSamplingGetCounterDataSize:
     .globl cuptiPmSamplingSetConfig
     .type cuptiPmSamplingSetConfig, @function
 cuptiPmSamplingSetConfig:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1044,7 +1041,7 @@ cuptiPmSamplingSetConfig:
     .globl cuptiPmSamplingStart
     .type cuptiPmSamplingStart, @function
 cuptiPmSamplingStart:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1052,7 +1049,7 @@ cuptiPmSamplingStart:
     .globl cuptiPmSamplingStop
     .type cuptiPmSamplingStop, @function
 cuptiPmSamplingStop:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1060,7 +1057,7 @@ cuptiPmSamplingStop:
     .globl cuptiProfilerBeginPass
     .type cuptiProfilerBeginPass, @function
 cuptiProfilerBeginPass:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1068,7 +1065,7 @@ cuptiProfilerBeginPass:
     .globl cuptiProfilerBeginSession
     .type cuptiProfilerBeginSession, @function
 cuptiProfilerBeginSession:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1076,7 +1073,7 @@ cuptiProfilerBeginSession:
     .globl cuptiProfilerCounterDataImageCalculateScratchBufferSize
     .type cuptiProfilerCounterDataImageCalculateScratchBufferSize, @function
 cuptiProfilerCounterDataImageCalculateScratchBufferSize:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1084,7 +1081,7 @@ cuptiProfilerCounterDataImageCalculateScratchBufferSize:
     .globl cuptiProfilerCounterDataImageCalculateSize
     .type cuptiProfilerCounterDataImageCalculateSize, @function
 cuptiProfilerCounterDataImageCalculateSize:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1092,7 +1089,7 @@ cuptiProfilerCounterDataImageCalculateSize:
     .globl cuptiProfilerCounterDataImageInitialize
     .type cuptiProfilerCounterDataImageInitialize, @function
 cuptiProfilerCounterDataImageInitialize:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +1097,7 @@ cuptiProfilerCounterDataImageInitialize:
     .globl cuptiProfilerCounterDataImageInitializeScratchBuffer
     .type cuptiProfilerCounterDataImageInitializeScratchBuffer, @function
 cuptiProfilerCounterDataImageInitializeScratchBuffer:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1108,7 +1105,7 @@ cuptiProfilerCounterDataImageInitializeScratchBuffer:
     .globl cuptiProfilerDeInitialize
     .type cuptiProfilerDeInitialize, @function
 cuptiProfilerDeInitialize:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1116,7 +1113,7 @@ cuptiProfilerDeInitialize:
     .globl cuptiProfilerDeviceSupported
     .type cuptiProfilerDeviceSupported, @function
 cuptiProfilerDeviceSupported:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,7 +1121,7 @@ cuptiProfilerDeviceSupported:
     .globl cuptiProfilerDisableProfiling
     .type cuptiProfilerDisableProfiling, @function
 cuptiProfilerDisableProfiling:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1132,7 +1129,7 @@ cuptiProfilerDisableProfiling:
     .globl cuptiProfilerEnableProfiling
     .type cuptiProfilerEnableProfiling, @function
 cuptiProfilerEnableProfiling:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1140,7 +1137,7 @@ cuptiProfilerEnableProfiling:
     .globl cuptiProfilerEndPass
     .type cuptiProfilerEndPass, @function
 cuptiProfilerEndPass:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1148,7 +1145,7 @@ cuptiProfilerEndPass:
     .globl cuptiProfilerEndSession
     .type cuptiProfilerEndSession, @function
 cuptiProfilerEndSession:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1156,7 +1153,7 @@ cuptiProfilerEndSession:
     .globl cuptiProfilerFlushCounterData
     .type cuptiProfilerFlushCounterData, @function
 cuptiProfilerFlushCounterData:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1161,7 @@ cuptiProfilerFlushCounterData:
     .globl cuptiProfilerGetCounterAvailability
     .type cuptiProfilerGetCounterAvailability, @function
 cuptiProfilerGetCounterAvailability:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1172,7 +1169,7 @@ cuptiProfilerGetCounterAvailability:
     .globl cuptiProfilerHostConfigAddMetrics
     .type cuptiProfilerHostConfigAddMetrics, @function
 cuptiProfilerHostConfigAddMetrics:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1180,7 +1177,7 @@ cuptiProfilerHostConfigAddMetrics:
     .globl cuptiProfilerHostDeinitialize
     .type cuptiProfilerHostDeinitialize, @function
 cuptiProfilerHostDeinitialize:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1188,7 +1185,7 @@ cuptiProfilerHostDeinitialize:
     .globl cuptiProfilerHostEvaluateToGpuValues
     .type cuptiProfilerHostEvaluateToGpuValues, @function
 cuptiProfilerHostEvaluateToGpuValues:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1196,7 +1193,7 @@ cuptiProfilerHostEvaluateToGpuValues:
     .globl cuptiProfilerHostGetBaseMetrics
     .type cuptiProfilerHostGetBaseMetrics, @function
 cuptiProfilerHostGetBaseMetrics:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,7 +1201,7 @@ cuptiProfilerHostGetBaseMetrics:
     .globl cuptiProfilerHostGetConfigImage
     .type cuptiProfilerHostGetConfigImage, @function
 cuptiProfilerHostGetConfigImage:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1212,7 +1209,7 @@ cuptiProfilerHostGetConfigImage:
     .globl cuptiProfilerHostGetConfigImageSize
     .type cuptiProfilerHostGetConfigImageSize, @function
 cuptiProfilerHostGetConfigImageSize:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1220,7 +1217,7 @@ cuptiProfilerHostGetConfigImageSize:
     .globl cuptiProfilerHostGetMaxNumHardwareMetricsPerPass
     .type cuptiProfilerHostGetMaxNumHardwareMetricsPerPass, @function
 cuptiProfilerHostGetMaxNumHardwareMetricsPerPass:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,7 +1225,7 @@ cuptiProfilerHostGetMaxNumHardwareMetricsPerPass:
     .globl cuptiProfilerHostGetMetricProperties
     .type cuptiProfilerHostGetMetricProperties, @function
 cuptiProfilerHostGetMetricProperties:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1236,7 +1233,7 @@ cuptiProfilerHostGetMetricProperties:
     .globl cuptiProfilerHostGetNumOfPasses
     .type cuptiProfilerHostGetNumOfPasses, @function
 cuptiProfilerHostGetNumOfPasses:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1244,7 +1241,7 @@ cuptiProfilerHostGetNumOfPasses:
     .globl cuptiProfilerHostGetRangeName
     .type cuptiProfilerHostGetRangeName, @function
 cuptiProfilerHostGetRangeName:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1252,7 +1249,7 @@ cuptiProfilerHostGetRangeName:
     .globl cuptiProfilerHostGetSubMetrics
     .type cuptiProfilerHostGetSubMetrics, @function
 cuptiProfilerHostGetSubMetrics:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1260,7 +1257,7 @@ cuptiProfilerHostGetSubMetrics:
     .globl cuptiProfilerHostGetSupportedChips
     .type cuptiProfilerHostGetSupportedChips, @function
 cuptiProfilerHostGetSupportedChips:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1268,7 +1265,7 @@ cuptiProfilerHostGetSupportedChips:
     .globl cuptiProfilerHostInitialize
     .type cuptiProfilerHostInitialize, @function
 cuptiProfilerHostInitialize:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1276,7 +1273,7 @@ cuptiProfilerHostInitialize:
     .globl cuptiProfilerInitialize
     .type cuptiProfilerInitialize, @function
 cuptiProfilerInitialize:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1284,7 +1281,7 @@ cuptiProfilerInitialize:
     .globl cuptiProfilerIsPassCollected
     .type cuptiProfilerIsPassCollected, @function
 cuptiProfilerIsPassCollected:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1292,7 +1289,7 @@ cuptiProfilerIsPassCollected:
     .globl cuptiProfilerPopRange
     .type cuptiProfilerPopRange, @function
 cuptiProfilerPopRange:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1300,7 +1297,7 @@ cuptiProfilerPopRange:
     .globl cuptiProfilerPushRange
     .type cuptiProfilerPushRange, @function
 cuptiProfilerPushRange:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1308,7 +1305,7 @@ cuptiProfilerPushRange:
     .globl cuptiProfilerSetConfig
     .type cuptiProfilerSetConfig, @function
 cuptiProfilerSetConfig:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1316,7 +1313,7 @@ cuptiProfilerSetConfig:
     .globl cuptiProfilerUnsetConfig
     .type cuptiProfilerUnsetConfig, @function
 cuptiProfilerUnsetConfig:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1324,7 +1321,7 @@ cuptiProfilerUnsetConfig:
     .globl cuptiRangeProfilerCounterDataGetRangeInfo
     .type cuptiRangeProfilerCounterDataGetRangeInfo, @function
 cuptiRangeProfilerCounterDataGetRangeInfo:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,7 +1329,7 @@ cuptiRangeProfilerCounterDataGetRangeInfo:
     .globl cuptiRangeProfilerCounterDataImageInitialize
     .type cuptiRangeProfilerCounterDataImageInitialize, @function
 cuptiRangeProfilerCounterDataImageInitialize:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1340,7 +1337,7 @@ cuptiRangeProfilerCounterDataImageInitialize:
     .globl cuptiRangeProfilerDecodeData
     .type cuptiRangeProfilerDecodeData, @function
 cuptiRangeProfilerDecodeData:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,7 +1345,7 @@ cuptiRangeProfilerDecodeData:
     .globl cuptiRangeProfilerDisable
     .type cuptiRangeProfilerDisable, @function
 cuptiRangeProfilerDisable:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1353,7 @@ cuptiRangeProfilerDisable:
     .globl cuptiRangeProfilerEnable
     .type cuptiRangeProfilerEnable, @function
 cuptiRangeProfilerEnable:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1364,7 +1361,7 @@ cuptiRangeProfilerEnable:
     .globl cuptiRangeProfilerGetCounterDataInfo
     .type cuptiRangeProfilerGetCounterDataInfo, @function
 cuptiRangeProfilerGetCounterDataInfo:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1372,7 +1369,7 @@ cuptiRangeProfilerGetCounterDataInfo:
     .globl cuptiRangeProfilerGetCounterDataSize
     .type cuptiRangeProfilerGetCounterDataSize, @function
 cuptiRangeProfilerGetCounterDataSize:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1380,7 +1377,7 @@ cuptiRangeProfilerGetCounterDataSize:
     .globl cuptiRangeProfilerPopRange
     .type cuptiRangeProfilerPopRange, @function
 cuptiRangeProfilerPopRange:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1388,7 +1385,7 @@ cuptiRangeProfilerPopRange:
     .globl cuptiRangeProfilerPushRange
     .type cuptiRangeProfilerPushRange, @function
 cuptiRangeProfilerPushRange:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1396,7 +1393,7 @@ cuptiRangeProfilerPushRange:
     .globl cuptiRangeProfilerSetConfig
     .type cuptiRangeProfilerSetConfig, @function
 cuptiRangeProfilerSetConfig:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1404,7 +1401,7 @@ cuptiRangeProfilerSetConfig:
     .globl cuptiRangeProfilerStart
     .type cuptiRangeProfilerStart, @function
 cuptiRangeProfilerStart:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1412,7 +1409,7 @@ cuptiRangeProfilerStart:
     .globl cuptiRangeProfilerStop
     .type cuptiRangeProfilerStop, @function
 cuptiRangeProfilerStop:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1420,7 +1417,7 @@ cuptiRangeProfilerStop:
     .globl cuptiRegisterComputeCrcCallback
     .type cuptiRegisterComputeCrcCallback, @function
 cuptiRegisterComputeCrcCallback:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1428,7 +1425,7 @@ cuptiRegisterComputeCrcCallback:
     .globl cuptiSassMetricsDisable
     .type cuptiSassMetricsDisable, @function
 cuptiSassMetricsDisable:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1436,7 +1433,7 @@ cuptiSassMetricsDisable:
     .globl cuptiSassMetricsEnable
     .type cuptiSassMetricsEnable, @function
 cuptiSassMetricsEnable:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1444,7 +1441,7 @@ cuptiSassMetricsEnable:
     .globl cuptiSassMetricsFlushData
     .type cuptiSassMetricsFlushData, @function
 cuptiSassMetricsFlushData:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1452,7 +1449,7 @@ cuptiSassMetricsFlushData:
     .globl cuptiSassMetricsGetDataProperties
     .type cuptiSassMetricsGetDataProperties, @function
 cuptiSassMetricsGetDataProperties:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1460,7 +1457,7 @@ cuptiSassMetricsGetDataProperties:
     .globl cuptiSassMetricsGetMetrics
     .type cuptiSassMetricsGetMetrics, @function
 cuptiSassMetricsGetMetrics:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1468,7 +1465,7 @@ cuptiSassMetricsGetMetrics:
     .globl cuptiSassMetricsGetNumOfMetrics
     .type cuptiSassMetricsGetNumOfMetrics, @function
 cuptiSassMetricsGetNumOfMetrics:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1476,7 +1473,7 @@ cuptiSassMetricsGetNumOfMetrics:
     .globl cuptiSassMetricsGetProperties
     .type cuptiSassMetricsGetProperties, @function
 cuptiSassMetricsGetProperties:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1484,7 +1481,7 @@ cuptiSassMetricsGetProperties:
     .globl cuptiSassMetricsSetConfig
     .type cuptiSassMetricsSetConfig, @function
 cuptiSassMetricsSetConfig:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1492,7 +1489,7 @@ cuptiSassMetricsSetConfig:
     .globl cuptiSassMetricsUnsetConfig
     .type cuptiSassMetricsUnsetConfig, @function
 cuptiSassMetricsUnsetConfig:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1500,7 +1497,7 @@ cuptiSassMetricsUnsetConfig:
     .globl cuptiSetEventCollectionMode
     .type cuptiSetEventCollectionMode, @function
 cuptiSetEventCollectionMode:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1508,7 +1505,7 @@ cuptiSetEventCollectionMode:
     .globl cuptiSetThreadIdType
     .type cuptiSetThreadIdType, @function
 cuptiSetThreadIdType:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1516,7 +1513,7 @@ cuptiSetThreadIdType:
     .globl cuptiStateQuery
     .type cuptiStateQuery, @function
 cuptiStateQuery:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1524,7 +1521,7 @@ cuptiStateQuery:
     .globl cuptiSubscribe
     .type cuptiSubscribe, @function
 cuptiSubscribe:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1532,7 +1529,7 @@ cuptiSubscribe:
     .globl cuptiSubscribe_v2
     .type cuptiSubscribe_v2, @function
 cuptiSubscribe_v2:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1540,7 +1537,7 @@ cuptiSubscribe_v2:
     .globl cuptiSupportedDomains
     .type cuptiSupportedDomains, @function
 cuptiSupportedDomains:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1548,7 +1545,7 @@ cuptiSupportedDomains:
     .globl cuptiUnsubscribe
     .type cuptiUnsubscribe, @function
 cuptiUnsubscribe:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1743,203 +1740,201 @@ cuptiUnsubscribe:
 .Lname93:
     .asciz "cuptiGetTimestamp"
 .Lname94:
-    .asciz "cuptiGetVersion"
-.Lname95:
     .asciz "cuptiKernelReplaySubscribeUpdate"
-.Lname96:
+.Lname95:
     .asciz "cuptiMetricCreateEventGroupSets"
-.Lname97:
+.Lname96:
     .asciz "cuptiMetricEnumEvents"
-.Lname98:
+.Lname97:
     .asciz "cuptiMetricEnumProperties"
-.Lname99:
+.Lname98:
     .asciz "cuptiMetricGetAttribute"
-.Lname100:
+.Lname99:
     .asciz "cuptiMetricGetIdFromName"
-.Lname101:
+.Lname100:
     .asciz "cuptiMetricGetNumEvents"
-.Lname102:
+.Lname101:
     .asciz "cuptiMetricGetNumProperties"
-.Lname103:
+.Lname102:
     .asciz "cuptiMetricGetRequiredEventGroupSets"
-.Lname104:
+.Lname103:
     .asciz "cuptiMetricGetValue"
-.Lname105:
+.Lname104:
     .asciz "cuptiMetricGetValue2"
-.Lname106:
+.Lname105:
     .asciz "cuptiNvtxExtensionInitialize"
-.Lname107:
+.Lname106:
     .asciz "cuptiNvtxInitialize"
-.Lname108:
+.Lname107:
     .asciz "cuptiNvtxInitialize2"
-.Lname109:
+.Lname108:
     .asciz "cuptiOpenACCInitialize"
-.Lname110:
+.Lname109:
     .asciz "cuptiOpenMpInitialize"
-.Lname111:
+.Lname110:
     .asciz "cuptiOpenMpInitialize_v2"
-.Lname112:
+.Lname111:
     .asciz "cuptiPCSamplingDisable"
-.Lname113:
+.Lname112:
     .asciz "cuptiPCSamplingEnable"
-.Lname114:
+.Lname113:
     .asciz "cuptiPCSamplingGetConfigurationAttribute"
-.Lname115:
+.Lname114:
     .asciz "cuptiPCSamplingGetData"
-.Lname116:
+.Lname115:
     .asciz "cuptiPCSamplingGetNumStallReasons"
-.Lname117:
+.Lname116:
     .asciz "cuptiPCSamplingGetStallReasons"
-.Lname118:
+.Lname117:
     .asciz "cuptiPCSamplingSetConfigurationAttribute"
-.Lname119:
+.Lname118:
     .asciz "cuptiPCSamplingStart"
-.Lname120:
+.Lname119:
     .asciz "cuptiPCSamplingStop"
-.Lname121:
+.Lname120:
     .asciz "cuptiPmSamplingCounterDataGetSampleInfo"
-.Lname122:
+.Lname121:
     .asciz "cuptiPmSamplingCounterDataImageInitialize"
-.Lname123:
+.Lname122:
     .asciz "cuptiPmSamplingDecodeData"
-.Lname124:
+.Lname123:
     .asciz "cuptiPmSamplingDisable"
-.Lname125:
+.Lname124:
     .asciz "cuptiPmSamplingEnable"
-.Lname126:
+.Lname125:
     .asciz "cuptiPmSamplingGetCounterAvailability"
-.Lname127:
+.Lname126:
     .asciz "cuptiPmSamplingGetCounterDataInfo"
-.Lname128:
+.Lname127:
     .asciz "cuptiPmSamplingGetCounterDataSize"
-.Lname129:
+.Lname128:
     .asciz "cuptiPmSamplingSetConfig"
-.Lname130:
+.Lname129:
     .asciz "cuptiPmSamplingStart"
-.Lname131:
+.Lname130:
     .asciz "cuptiPmSamplingStop"
-.Lname132:
+.Lname131:
     .asciz "cuptiProfilerBeginPass"
-.Lname133:
+.Lname132:
     .asciz "cuptiProfilerBeginSession"
-.Lname134:
+.Lname133:
     .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
-.Lname135:
+.Lname134:
     .asciz "cuptiProfilerCounterDataImageCalculateSize"
-.Lname136:
+.Lname135:
     .asciz "cuptiProfilerCounterDataImageInitialize"
-.Lname137:
+.Lname136:
     .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
-.Lname138:
+.Lname137:
     .asciz "cuptiProfilerDeInitialize"
-.Lname139:
+.Lname138:
     .asciz "cuptiProfilerDeviceSupported"
-.Lname140:
+.Lname139:
     .asciz "cuptiProfilerDisableProfiling"
-.Lname141:
+.Lname140:
     .asciz "cuptiProfilerEnableProfiling"
-.Lname142:
+.Lname141:
     .asciz "cuptiProfilerEndPass"
-.Lname143:
+.Lname142:
     .asciz "cuptiProfilerEndSession"
-.Lname144:
+.Lname143:
     .asciz "cuptiProfilerFlushCounterData"
-.Lname145:
+.Lname144:
     .asciz "cuptiProfilerGetCounterAvailability"
-.Lname146:
+.Lname145:
     .asciz "cuptiProfilerHostConfigAddMetrics"
-.Lname147:
+.Lname146:
     .asciz "cuptiProfilerHostDeinitialize"
-.Lname148:
+.Lname147:
     .asciz "cuptiProfilerHostEvaluateToGpuValues"
-.Lname149:
+.Lname148:
     .asciz "cuptiProfilerHostGetBaseMetrics"
-.Lname150:
+.Lname149:
     .asciz "cuptiProfilerHostGetConfigImage"
-.Lname151:
+.Lname150:
     .asciz "cuptiProfilerHostGetConfigImageSize"
-.Lname152:
+.Lname151:
     .asciz "cuptiProfilerHostGetMaxNumHardwareMetricsPerPass"
-.Lname153:
+.Lname152:
     .asciz "cuptiProfilerHostGetMetricProperties"
-.Lname154:
+.Lname153:
     .asciz "cuptiProfilerHostGetNumOfPasses"
-.Lname155:
+.Lname154:
     .asciz "cuptiProfilerHostGetRangeName"
-.Lname156:
+.Lname155:
     .asciz "cuptiProfilerHostGetSubMetrics"
-.Lname157:
+.Lname156:
     .asciz "cuptiProfilerHostGetSupportedChips"
-.Lname158:
+.Lname157:
     .asciz "cuptiProfilerHostInitialize"
-.Lname159:
+.Lname158:
     .asciz "cuptiProfilerInitialize"
-.Lname160:
+.Lname159:
     .asciz "cuptiProfilerIsPassCollected"
-.Lname161:
+.Lname160:
     .asciz "cuptiProfilerPopRange"
-.Lname162:
+.Lname161:
     .asciz "cuptiProfilerPushRange"
-.Lname163:
+.Lname162:
     .asciz "cuptiProfilerSetConfig"
-.Lname164:
+.Lname163:
     .asciz "cuptiProfilerUnsetConfig"
-.Lname165:
+.Lname164:
     .asciz "cuptiRangeProfilerCounterDataGetRangeInfo"
-.Lname166:
+.Lname165:
     .asciz "cuptiRangeProfilerCounterDataImageInitialize"
-.Lname167:
+.Lname166:
     .asciz "cuptiRangeProfilerDecodeData"
-.Lname168:
+.Lname167:
     .asciz "cuptiRangeProfilerDisable"
-.Lname169:
+.Lname168:
     .asciz "cuptiRangeProfilerEnable"
-.Lname170:
+.Lname169:
     .asciz "cuptiRangeProfilerGetCounterDataInfo"
-.Lname171:
+.Lname170:
     .asciz "cuptiRangeProfilerGetCounterDataSize"
-.Lname172:
+.Lname171:
     .asciz "cuptiRangeProfilerPopRange"
-.Lname173:
+.Lname172:
     .asciz "cuptiRangeProfilerPushRange"
-.Lname174:
+.Lname173:
     .asciz "cuptiRangeProfilerSetConfig"
-.Lname175:
+.Lname174:
     .asciz "cuptiRangeProfilerStart"
-.Lname176:
+.Lname175:
     .asciz "cuptiRangeProfilerStop"
-.Lname177:
+.Lname176:
     .asciz "cuptiRegisterComputeCrcCallback"
-.Lname178:
+.Lname177:
     .asciz "cuptiSassMetricsDisable"
-.Lname179:
+.Lname178:
     .asciz "cuptiSassMetricsEnable"
-.Lname180:
+.Lname179:
     .asciz "cuptiSassMetricsFlushData"
-.Lname181:
+.Lname180:
     .asciz "cuptiSassMetricsGetDataProperties"
-.Lname182:
+.Lname181:
     .asciz "cuptiSassMetricsGetMetrics"
-.Lname183:
+.Lname182:
     .asciz "cuptiSassMetricsGetNumOfMetrics"
-.Lname184:
+.Lname183:
     .asciz "cuptiSassMetricsGetProperties"
-.Lname185:
+.Lname184:
     .asciz "cuptiSassMetricsSetConfig"
-.Lname186:
+.Lname185:
     .asciz "cuptiSassMetricsUnsetConfig"
-.Lname187:
+.Lname186:
     .asciz "cuptiSetEventCollectionMode"
-.Lname188:
+.Lname187:
     .asciz "cuptiSetThreadIdType"
-.Lname189:
+.Lname188:
     .asciz "cuptiStateQuery"
-.Lname190:
+.Lname189:
     .asciz "cuptiSubscribe"
-.Lname191:
+.Lname190:
     .asciz "cuptiSubscribe_v2"
-.Lname192:
+.Lname191:
     .asciz "cuptiSupportedDomains"
-.Lname193:
+.Lname192:
     .asciz "cuptiUnsubscribe"
     .section .note.GNU-stack,"",@progbits

@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 18075949784588941251u64;
+pub const SCHEMA_HASH: u64 = 7530115535230978305u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2556usize] = [
+pub static FUNCTIONS: [&str; 2557usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -1185,6 +1185,7 @@ pub static FUNCTIONS: [&str; 2556usize] = [
     "cufftXtMakePlanMany",
     "cufftXtSetCallbackSharedSize",
     "cufftXtSetDistribution",
+    "cuptiGetVersion",
     "curandCreateGenerator",
     "curandCreatePoissonDistribution",
     "curandDestroyDistribution",
@@ -2565,7 +2566,7 @@ pub static FUNCTIONS: [&str; 2556usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2556usize] = [
+pub static LIBRARY_OF: [&str; 2557usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -3744,6 +3745,7 @@ pub static LIBRARY_OF: [&str; 2556usize] = [
     "cufft",
     "cufft",
     "cufft",
+    "cupti",
     "curand",
     "curand",
     "curand",
@@ -7996,6 +7998,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparselt::cusparseLtMatmulPlanDestroy__cu126,
     &cusparselt::cusparseLtMatmulPlanDestroy__cu128,
     &cusparselt::cusparseLtMatmulPlanDestroy__cu130,
+    &cupti::cuptiGetVersion,
 ];
 pub mod cublas {
     use chidori_protocol::desc::*;
@@ -73659,6 +73662,36 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
             invalid_value: 4i64,
+        },
+        only_waits: false,
+    };
+}
+pub mod cupti {
+    use chidori_protocol::desc::*;
+    pub static cuptiGetVersion: CallDesc = CallDesc {
+        wire: 2871u32,
+        call: 2556u32,
+        name: "cuptiGetVersion",
+        form: None,
+        library: "cupti",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 27i64,
+            unavailable: 15i64,
+            invalid_handle: 1i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };

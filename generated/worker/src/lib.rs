@@ -48765,6 +48765,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
+            2556u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
             _ => return None,
         },
     )
