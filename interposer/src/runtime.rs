@@ -79,6 +79,10 @@ impl codec::Client for ThisClient {
         crate::scalars::device_mode(mode)
     }
 
+    fn scalar_size(&mut self, mode: u64) -> Option<u64> {
+        crate::scalars::size(mode)
+    }
+
     fn new_name(&mut self) -> u64 {
         next_handle_name()
     }

@@ -1,7 +1,9 @@
 //! Pointer modes of BLAS handles: whether a call's scalars (alpha, beta, a reduction's
 //! result) are host values, which travel with the call, or device addresses, which pass
 //! through. cuBLAS keeps the mode per handle (`cublasSetPointerMode_v2`), cuBLASLt per
-//! matmul descriptor (`CUBLASLT_MATMUL_DESC_POINTER_MODE`); both default to host.
+//! matmul descriptor (`CUBLASLT_MATMUL_DESC_POINTER_MODE`); both default to host. A
+//! cuBLASLt host scalar is as wide as its descriptor's scale type, which no argument of
+//! `cublasLtMatmul` gives: the client keeps it per descriptor.
 
 use crate::state::CLIENT;
 
@@ -19,6 +21,42 @@ pub fn set_device_mode(handle: u64, device: bool) {
     }
 }
 
+/// Bytes of the host scalars of calls on `handle`, where the client knows them.
+pub fn size(handle: u64) -> Option<u64> {
+    CLIENT.scalar_sizes.get(&handle)
+}
+
+/// Record the bytes of `handle`'s host scalars (None: not known, the widest is read).
+pub fn set_size(handle: u64, bytes: Option<u64>) {
+    match bytes {
+        Some(b) => CLIENT.scalar_sizes.insert(handle, b),
+        None => {
+            CLIENT.scalar_sizes.remove(&handle);
+        }
+    }
+}
+
+/// Forget `handle` (destroyed).
+pub fn forget(handle: u64) {
+    set_device_mode(handle, false);
+    set_size(handle, None);
+}
+
+/// Bytes of one value of a `cudaDataType` (a cuBLASLt scale type); None for a type that is
+/// no scale type.
+pub fn data_type_bytes(data_type: u64) -> Option<u64> {
+    use chidori_cuda::consts::cudaDataType_t as T;
+    let t = u32::try_from(data_type).ok()?;
+    Some(match t {
+        T::CUDA_R_8I | T::CUDA_R_8U => 1,
+        T::CUDA_R_16F | T::CUDA_R_16BF | T::CUDA_C_8I | T::CUDA_C_8U => 2,
+        T::CUDA_R_32F | T::CUDA_R_32I | T::CUDA_R_32U | T::CUDA_C_16F | T::CUDA_C_16BF => 4,
+        T::CUDA_R_64F | T::CUDA_C_32F | T::CUDA_C_32I | T::CUDA_C_32U => 8,
+        T::CUDA_C_64F => 16,
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -31,5 +69,19 @@ mod tests {
         assert!(!device_mode(0x1235));
         set_device_mode(0x1234, false);
         assert!(!device_mode(0x1234));
+    }
+
+    #[test]
+    fn scale_types_have_their_width() {
+        use chidori_cuda::consts::cudaDataType_t as T;
+        assert_eq!(data_type_bytes(u64::from(T::CUDA_R_32F)), Some(4));
+        assert_eq!(data_type_bytes(u64::from(T::CUDA_C_64F)), Some(16));
+        assert_eq!(data_type_bytes(u64::from(T::CUDA_R_16F)), Some(2));
+        assert_eq!(data_type_bytes(9999), None);
+        assert_eq!(size(0x4321), None);
+        set_size(0x4321, Some(4));
+        assert_eq!(size(0x4321), Some(4));
+        forget(0x4321);
+        assert_eq!(size(0x4321), None);
     }
 }

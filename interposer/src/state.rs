@@ -27,6 +27,9 @@ pub struct Client {
     /// Handles whose scalars are device addresses: cuBLAS handles, cuBLASLt matmul
     /// descriptors, cuSPARSE handles in device pointer mode.
     pub device_modes: Table<u64, ()>,
+    /// Bytes of the host scalars of calls on a handle whose type no argument gives: the
+    /// scale type of each cuBLASLt matmul descriptor.
+    pub scalar_sizes: Table<u64, u64>,
     /// cuBLAS math mode per handle, as last set.
     pub math_modes: Table<u64, u32>,
     /// Streams being captured, in the order their captures began.
@@ -45,6 +48,7 @@ pub struct Client {
 
 pub static CLIENT: Client = Client {
     device_modes: Table::new(),
+    scalar_sizes: Table::new(),
     math_modes: Table::new(),
     capturing: Mutex::new(Vec::new()),
     primary: Table::new(),

@@ -38,6 +38,13 @@ pub trait Client {
     /// Whether the scalars of a call whose pointer-mode argument (a library handle) is
     /// `mode` are device addresses.
     fn device_mode(&mut self, mode: u64) -> bool;
+    /// Bytes of an input scalar whose size no argument gives, where the pointer-mode
+    /// argument `mode` says it (cuBLASLt: the matmul descriptor's scale type). None: the
+    /// widest the parameter may be is read.
+    fn scalar_size(&mut self, mode: u64) -> Option<u64> {
+        let _ = mode;
+        None
+    }
     /// A new name for a handle the client names itself.
     fn new_name(&mut self) -> u64;
 }
@@ -123,12 +130,19 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
                 lens[i] = len;
                 inputs.push(span(len));
             }
-            Wire::Scalar { dir, mode, .. } => {
-                if client.device_mode(args.get(usize::from(mode)).copied().unwrap_or(0)) {
+            Wire::Scalar { dir, mode, size, bytes: widest } => {
+                let handle = args.get(usize::from(mode)).copied().unwrap_or(0);
+                if client.device_mode(handle) {
                     lens[i] = DEVICE_LEN;
                     continue;
                 }
-                let Some(bytes) = scalar_bytes(wire, args).filter(|&b| b <= MAX_BUFFER) else { continue };
+                let told = match (dir, size) {
+                    (Dir::In, None) => client.scalar_size(handle).filter(|&b| b > 0 && b <= u64::from(widest)),
+                    _ => None,
+                };
+                let Some(bytes) = told.or_else(|| scalar_bytes(wire, args)).filter(|&b| b <= MAX_BUFFER) else {
+                    continue;
+                };
                 lens[i] = bytes;
                 if dir != Dir::Out {
                     inputs.push(span(bytes));
@@ -389,7 +403,11 @@ pub fn decode<'f>(
                     tables.device(i, a, Some(bytes)).map_err(|why| DecodeError::Device { param: i, why })?;
                     Arg::ScalarDevice(a)
                 } else {
-                    if len != bytes {
+                    // An input scalar whose size no argument gives may be shorter than the
+                    // widest (the client knew its type): the worker pads it with zeros.
+                    let shorter =
+                        matches!(wire, Wire::Scalar { dir: Dir::In, size: None, .. }) && len > 0 && len < bytes;
+                    if len != bytes && !shorter {
                         return Err(DecodeError::Length { param: i, got: len, expected: bytes });
                     }
                     let input = if dir == Dir::Out { None } else { Some(bulk.take(i, len)?) };

@@ -740,10 +740,13 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             Arg::Str(None) | Arg::Handles(None) | Arg::Buf(BufArg::Absent) => {}
             Arg::NewHandle { .. } => keep(&mut raw[i], Buffer::zeroed(8)),
             Arg::Scalar { bytes, input, .. } => {
-                let b = match input {
-                    Some(value) => Buffer::from(value),
-                    None => Buffer::zeroed(bytes),
-                };
+                // As wide as the parameter may be, whatever the client sent (a shorter
+                // value is padded with zeros): the library reads what its type needs.
+                let mut b = Buffer::zeroed(bytes);
+                if let Some(value) = input {
+                    let n = value.len().min(bytes);
+                    b.bytes_mut()[..n].copy_from_slice(&value[..n]);
+                }
                 keep(&mut raw[i], b);
             }
             Arg::Handles(Some(mapped)) => keep(&mut raw[i], Buffer::from(&mapped)),

@@ -4,7 +4,8 @@
 //! says, which lets it
 //! * keep each matmul descriptor's pointer mode (`CUBLASLT_MATMUL_DESC_POINTER_MODE`),
 //!   which decides whether `cublasLtMatmul`'s alpha and beta travel as values or pass as
-//!   device addresses (`crate::scalars`);
+//!   device addresses (`crate::scalars`), and its scale type, which gives their width (a
+//!   float alpha is read as 4 bytes, not as the widest 16);
 //! * answer `cublasLtMatmulAlgoGetHeuristic` for a problem it has asked about before: the
 //!   heuristic is a pure function of the descriptors (torch asks before every matmul). An
 //!   answer from an earlier session on the same server identity is given too, and checked
@@ -24,6 +25,7 @@ use crate::conn::Conn;
 const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
 const DESC_POINTER_MODE: u32 = chidori_cuda::consts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_POINTER_MODE;
+const DESC_SCALE_TYPE: u32 = chidori_cuda::consts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SCALE_TYPE;
 /// Matmul descriptor attributes that hold device addresses (bias, epilogue auxiliary,
 /// scale and amax pointers). A heuristic depends on their alignment, not their value.
 const DESC_POINTERS: &[u32] = &[8, 11, 17, 18, 19, 20, 21, 23, 24, 36];
@@ -71,6 +73,8 @@ fn create(name: &'static str, desc: &'static CallDesc, kind: DescKind, args: &[u
             records().get_or_insert_with(HashMap::new).insert(handle, record);
             if kind == DescKind::Matmul {
                 crate::scalars::set_device_mode(handle, false);
+                // cublasLtMatmulDescCreate(desc, computeType, scaleType).
+                crate::scalars::set_size(handle, args.get(2).and_then(|&t| crate::scalars::data_type_bytes(t)));
             }
         }
         s
@@ -98,6 +102,10 @@ fn set_attribute(name: &'static str, desc: &'static CallDesc, handle: u64, attr:
                 let mode = u32::from_le_bytes([value[0], value[1], value[2], value[3]]);
                 crate::scalars::set_device_mode(handle, mode != 0);
             }
+            if r.kind == DescKind::Matmul && attr == DESC_SCALE_TYPE && value.len() >= 4 {
+                let t = u32::from_le_bytes([value[0], value[1], value[2], value[3]]);
+                crate::scalars::set_size(handle, crate::scalars::data_type_bytes(u64::from(t)));
+            }
             r.attrs.insert(attr, value);
         }
         s
@@ -106,8 +114,10 @@ fn set_attribute(name: &'static str, desc: &'static CallDesc, handle: u64, attr:
 
 fn destroy(name: &'static str, desc: &'static CallDesc, handle: u64) -> u32 {
     crate::guard::ffi(name, INVALID_VALUE, || {
-        if let Some(m) = records().as_mut() {
-            m.remove(&handle);
+        if let Some(m) = records().as_mut()
+            && m.remove(&handle).is_some_and(|r| r.kind == DescKind::Matmul)
+        {
+            crate::scalars::forget(handle);
         }
         // SAFETY: a value.
         unsafe { crate::runtime::call(desc, &[handle]) as u32 }

@@ -14,6 +14,8 @@ use crate::desc::{Class, Codes, Ret};
 struct FakeClient {
     memory: HashMap<u64, Vec<u8>>,
     device_mode: Vec<u64>,
+    /// Scalar widths the client knows per handle (cuBLASLt scale types).
+    scalar_sizes: HashMap<u64, u64>,
     next_name: u64,
 }
 
@@ -25,6 +27,10 @@ impl Client for FakeClient {
 
     fn device_mode(&mut self, mode: u64) -> bool {
         self.device_mode.contains(&mode)
+    }
+
+    fn scalar_size(&mut self, mode: u64) -> Option<u64> {
+        self.scalar_sizes.get(&mode).copied()
     }
 
     fn new_name(&mut self) -> u64 {
@@ -452,6 +458,32 @@ fn oversized_lengths_are_not_read_from_the_program() {
     assert!(encoded.inputs.is_empty());
     let e = decode(desc, &encoded.call.args, &encoded.call.lens, &[], &mut FakeTables::default()).unwrap_err();
     assert_eq!(e.refusal(), Refusal::InvalidValue);
+}
+
+#[test]
+fn a_scalar_typed_by_its_handle_is_read_at_that_width() {
+    // cublasLtMatmul(handle, desc, alpha, ...): alpha is as wide as the descriptor's scale
+    // type, which the client recorded; 16 bytes are the widest.
+    let params =
+        vec![Wire::Handle { kind: 1, destroy: false }, Wire::Scalar { dir: Dir::In, bytes: 16, mode: 0, size: None }];
+    let desc = desc(params);
+    let mut client = FakeClient::default();
+    let alpha = client.put(2.0f32.to_le_bytes().to_vec());
+    client.scalar_sizes.insert(7, 4);
+    let encoded = encode(desc, &[7, alpha], &mut client);
+    assert_eq!(encoded.inputs, vec![Span { param: 1, addr: alpha, len: 4 }], "only the float is read");
+    let bulk = client.bulk(&encoded);
+    let got = decode(desc, &encoded.call.args, &encoded.call.lens, &bulk, &mut FakeTables::default()).unwrap();
+    // The worker gets the 4 bytes and passes a buffer of the widest size.
+    assert_eq!(got[1], Arg::Scalar { dir: Dir::In, bytes: 16, input: Some(&2.0f32.to_le_bytes()[..]) });
+    // A handle it knows nothing of: the widest is read.
+    let encoded = encode(desc, &[8, alpha], &mut client);
+    assert_eq!(encoded.inputs[0].len, 16);
+    // A width the handle cannot mean is ignored, and a longer length is refused.
+    client.scalar_sizes.insert(9, 32);
+    assert_eq!(encode(desc, &[9, alpha], &mut client).inputs[0].len, 16);
+    let e = decode(desc, &[7, alpha], &[0, 17], &[0; 17], &mut FakeTables::default()).unwrap_err();
+    assert_eq!(e, DecodeError::Length { param: 1, got: 17, expected: 16 });
 }
 
 #[test]
