@@ -1251,11 +1251,7 @@ impl Decoder {
 
     fn next(&mut self) -> Result<Option<Frame>, FrameError> {
         let avail = &self.buf[self.start..self.end];
-        if avail.len() < HEADER_LEN {
-            return Ok(None);
-        }
-        let header = Header::decode(avail[..HEADER_LEN].try_into().expect("header length"))?;
-        let total = HEADER_LEN + header.archive_len as usize + header.bulk_len as usize;
+        let Some(total) = frame::buffered_len(avail)? else { return Ok(None) };
         if avail.len() < total {
             // Make room for the whole frame (large bulk sections) in one buffer.
             if self.start + total > self.buf.len() {

@@ -186,6 +186,14 @@ pub struct Frame {
     pub bulk: Vec<u8>,
 }
 
+/// The length of the whole frame that `bytes` begins with, once its header is there (None:
+/// fewer bytes than a header): what a reader that buffers more than one frame waits for.
+pub fn buffered_len(bytes: &[u8]) -> Result<Option<usize>, FrameError> {
+    let Some(head) = bytes.first_chunk::<HEADER_LEN>() else { return Ok(None) };
+    let h = Header::decode(head)?;
+    Ok(Some(HEADER_LEN + h.archive_len as usize + h.bulk_len as usize))
+}
+
 impl Frame {
     /// Decode one complete frame from a byte slice (used by tests and the fuzz target);
     /// returns the frame and the bytes consumed.

@@ -16,6 +16,7 @@ pub mod frame;
 pub mod fuzz;
 pub mod messages;
 pub mod mirror;
+pub mod read;
 pub mod resume;
 pub mod sock;
 

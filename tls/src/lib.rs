@@ -23,7 +23,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use chidori_protocol::frame::{Frame, FrameError, HEADER_LEN, Header, MAGIC};
+use chidori_protocol::frame::{Frame, FrameError, MAGIC};
 pub use rustls;
 use rustls::Connection;
 
@@ -298,16 +298,17 @@ pub fn client_handshake(
     Ok(Secure::new(conn))
 }
 
-/// Read one whole frame from a blocking reader.
+/// Read one whole frame from a blocking reader with the shared reader
+/// (`chidori_protocol::read`); the socket's read timeout, if any, bounds each wait.
 pub fn read_plain_frame(r: &mut impl Read) -> Result<Frame, FrameError> {
-    let mut head = [0u8; HEADER_LEN];
-    r.read_exact(&mut head).map_err(|_| FrameError::Truncated("header (the server closed the connection)"))?;
-    let header = Header::decode(&head)?;
-    let mut bytes = head.to_vec();
-    let rest = header.archive_len as usize + header.bulk_len as usize;
-    // Grows as bytes arrive: a header may announce more than ever comes.
-    (&mut *r).take(rest as u64).read_to_end(&mut bytes).map_err(|_| FrameError::Truncated("frame"))?;
-    Frame::decode(&bytes).map(|(f, _)| f)
+    use chidori_protocol::read::{ReadError, read_frame};
+    read_frame(r, Duration::ZERO).map_err(|e| match e {
+        ReadError::Frame(f) => f,
+        ReadError::Closed => FrameError::Truncated("header (the server closed the connection)"),
+        ReadError::Timeout => FrameError::Truncated("header (no answer in time)"),
+        ReadError::Stalled { what, .. } => FrameError::Truncated(what),
+        ReadError::Io(_) => FrameError::Truncated("frame (the connection failed)"),
+    })
 }
 
 /// Run a server's handshake on a blocking socket with a read timeout.

@@ -20,7 +20,7 @@ use chidori_cuda::structs;
 use chidori_protocol::PROTOCOL_VERSION;
 use chidori_protocol::codec::{self, Arg, BufArg, DecodeError, Refusal};
 use chidori_protocol::desc::{CallDesc, Dir, Form, HandleKind, RecordRefused, Ret, Wire};
-use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
+use chidori_protocol::frame::{Frame, Header, Kind};
 use chidori_protocol::messages::{
     self, Api, AsyncError, CONTENT_MIN, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello, HostCallback,
     HostCallbackDone, KernelInfo, Launch, NULL_LEN, NodeParams, NodeTarget, Progress, Refuse, RefuseReason, Reply,
@@ -358,9 +358,9 @@ const READ_BUFFER: usize = 256 << 10;
 /// Whether `buffered` starts with a whole frame (or with bytes that are no frame header:
 /// reading them reports the error without blocking).
 fn whole_frame(buffered: &[u8]) -> bool {
-    let Some(head) = buffered.first_chunk::<HEADER_LEN>() else { return false };
-    match Header::decode(head) {
-        Ok(h) => buffered.len() as u64 >= HEADER_LEN as u64 + u64::from(h.archive_len) + u64::from(h.bulk_len),
+    match chidori_protocol::frame::buffered_len(buffered) {
+        Ok(Some(total)) => buffered.len() >= total,
+        Ok(None) => false,
         Err(_) => true,
     }
 }
@@ -1569,12 +1569,15 @@ mod tests {
             chidori_protocol::frame::to_vec(Header::new(Kind::Call, 3, 1, 7), &[0u8; 16], &[&[1u8; 5]]).unwrap();
         assert!(whole_frame(&frame));
         assert!(!whole_frame(&frame[..frame.len() - 1]), "the bulk is still missing a byte");
-        assert!(!whole_frame(&frame[..HEADER_LEN - 1]), "half a header");
+        assert!(!whole_frame(&frame[..chidori_protocol::frame::HEADER_LEN - 1]), "half a header");
         assert!(!whole_frame(&[]));
         let mut two = frame.clone();
         two.extend_from_slice(&frame[..10]);
         assert!(whole_frame(&two), "a whole frame first, then a partial one");
-        assert!(whole_frame(&[0xffu8; HEADER_LEN]), "garbage is read (and refused) at once, not waited on");
+        assert!(
+            whole_frame(&[0xffu8; chidori_protocol::frame::HEADER_LEN]),
+            "garbage is read (and refused) at once, not waited on"
+        );
     }
 
     #[test]

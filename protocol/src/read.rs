@@ -1,0 +1,215 @@
+//! Reading frames from a blocking socket (plain TCP, TLS, or any `Read`): the one frame
+//! reader of both sides. The worker reads its session with it; the client and `chidori run`
+//! read the server's answer to their hello.
+//!
+//! A frame's memory is reserved as its bytes arrive, not as its header announces: a header
+//! that declares 256 MiB and sends nothing costs a few KiB. A frame that has started must
+//! keep coming: one that makes no progress for the stall limit is an error.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use rkyv::util::AlignedVec;
+
+use crate::frame::{Frame, FrameError, HEADER_LEN, Header};
+
+#[derive(Debug)]
+pub enum ReadError {
+    /// The peer closed the connection.
+    Closed,
+    /// No frame within the socket's read timeout.
+    Timeout,
+    /// A frame started and then stopped arriving.
+    Stalled {
+        what: &'static str,
+        after: Duration,
+    },
+    Io(std::io::Error),
+    Frame(FrameError),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Closed => f.write_str("connection closed"),
+            ReadError::Timeout => f.write_str("timed out"),
+            ReadError::Stalled { what, after } => {
+                write!(f, "the client stopped sending in the middle of a frame's {what} for {} s", after.as_secs())
+            }
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Frame(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Bytes reserved at a time while a frame's archive or bulk arrives (then doubling, up to
+/// the declared size).
+const FIRST_CHUNK: usize = 64 << 10;
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+}
+
+/// Read one frame. A timeout before its first byte is [`ReadError::Timeout`]; once a frame
+/// has started, the rest must follow, each read making progress within `stall`.
+pub fn read_frame(r: &mut impl Read, stall: Duration) -> Result<Frame, ReadError> {
+    let mut head = [0u8; HEADER_LEN];
+    let mut got = 0;
+    let mut progress = Instant::now();
+    while got < HEADER_LEN {
+        match r.read(&mut head[got..]) {
+            Ok(0) if got == 0 => return Err(ReadError::Closed),
+            Ok(0) => return Err(ReadError::Frame(FrameError::Truncated("header"))),
+            Ok(n) => {
+                got += n;
+                progress = Instant::now();
+            }
+            Err(e) if got == 0 && is_timeout(&e) => return Err(ReadError::Timeout),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) => check_stall(progress, stall, "header")?,
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+    let header = Header::decode(&head).map_err(ReadError::Frame)?;
+    let mut archive = AlignedVec::new();
+    read_growing(r, &mut archive, header.archive_len as usize, stall, "archive")?;
+    let mut bulk = Vec::new();
+    read_bulk(r, &mut bulk, header.bulk_len as usize, stall)?;
+    Ok(Frame { header, archive, bulk })
+}
+
+/// Read `total` bytes of a frame's bulk into `into`, which std's `read_to_end` grows as
+/// the bytes arrive (doubling) and fills without zeroing first: bulk is most of what a
+/// session reads (every host-to-device copy), so it is read once, not zeroed and read.
+fn read_bulk(r: &mut impl Read, into: &mut Vec<u8>, total: usize, stall: Duration) -> Result<(), ReadError> {
+    let mut progress = Instant::now();
+    while into.len() < total {
+        let before = into.len();
+        let left = (total - before) as u64;
+        let result = r.by_ref().take(left).read_to_end(into);
+        if into.len() > before {
+            progress = Instant::now();
+        }
+        match result {
+            Ok(_) if into.len() < total => return Err(ReadError::Frame(FrameError::Truncated("bulk"))),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) => check_stall(progress, stall, "bulk")?,
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+fn check_stall(progress: Instant, stall: Duration, what: &'static str) -> Result<(), ReadError> {
+    let after = progress.elapsed();
+    if after >= stall { Err(ReadError::Stalled { what, after }) } else { Ok(()) }
+}
+
+/// Memory a frame part is read into, extended at its end.
+trait Growing {
+    fn extend_zeroed(&mut self, n: usize) -> &mut [u8];
+}
+
+impl Growing for Vec<u8> {
+    fn extend_zeroed(&mut self, n: usize) -> &mut [u8] {
+        let at = self.len();
+        self.resize(at + n, 0);
+        &mut self[at..]
+    }
+}
+
+impl Growing for AlignedVec {
+    fn extend_zeroed(&mut self, n: usize) -> &mut [u8] {
+        let at = self.len();
+        self.resize(at + n, 0);
+        &mut self[at..]
+    }
+}
+
+/// Read `total` bytes onto the end of `into`, reserving only what arrives (chunks
+/// doubling from [`FIRST_CHUNK`]).
+fn read_growing(
+    r: &mut impl Read,
+    into: &mut impl Growing,
+    total: usize,
+    stall: Duration,
+    what: &'static str,
+) -> Result<(), ReadError> {
+    let mut done = 0usize;
+    let mut progress = Instant::now();
+    while done < total {
+        let n = (total - done).min(done.max(FIRST_CHUNK));
+        let chunk = into.extend_zeroed(n);
+        let mut at = 0;
+        while at < n {
+            match r.read(&mut chunk[at..]) {
+                Ok(0) => return Err(ReadError::Frame(FrameError::Truncated(what))),
+                Ok(k) => {
+                    at += k;
+                    progress = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) => check_stall(progress, stall, what)?,
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{self, Kind};
+
+    /// Hands out its bytes a few at a time, then times out forever.
+    struct Trickle {
+        bytes: Vec<u8>,
+        at: usize,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.at == self.bytes.len() {
+                std::thread::sleep(Duration::from_millis(5));
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(7).min(self.bytes.len() - self.at);
+            buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn frames_arrive_in_pieces() {
+        let bytes = frame::to_vec(Header::new(Kind::Call, 1, 2, 3), &[9u8; 100], &[&[7u8; 200_000]]).unwrap();
+        let frame = read_frame(&mut Trickle { bytes, at: 0 }, Duration::from_secs(1)).unwrap();
+        assert_eq!(frame.archive.len(), 100);
+        assert_eq!(frame.bulk, vec![7u8; 200_000]);
+    }
+
+    #[test]
+    fn a_stalled_frame_is_an_error_and_reserves_little() {
+        let mut h = Header::new(Kind::Call, 1, 2, 3);
+        h.bulk_len = frame::MAX_BULK as u32;
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(&[1u8; 1000]);
+        let started = Instant::now();
+        let err = read_frame(&mut Trickle { bytes, at: 0 }, Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(err, ReadError::Stalled { what: "bulk", .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let mut nothing = Trickle { bytes: Vec::new(), at: 0 };
+        assert!(matches!(read_frame(&mut nothing, Duration::from_millis(100)), Err(ReadError::Timeout)));
+    }
+
+    #[test]
+    fn a_bulk_cut_short_is_truncated() {
+        let mut bytes = frame::to_vec(Header::new(Kind::Call, 1, 2, 3), &[9u8; 10], &[&[7u8; 300_000]]).unwrap();
+        bytes.truncate(bytes.len() - 1);
+        let err = read_frame(&mut bytes.as_slice(), Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, ReadError::Frame(FrameError::Truncated("bulk"))), "{err}");
+    }
+}
