@@ -8705,6 +8705,19 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetPointerMode_v2(
         ) as u32
     }
 }
+///`cublasGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetProperty(
+    r#type: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetProperty,
+            &[(r#type) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cublasGetStatusName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetStatusName(
@@ -8803,6 +8816,29 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVector_64(
     incy: i64,
 ) -> u32 {
     unsafe { crate::custom::cublas::cublasGetVector_64(n, elemSize, x, incx, y, incy) }
+}
+///`cublasGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetVersion(version: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetVersion,
+            &[(version) as usize as u64],
+        ) as u32
+    }
+}
+///`cublasGetVersion_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetVersion_v2(
+    handle: *mut c_void,
+    version: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetVersion_v2,
+            &[(handle) as usize as u64, (version) as usize as u64],
+        ) as u32
+    }
 }
 ///`cublasIamaxEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

@@ -87,6 +87,19 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetCudartVersion() -> usize 
         ) as usize
     }
 }
+///`cublasLtGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetProperty(
+    r#type: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtGetProperty,
+            &[(r#type) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cublasLtGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetVersion() -> usize {

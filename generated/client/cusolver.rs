@@ -7608,6 +7608,31 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmtr_bufferSize(
         ) as u32
     }
 }
+///`cusolverGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverGetProperty(
+    r#type: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverGetProperty,
+            &[(r#type) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverGetVersion(
+    version: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverGetVersion,
+            &[(version) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusolverRfAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfAnalyze(

@@ -4414,6 +4414,19 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatType(
         ) as u32
     }
 }
+///`cusparseGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseGetProperty(
+    r#type: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseGetProperty,
+            &[(r#type) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusparseGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetStream(
@@ -4424,6 +4437,19 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetStream(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseGetStream,
             &[(handle) as usize as u64, (streamId) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseGetVersion(
+    handle: *mut c_void,
+    version: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseGetVersion,
+            &[(handle) as usize as u64, (version) as usize as u64],
         ) as u32
     }
 }

@@ -58,6 +58,19 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetErrorString(
         crate::runtime::error_string("13.1", "cusparselt", status as i64) as *mut c_void
     }
 }
+///`cusparseLtGetProperty` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetProperty(
+    propertyType: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtGetProperty,
+            &[(propertyType) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusparseLtMatDescriptorDestroy` for CUDA 12.6 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu126(

@@ -1159,15 +1159,12 @@ cublasGetPointerMode_v2:
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname35(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetProperty@PLT
     .size cublasGetProperty, .-cublasGetProperty
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1200,23 +1197,17 @@ cublasGetVectorAsync:
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname37(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVersion@PLT
     .size cublasGetVersion, .-cublasGetVersion
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname38(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVersion_v2@PLT
     .size cublasGetVersion_v2, .-cublasGetVersion_v2
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1224,7 +1215,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1232,7 +1223,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1240,7 +1231,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1248,7 +1239,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1256,7 +1247,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1264,7 +1255,7 @@ cublasHgemmBatched:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1367,7 +1358,7 @@ cublasIzamin_v2:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1375,7 +1366,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1388,7 +1379,7 @@ cublasRotEx:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1396,7 +1387,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1404,7 +1395,7 @@ cublasRotmEx:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1432,7 +1423,7 @@ cublasSaxpy_v2:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1495,7 +1486,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1503,7 +1494,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1516,7 +1507,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1619,7 +1610,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1672,7 +1663,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1700,7 +1691,7 @@ cublasSrot_v2:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1704,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1726,7 +1717,7 @@ cublasSrotm_v2:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1759,7 +1750,7 @@ cublasSscal_v2:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1767,7 +1758,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1775,7 +1766,7 @@ cublasSspmv_v2:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1783,7 +1774,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1791,7 +1782,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1799,7 +1790,7 @@ cublasSspr2_v2:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1902,7 +1893,7 @@ cublasStbsv_v2:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1910,7 +1901,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1918,7 +1909,7 @@ cublasStpmv_v2:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1926,7 +1917,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1934,7 +1925,7 @@ cublasStpsv_v2:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1987,7 +1978,7 @@ cublasStrsv_v2:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2000,7 +1991,7 @@ cublasSwapEx:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2008,7 +1999,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2016,7 +2007,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2024,7 +2015,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2112,7 +2103,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2125,7 +2116,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2163,7 +2154,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2171,7 +2162,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2184,7 +2175,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2202,7 +2193,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2220,7 +2211,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2328,7 +2319,7 @@ cublasZaxpy_v2:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2351,7 +2342,7 @@ cublasZdgmm:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2364,7 +2355,7 @@ cublasZdotc_v2:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2447,7 +2438,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2590,7 +2581,7 @@ cublasZhpmv_v2:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2598,7 +2589,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2606,7 +2597,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2614,7 +2605,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2622,7 +2613,7 @@ cublasZhpr_v2:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2640,7 +2631,7 @@ cublasZrot_v2:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2813,7 +2804,7 @@ cublasZtrsv_v2:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2890,121 +2881,115 @@ cublasZtrttp:
 .Lname34:
     .asciz "cublasGetLoggerCallback"
 .Lname35:
-    .asciz "cublasGetProperty"
-.Lname36:
     .asciz "cublasGetSmCountTarget"
-.Lname37:
-    .asciz "cublasGetVersion"
-.Lname38:
-    .asciz "cublasGetVersion_v2"
-.Lname39:
+.Lname36:
     .asciz "cublasHSHgemvBatched"
-.Lname40:
+.Lname37:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname41:
+.Lname38:
     .asciz "cublasHSSgemvBatched"
-.Lname42:
+.Lname39:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname43:
+.Lname40:
     .asciz "cublasHgemm"
-.Lname44:
+.Lname41:
     .asciz "cublasHgemmBatched"
-.Lname45:
+.Lname42:
     .asciz "cublasHgemmStridedBatched"
-.Lname46:
+.Lname43:
     .asciz "cublasLoggerConfigure"
-.Lname47:
+.Lname44:
     .asciz "cublasNrm2Ex"
-.Lname48:
+.Lname45:
     .asciz "cublasRotgEx"
-.Lname49:
+.Lname46:
     .asciz "cublasRotmEx"
-.Lname50:
+.Lname47:
     .asciz "cublasRotmgEx"
-.Lname51:
+.Lname48:
     .asciz "cublasSbdmm"
-.Lname52:
+.Lname49:
     .asciz "cublasSetBackdoor"
-.Lname53:
+.Lname50:
     .asciz "cublasSetBackdoorEx"
-.Lname54:
+.Lname51:
     .asciz "cublasSetLoggerCallback"
-.Lname55:
+.Lname52:
     .asciz "cublasSgemvBatched"
-.Lname56:
+.Lname53:
     .asciz "cublasSmatinvBatched"
-.Lname57:
+.Lname54:
     .asciz "cublasSrotg"
-.Lname58:
+.Lname55:
     .asciz "cublasSrotm"
-.Lname59:
+.Lname56:
     .asciz "cublasSrotmg"
-.Lname60:
+.Lname57:
     .asciz "cublasSspmv"
-.Lname61:
+.Lname58:
     .asciz "cublasSspmv_v2"
-.Lname62:
+.Lname59:
     .asciz "cublasSspr"
-.Lname63:
+.Lname60:
     .asciz "cublasSspr2"
-.Lname64:
+.Lname61:
     .asciz "cublasSspr2_v2"
-.Lname65:
+.Lname62:
     .asciz "cublasSspr_v2"
-.Lname66:
+.Lname63:
     .asciz "cublasStpmv"
-.Lname67:
+.Lname64:
     .asciz "cublasStpmv_v2"
-.Lname68:
+.Lname65:
     .asciz "cublasStpsv"
-.Lname69:
+.Lname66:
     .asciz "cublasStpsv_v2"
-.Lname70:
+.Lname67:
     .asciz "cublasStpttr"
-.Lname71:
+.Lname68:
     .asciz "cublasStrttp"
-.Lname72:
+.Lname69:
     .asciz "cublasTSSgemvBatched"
-.Lname73:
+.Lname70:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname74:
+.Lname71:
     .asciz "cublasTSTgemvBatched"
-.Lname75:
+.Lname72:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname76:
+.Lname73:
     .asciz "cublasXtDeviceSelect"
-.Lname77:
+.Lname74:
     .asciz "cublasXtDspmm"
-.Lname78:
+.Lname75:
     .asciz "cublasXtGetBlockDim"
-.Lname79:
+.Lname76:
     .asciz "cublasXtGetNumBoards"
-.Lname80:
+.Lname77:
     .asciz "cublasXtMaxBoards"
-.Lname81:
+.Lname78:
     .asciz "cublasXtSetCpuRoutine"
-.Lname82:
+.Lname79:
     .asciz "cublasXtSspmm"
-.Lname83:
+.Lname80:
     .asciz "cublasZbdmm"
-.Lname84:
+.Lname81:
     .asciz "cublasZdotc"
-.Lname85:
+.Lname82:
     .asciz "cublasZdotu"
-.Lname86:
+.Lname83:
     .asciz "cublasZgemvBatched"
-.Lname87:
+.Lname84:
     .asciz "cublasZhpr"
-.Lname88:
+.Lname85:
     .asciz "cublasZhpr2"
-.Lname89:
+.Lname86:
     .asciz "cublasZhpr2_v2"
-.Lname90:
+.Lname87:
     .asciz "cublasZhpr_v2"
-.Lname91:
+.Lname88:
     .asciz "cublasZmatinvBatched"
-.Lname92:
+.Lname89:
     .asciz "cublasZrotg"
-.Lname93:
+.Lname90:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

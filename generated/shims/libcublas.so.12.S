@@ -1765,15 +1765,12 @@ cublasGetPointerMode_v2:
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname52(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetProperty@PLT
     .size cublasGetProperty, .-cublasGetProperty
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1816,23 +1813,17 @@ cublasGetVector_64:
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname54(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVersion@PLT
     .size cublasGetVersion, .-cublasGetVersion
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname55(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVersion_v2@PLT
     .size cublasGetVersion_v2, .-cublasGetVersion_v2
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1840,7 +1831,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1848,7 +1839,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1856,7 +1847,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1864,7 +1855,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1872,7 +1863,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1880,7 +1871,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1888,7 +1879,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1896,7 +1887,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1904,7 +1895,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1912,7 +1903,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1920,7 +1911,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1928,7 +1919,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1936,7 +1927,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2089,7 +2080,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2097,7 +2088,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2105,7 +2096,7 @@ cublasNrm2Ex:
     .globl cublasNrm2Ex_64
     .type cublasNrm2Ex_64, @function
 cublasNrm2Ex_64:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2123,7 +2114,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2131,7 +2122,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2139,7 +2130,7 @@ cublasRotmEx:
     .globl cublasRotmEx_64
     .type cublasRotmEx_64, @function
 cublasRotmEx_64:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2147,7 +2138,7 @@ cublasRotmEx_64:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2185,7 +2176,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2278,7 +2269,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2286,7 +2277,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2299,7 +2290,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2427,7 +2418,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2435,7 +2426,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2468,7 +2459,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2476,7 +2467,7 @@ cublasSgemvBatched:
     .globl cublasSgemvBatched_64
     .type cublasSgemvBatched_64, @function
 cublasSgemvBatched_64:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2544,7 +2535,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2582,7 +2573,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2595,7 +2586,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2608,7 +2599,7 @@ cublasSrotm_v2:
     .globl cublasSrotm_v2_64
     .type cublasSrotm_v2_64, @function
 cublasSrotm_v2_64:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2616,7 +2607,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2659,7 +2650,7 @@ cublasSscal_v2_64:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2667,7 +2658,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2675,7 +2666,7 @@ cublasSspmv_v2:
     .globl cublasSspmv_v2_64
     .type cublasSspmv_v2_64, @function
 cublasSspmv_v2_64:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2683,7 +2674,7 @@ cublasSspmv_v2_64:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2691,7 +2682,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2699,7 +2690,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2707,7 +2698,7 @@ cublasSspr2_v2:
     .globl cublasSspr2_v2_64
     .type cublasSspr2_v2_64, @function
 cublasSspr2_v2_64:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2715,7 +2706,7 @@ cublasSspr2_v2_64:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2723,7 +2714,7 @@ cublasSspr_v2:
     .globl cublasSspr_v2_64
     .type cublasSspr_v2_64, @function
 cublasSspr_v2_64:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2876,7 +2867,7 @@ cublasStbsv_v2_64:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2884,7 +2875,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2892,7 +2883,7 @@ cublasStpmv_v2:
     .globl cublasStpmv_v2_64
     .type cublasStpmv_v2_64, @function
 cublasStpmv_v2_64:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2900,7 +2891,7 @@ cublasStpmv_v2_64:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2908,7 +2899,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2916,7 +2907,7 @@ cublasStpsv_v2:
     .globl cublasStpsv_v2_64
     .type cublasStpsv_v2_64, @function
 cublasStpsv_v2_64:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2924,7 +2915,7 @@ cublasStpsv_v2_64:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3002,7 +2993,7 @@ cublasStrsv_v2_64:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3020,7 +3011,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3028,7 +3019,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3036,7 +3027,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3044,7 +3035,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3052,7 +3043,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3060,7 +3051,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3068,7 +3059,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3076,7 +3067,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3164,7 +3155,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3177,7 +3168,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3215,7 +3206,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3223,7 +3214,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3236,7 +3227,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3254,7 +3245,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3272,7 +3263,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3385,7 +3376,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3418,7 +3409,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3436,7 +3427,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3564,7 +3555,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3572,7 +3563,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3780,7 +3771,7 @@ cublasZhpmv_v2_64:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3788,7 +3779,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3796,7 +3787,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3804,7 +3795,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr2_v2_64
     .type cublasZhpr2_v2_64, @function
 cublasZhpr2_v2_64:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3812,7 +3803,7 @@ cublasZhpr2_v2_64:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3820,7 +3811,7 @@ cublasZhpr_v2:
     .globl cublasZhpr_v2_64
     .type cublasZhpr_v2_64, @function
 cublasZhpr_v2_64:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3828,7 +3819,7 @@ cublasZhpr_v2_64:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3851,7 +3842,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4114,7 +4105,7 @@ cublasZtrsv_v2_64:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4225,171 +4216,165 @@ cublasZtrttp:
 .Lname51:
     .asciz "cublasGetLoggerCallback"
 .Lname52:
-    .asciz "cublasGetProperty"
-.Lname53:
     .asciz "cublasGetSmCountTarget"
-.Lname54:
-    .asciz "cublasGetVersion"
-.Lname55:
-    .asciz "cublasGetVersion_v2"
-.Lname56:
+.Lname53:
     .asciz "cublasHSHgemvBatched"
-.Lname57:
+.Lname54:
     .asciz "cublasHSHgemvBatched_64"
-.Lname58:
+.Lname55:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname59:
+.Lname56:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname60:
+.Lname57:
     .asciz "cublasHSSgemvBatched"
-.Lname61:
+.Lname58:
     .asciz "cublasHSSgemvBatched_64"
-.Lname62:
+.Lname59:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname63:
+.Lname60:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname64:
+.Lname61:
     .asciz "cublasHgemm"
-.Lname65:
+.Lname62:
     .asciz "cublasHgemmBatched"
-.Lname66:
+.Lname63:
     .asciz "cublasHgemmBatched_64"
-.Lname67:
+.Lname64:
     .asciz "cublasHgemmStridedBatched"
-.Lname68:
+.Lname65:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname69:
+.Lname66:
     .asciz "cublasHgemm_64"
-.Lname70:
+.Lname67:
     .asciz "cublasLoggerConfigure"
-.Lname71:
+.Lname68:
     .asciz "cublasNrm2Ex"
-.Lname72:
+.Lname69:
     .asciz "cublasNrm2Ex_64"
-.Lname73:
+.Lname70:
     .asciz "cublasRotgEx"
-.Lname74:
+.Lname71:
     .asciz "cublasRotmEx"
-.Lname75:
+.Lname72:
     .asciz "cublasRotmEx_64"
-.Lname76:
+.Lname73:
     .asciz "cublasRotmgEx"
-.Lname77:
+.Lname74:
     .asciz "cublasSbdmm"
-.Lname78:
+.Lname75:
     .asciz "cublasSetBackdoor"
-.Lname79:
+.Lname76:
     .asciz "cublasSetBackdoorEx"
-.Lname80:
+.Lname77:
     .asciz "cublasSetLoggerCallback"
-.Lname81:
+.Lname78:
     .asciz "cublasSgemmGroupedBatched"
-.Lname82:
+.Lname79:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname83:
+.Lname80:
     .asciz "cublasSgemvBatched"
-.Lname84:
+.Lname81:
     .asciz "cublasSgemvBatched_64"
-.Lname85:
+.Lname82:
     .asciz "cublasSmatinvBatched"
-.Lname86:
+.Lname83:
     .asciz "cublasSrotg"
-.Lname87:
+.Lname84:
     .asciz "cublasSrotm"
-.Lname88:
+.Lname85:
     .asciz "cublasSrotm_v2_64"
-.Lname89:
+.Lname86:
     .asciz "cublasSrotmg"
-.Lname90:
+.Lname87:
     .asciz "cublasSspmv"
-.Lname91:
+.Lname88:
     .asciz "cublasSspmv_v2"
-.Lname92:
+.Lname89:
     .asciz "cublasSspmv_v2_64"
-.Lname93:
+.Lname90:
     .asciz "cublasSspr"
-.Lname94:
+.Lname91:
     .asciz "cublasSspr2"
-.Lname95:
+.Lname92:
     .asciz "cublasSspr2_v2"
-.Lname96:
+.Lname93:
     .asciz "cublasSspr2_v2_64"
-.Lname97:
+.Lname94:
     .asciz "cublasSspr_v2"
-.Lname98:
+.Lname95:
     .asciz "cublasSspr_v2_64"
-.Lname99:
+.Lname96:
     .asciz "cublasStpmv"
-.Lname100:
+.Lname97:
     .asciz "cublasStpmv_v2"
-.Lname101:
+.Lname98:
     .asciz "cublasStpmv_v2_64"
-.Lname102:
+.Lname99:
     .asciz "cublasStpsv"
-.Lname103:
+.Lname100:
     .asciz "cublasStpsv_v2"
-.Lname104:
+.Lname101:
     .asciz "cublasStpsv_v2_64"
-.Lname105:
+.Lname102:
     .asciz "cublasStpttr"
-.Lname106:
+.Lname103:
     .asciz "cublasStrttp"
-.Lname107:
+.Lname104:
     .asciz "cublasTSSgemvBatched"
-.Lname108:
+.Lname105:
     .asciz "cublasTSSgemvBatched_64"
-.Lname109:
+.Lname106:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname110:
+.Lname107:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname111:
+.Lname108:
     .asciz "cublasTSTgemvBatched"
-.Lname112:
+.Lname109:
     .asciz "cublasTSTgemvBatched_64"
-.Lname113:
+.Lname110:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname114:
+.Lname111:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname115:
+.Lname112:
     .asciz "cublasXtDeviceSelect"
-.Lname116:
+.Lname113:
     .asciz "cublasXtDspmm"
-.Lname117:
+.Lname114:
     .asciz "cublasXtGetBlockDim"
-.Lname118:
+.Lname115:
     .asciz "cublasXtGetNumBoards"
-.Lname119:
+.Lname116:
     .asciz "cublasXtMaxBoards"
-.Lname120:
+.Lname117:
     .asciz "cublasXtSetCpuRoutine"
-.Lname121:
+.Lname118:
     .asciz "cublasXtSspmm"
-.Lname122:
+.Lname119:
     .asciz "cublasZbdmm"
-.Lname123:
+.Lname120:
     .asciz "cublasZdotc"
-.Lname124:
+.Lname121:
     .asciz "cublasZdotu"
-.Lname125:
+.Lname122:
     .asciz "cublasZgemvBatched"
-.Lname126:
+.Lname123:
     .asciz "cublasZgemvBatched_64"
-.Lname127:
+.Lname124:
     .asciz "cublasZhpr"
-.Lname128:
+.Lname125:
     .asciz "cublasZhpr2"
-.Lname129:
+.Lname126:
     .asciz "cublasZhpr2_v2"
-.Lname130:
+.Lname127:
     .asciz "cublasZhpr2_v2_64"
-.Lname131:
+.Lname128:
     .asciz "cublasZhpr_v2"
-.Lname132:
+.Lname129:
     .asciz "cublasZhpr_v2_64"
-.Lname133:
+.Lname130:
     .asciz "cublasZmatinvBatched"
-.Lname134:
+.Lname131:
     .asciz "cublasZrotg"
-.Lname135:
+.Lname132:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

@@ -779,15 +779,12 @@ cublasLtGetCudartVersion:
     .globl cublasLtGetProperty
     .type cublasLtGetProperty, @function
 cublasLtGetProperty:
-    leaq .Lname95(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtGetProperty@PLT
     .size cublasLtGetProperty, .-cublasLtGetProperty
     .globl cublasLtGetStatusName
     .type cublasLtGetStatusName, @function
 cublasLtGetStatusName:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -795,7 +792,7 @@ cublasLtGetStatusName:
     .globl cublasLtGetStatusString
     .type cublasLtGetStatusString, @function
 cublasLtGetStatusString:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -808,7 +805,7 @@ cublasLtGetVersion:
     .globl cublasLtHHHMatmul
     .type cublasLtHHHMatmul, @function
 cublasLtHHHMatmul:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -816,7 +813,7 @@ cublasLtHHHMatmul:
     .globl cublasLtHHHMatmulAlgoCapGetAttribute
     .type cublasLtHHHMatmulAlgoCapGetAttribute, @function
 cublasLtHHHMatmulAlgoCapGetAttribute:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -824,7 +821,7 @@ cublasLtHHHMatmulAlgoCapGetAttribute:
     .globl cublasLtHHHMatmulAlgoCheck
     .type cublasLtHHHMatmulAlgoCheck, @function
 cublasLtHHHMatmulAlgoCheck:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -832,7 +829,7 @@ cublasLtHHHMatmulAlgoCheck:
     .globl cublasLtHHHMatmulAlgoGetHeuristic
     .type cublasLtHHHMatmulAlgoGetHeuristic, @function
 cublasLtHHHMatmulAlgoGetHeuristic:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -840,7 +837,7 @@ cublasLtHHHMatmulAlgoGetHeuristic:
     .globl cublasLtHHHMatmulAlgoGetIds
     .type cublasLtHHHMatmulAlgoGetIds, @function
 cublasLtHHHMatmulAlgoGetIds:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -848,7 +845,7 @@ cublasLtHHHMatmulAlgoGetIds:
     .globl cublasLtHHHMatmulAlgoInit
     .type cublasLtHHHMatmulAlgoInit, @function
 cublasLtHHHMatmulAlgoInit:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -856,7 +853,7 @@ cublasLtHHHMatmulAlgoInit:
     .globl cublasLtHSHMatmul
     .type cublasLtHSHMatmul, @function
 cublasLtHSHMatmul:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -864,7 +861,7 @@ cublasLtHSHMatmul:
     .globl cublasLtHSHMatmulAlgoCapGetAttribute
     .type cublasLtHSHMatmulAlgoCapGetAttribute, @function
 cublasLtHSHMatmulAlgoCapGetAttribute:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -872,7 +869,7 @@ cublasLtHSHMatmulAlgoCapGetAttribute:
     .globl cublasLtHSHMatmulAlgoCheck
     .type cublasLtHSHMatmulAlgoCheck, @function
 cublasLtHSHMatmulAlgoCheck:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -880,7 +877,7 @@ cublasLtHSHMatmulAlgoCheck:
     .globl cublasLtHSHMatmulAlgoGetHeuristic
     .type cublasLtHSHMatmulAlgoGetHeuristic, @function
 cublasLtHSHMatmulAlgoGetHeuristic:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -888,7 +885,7 @@ cublasLtHSHMatmulAlgoGetHeuristic:
     .globl cublasLtHSHMatmulAlgoGetIds
     .type cublasLtHSHMatmulAlgoGetIds, @function
 cublasLtHSHMatmulAlgoGetIds:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -896,7 +893,7 @@ cublasLtHSHMatmulAlgoGetIds:
     .globl cublasLtHSHMatmulAlgoInit
     .type cublasLtHSHMatmulAlgoInit, @function
 cublasLtHSHMatmulAlgoInit:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -904,7 +901,7 @@ cublasLtHSHMatmulAlgoInit:
     .globl cublasLtHSSMatmul
     .type cublasLtHSSMatmul, @function
 cublasLtHSSMatmul:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -912,7 +909,7 @@ cublasLtHSSMatmul:
     .globl cublasLtHSSMatmulAlgoCapGetAttribute
     .type cublasLtHSSMatmulAlgoCapGetAttribute, @function
 cublasLtHSSMatmulAlgoCapGetAttribute:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -920,7 +917,7 @@ cublasLtHSSMatmulAlgoCapGetAttribute:
     .globl cublasLtHSSMatmulAlgoCheck
     .type cublasLtHSSMatmulAlgoCheck, @function
 cublasLtHSSMatmulAlgoCheck:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -928,7 +925,7 @@ cublasLtHSSMatmulAlgoCheck:
     .globl cublasLtHSSMatmulAlgoGetHeuristic
     .type cublasLtHSSMatmulAlgoGetHeuristic, @function
 cublasLtHSSMatmulAlgoGetHeuristic:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -936,7 +933,7 @@ cublasLtHSSMatmulAlgoGetHeuristic:
     .globl cublasLtHSSMatmulAlgoGetIds
     .type cublasLtHSSMatmulAlgoGetIds, @function
 cublasLtHSSMatmulAlgoGetIds:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -944,7 +941,7 @@ cublasLtHSSMatmulAlgoGetIds:
     .globl cublasLtHSSMatmulAlgoInit
     .type cublasLtHSSMatmulAlgoInit, @function
 cublasLtHSSMatmulAlgoInit:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -952,7 +949,7 @@ cublasLtHSSMatmulAlgoInit:
     .globl cublasLtHeuristicLutSerializeEntry
     .type cublasLtHeuristicLutSerializeEntry, @function
 cublasLtHeuristicLutSerializeEntry:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -960,7 +957,7 @@ cublasLtHeuristicLutSerializeEntry:
     .globl cublasLtHeuristicsCacheGetCapacity
     .type cublasLtHeuristicsCacheGetCapacity, @function
 cublasLtHeuristicsCacheGetCapacity:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -973,7 +970,7 @@ cublasLtHeuristicsCacheSetCapacity:
     .globl cublasLtKCCMatmul
     .type cublasLtKCCMatmul, @function
 cublasLtKCCMatmul:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -981,7 +978,7 @@ cublasLtKCCMatmul:
     .globl cublasLtKCCMatmulAlgoCapGetAttribute
     .type cublasLtKCCMatmulAlgoCapGetAttribute, @function
 cublasLtKCCMatmulAlgoCapGetAttribute:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -989,7 +986,7 @@ cublasLtKCCMatmulAlgoCapGetAttribute:
     .globl cublasLtKCCMatmulAlgoCheck
     .type cublasLtKCCMatmulAlgoCheck, @function
 cublasLtKCCMatmulAlgoCheck:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -997,7 +994,7 @@ cublasLtKCCMatmulAlgoCheck:
     .globl cublasLtKCCMatmulAlgoGetHeuristic
     .type cublasLtKCCMatmulAlgoGetHeuristic, @function
 cublasLtKCCMatmulAlgoGetHeuristic:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1005,7 +1002,7 @@ cublasLtKCCMatmulAlgoGetHeuristic:
     .globl cublasLtKCCMatmulAlgoGetIds
     .type cublasLtKCCMatmulAlgoGetIds, @function
 cublasLtKCCMatmulAlgoGetIds:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1013,7 +1010,7 @@ cublasLtKCCMatmulAlgoGetIds:
     .globl cublasLtKCCMatmulAlgoInit
     .type cublasLtKCCMatmulAlgoInit, @function
 cublasLtKCCMatmulAlgoInit:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1021,7 +1018,7 @@ cublasLtKCCMatmulAlgoInit:
     .globl cublasLtKCKMatmul
     .type cublasLtKCKMatmul, @function
 cublasLtKCKMatmul:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1029,7 +1026,7 @@ cublasLtKCKMatmul:
     .globl cublasLtKCKMatmulAlgoCapGetAttribute
     .type cublasLtKCKMatmulAlgoCapGetAttribute, @function
 cublasLtKCKMatmulAlgoCapGetAttribute:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1037,7 +1034,7 @@ cublasLtKCKMatmulAlgoCapGetAttribute:
     .globl cublasLtKCKMatmulAlgoCheck
     .type cublasLtKCKMatmulAlgoCheck, @function
 cublasLtKCKMatmulAlgoCheck:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1045,7 +1042,7 @@ cublasLtKCKMatmulAlgoCheck:
     .globl cublasLtKCKMatmulAlgoGetHeuristic
     .type cublasLtKCKMatmulAlgoGetHeuristic, @function
 cublasLtKCKMatmulAlgoGetHeuristic:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1053,7 +1050,7 @@ cublasLtKCKMatmulAlgoGetHeuristic:
     .globl cublasLtKCKMatmulAlgoGetIds
     .type cublasLtKCKMatmulAlgoGetIds, @function
 cublasLtKCKMatmulAlgoGetIds:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1061,7 +1058,7 @@ cublasLtKCKMatmulAlgoGetIds:
     .globl cublasLtKCKMatmulAlgoInit
     .type cublasLtKCKMatmulAlgoInit, @function
 cublasLtKCKMatmulAlgoInit:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1069,7 +1066,7 @@ cublasLtKCKMatmulAlgoInit:
     .globl cublasLtLegacyGemmACC
     .type cublasLtLegacyGemmACC, @function
 cublasLtLegacyGemmACC:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1077,7 +1074,7 @@ cublasLtLegacyGemmACC:
     .globl cublasLtLegacyGemmBII
     .type cublasLtLegacyGemmBII, @function
 cublasLtLegacyGemmBII:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1085,7 +1082,7 @@ cublasLtLegacyGemmBII:
     .globl cublasLtLegacyGemmBSS
     .type cublasLtLegacyGemmBSS, @function
 cublasLtLegacyGemmBSS:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1093,7 +1090,7 @@ cublasLtLegacyGemmBSS:
     .globl cublasLtLegacyGemmCCC
     .type cublasLtLegacyGemmCCC, @function
 cublasLtLegacyGemmCCC:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1101,7 +1098,7 @@ cublasLtLegacyGemmCCC:
     .globl cublasLtLegacyGemmDDD
     .type cublasLtLegacyGemmDDD, @function
 cublasLtLegacyGemmDDD:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1109,7 +1106,7 @@ cublasLtLegacyGemmDDD:
     .globl cublasLtLegacyGemmHHH
     .type cublasLtLegacyGemmHHH, @function
 cublasLtLegacyGemmHHH:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1117,7 +1114,7 @@ cublasLtLegacyGemmHHH:
     .globl cublasLtLegacyGemmHSH
     .type cublasLtLegacyGemmHSH, @function
 cublasLtLegacyGemmHSH:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1125,7 +1122,7 @@ cublasLtLegacyGemmHSH:
     .globl cublasLtLegacyGemmHSS
     .type cublasLtLegacyGemmHSS, @function
 cublasLtLegacyGemmHSS:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1133,7 +1130,7 @@ cublasLtLegacyGemmHSS:
     .globl cublasLtLegacyGemmSSS
     .type cublasLtLegacyGemmSSS, @function
 cublasLtLegacyGemmSSS:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1141,7 +1138,7 @@ cublasLtLegacyGemmSSS:
     .globl cublasLtLegacyGemmTSS
     .type cublasLtLegacyGemmTSS, @function
 cublasLtLegacyGemmTSS:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1149,7 +1146,7 @@ cublasLtLegacyGemmTSS:
     .globl cublasLtLegacyGemmTST
     .type cublasLtLegacyGemmTST, @function
 cublasLtLegacyGemmTST:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1157,7 +1154,7 @@ cublasLtLegacyGemmTST:
     .globl cublasLtLegacyGemmUtilizationCCC
     .type cublasLtLegacyGemmUtilizationCCC, @function
 cublasLtLegacyGemmUtilizationCCC:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1165,7 +1162,7 @@ cublasLtLegacyGemmUtilizationCCC:
     .globl cublasLtLegacyGemmUtilizationDDD
     .type cublasLtLegacyGemmUtilizationDDD, @function
 cublasLtLegacyGemmUtilizationDDD:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1173,7 +1170,7 @@ cublasLtLegacyGemmUtilizationDDD:
     .globl cublasLtLegacyGemmUtilizationZZZ
     .type cublasLtLegacyGemmUtilizationZZZ, @function
 cublasLtLegacyGemmUtilizationZZZ:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1181,7 +1178,7 @@ cublasLtLegacyGemmUtilizationZZZ:
     .globl cublasLtLegacyGemmZZZ
     .type cublasLtLegacyGemmZZZ, @function
 cublasLtLegacyGemmZZZ:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1194,7 +1191,7 @@ cublasLtLoggerForceDisable:
     .globl cublasLtLoggerOpenFile
     .type cublasLtLoggerOpenFile, @function
 cublasLtLoggerOpenFile:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1202,7 +1199,7 @@ cublasLtLoggerOpenFile:
     .globl cublasLtLoggerSetCallback
     .type cublasLtLoggerSetCallback, @function
 cublasLtLoggerSetCallback:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1210,7 +1207,7 @@ cublasLtLoggerSetCallback:
     .globl cublasLtLoggerSetFile
     .type cublasLtLoggerSetFile, @function
 cublasLtLoggerSetFile:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1233,7 +1230,7 @@ cublasLtMatmul:
     .globl cublasLtMatmulAlgoCapGetAttribute
     .type cublasLtMatmulAlgoCapGetAttribute, @function
 cublasLtMatmulAlgoCapGetAttribute:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1241,7 +1238,7 @@ cublasLtMatmulAlgoCapGetAttribute:
     .globl cublasLtMatmulAlgoCheck
     .type cublasLtMatmulAlgoCheck, @function
 cublasLtMatmulAlgoCheck:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1249,7 +1246,7 @@ cublasLtMatmulAlgoCheck:
     .globl cublasLtMatmulAlgoConfigGetAttribute
     .type cublasLtMatmulAlgoConfigGetAttribute, @function
 cublasLtMatmulAlgoConfigGetAttribute:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1257,7 +1254,7 @@ cublasLtMatmulAlgoConfigGetAttribute:
     .globl cublasLtMatmulAlgoConfigGetAttributeRange
     .type cublasLtMatmulAlgoConfigGetAttributeRange, @function
 cublasLtMatmulAlgoConfigGetAttributeRange:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1265,7 +1262,7 @@ cublasLtMatmulAlgoConfigGetAttributeRange:
     .globl cublasLtMatmulAlgoConfigSetAttribute
     .type cublasLtMatmulAlgoConfigSetAttribute, @function
 cublasLtMatmulAlgoConfigSetAttribute:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1278,7 +1275,7 @@ cublasLtMatmulAlgoGetHeuristic:
     .globl cublasLtMatmulAlgoGetIds
     .type cublasLtMatmulAlgoGetIds, @function
 cublasLtMatmulAlgoGetIds:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1286,7 +1283,7 @@ cublasLtMatmulAlgoGetIds:
     .globl cublasLtMatmulAlgoInit
     .type cublasLtMatmulAlgoInit, @function
 cublasLtMatmulAlgoInit:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1304,7 +1301,7 @@ cublasLtMatmulDescDestroy:
     .globl cublasLtMatmulDescGetAttribute
     .type cublasLtMatmulDescGetAttribute, @function
 cublasLtMatmulDescGetAttribute:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,7 +1329,7 @@ cublasLtMatmulPreferenceDestroy:
     .globl cublasLtMatmulPreferenceGetAttribute
     .type cublasLtMatmulPreferenceGetAttribute, @function
 cublasLtMatmulPreferenceGetAttribute:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1360,7 +1357,7 @@ cublasLtMatrixLayoutDestroy:
     .globl cublasLtMatrixLayoutGetAttribute
     .type cublasLtMatrixLayoutGetAttribute, @function
 cublasLtMatrixLayoutGetAttribute:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1378,7 +1375,7 @@ cublasLtMatrixLayoutSetAttribute:
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1396,7 +1393,7 @@ cublasLtMatrixTransformDescDestroy:
     .globl cublasLtMatrixTransformDescGetAttribute
     .type cublasLtMatrixTransformDescGetAttribute, @function
 cublasLtMatrixTransformDescGetAttribute:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1409,7 +1406,7 @@ cublasLtMatrixTransformDescInit_internal:
     .globl cublasLtMatrixTransformDescSetAttribute
     .type cublasLtMatrixTransformDescSetAttribute, @function
 cublasLtMatrixTransformDescSetAttribute:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1417,7 +1414,7 @@ cublasLtMatrixTransformDescSetAttribute:
     .globl cublasLtSSSMatmul
     .type cublasLtSSSMatmul, @function
 cublasLtSSSMatmul:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1425,7 +1422,7 @@ cublasLtSSSMatmul:
     .globl cublasLtSSSMatmulAlgoCapGetAttribute
     .type cublasLtSSSMatmulAlgoCapGetAttribute, @function
 cublasLtSSSMatmulAlgoCapGetAttribute:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1433,7 +1430,7 @@ cublasLtSSSMatmulAlgoCapGetAttribute:
     .globl cublasLtSSSMatmulAlgoCheck
     .type cublasLtSSSMatmulAlgoCheck, @function
 cublasLtSSSMatmulAlgoCheck:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1441,7 +1438,7 @@ cublasLtSSSMatmulAlgoCheck:
     .globl cublasLtSSSMatmulAlgoGetHeuristic
     .type cublasLtSSSMatmulAlgoGetHeuristic, @function
 cublasLtSSSMatmulAlgoGetHeuristic:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1449,7 +1446,7 @@ cublasLtSSSMatmulAlgoGetHeuristic:
     .globl cublasLtSSSMatmulAlgoGetIds
     .type cublasLtSSSMatmulAlgoGetIds, @function
 cublasLtSSSMatmulAlgoGetIds:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1457,7 +1454,7 @@ cublasLtSSSMatmulAlgoGetIds:
     .globl cublasLtSSSMatmulAlgoInit
     .type cublasLtSSSMatmulAlgoInit, @function
 cublasLtSSSMatmulAlgoInit:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1465,7 +1462,7 @@ cublasLtSSSMatmulAlgoInit:
     .globl cublasLtShutdownCtx
     .type cublasLtShutdownCtx, @function
 cublasLtShutdownCtx:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1473,7 +1470,7 @@ cublasLtShutdownCtx:
     .globl cublasLtTSSMatmul
     .type cublasLtTSSMatmul, @function
 cublasLtTSSMatmul:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1481,7 +1478,7 @@ cublasLtTSSMatmul:
     .globl cublasLtTSSMatmulAlgoCapGetAttribute
     .type cublasLtTSSMatmulAlgoCapGetAttribute, @function
 cublasLtTSSMatmulAlgoCapGetAttribute:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1489,7 +1486,7 @@ cublasLtTSSMatmulAlgoCapGetAttribute:
     .globl cublasLtTSSMatmulAlgoCheck
     .type cublasLtTSSMatmulAlgoCheck, @function
 cublasLtTSSMatmulAlgoCheck:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1497,7 +1494,7 @@ cublasLtTSSMatmulAlgoCheck:
     .globl cublasLtTSSMatmulAlgoGetHeuristic
     .type cublasLtTSSMatmulAlgoGetHeuristic, @function
 cublasLtTSSMatmulAlgoGetHeuristic:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1505,7 +1502,7 @@ cublasLtTSSMatmulAlgoGetHeuristic:
     .globl cublasLtTSSMatmulAlgoGetIds
     .type cublasLtTSSMatmulAlgoGetIds, @function
 cublasLtTSSMatmulAlgoGetIds:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1513,7 +1510,7 @@ cublasLtTSSMatmulAlgoGetIds:
     .globl cublasLtTSSMatmulAlgoInit
     .type cublasLtTSSMatmulAlgoInit, @function
 cublasLtTSSMatmulAlgoInit:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1521,7 +1518,7 @@ cublasLtTSSMatmulAlgoInit:
     .globl cublasLtTSTMatmul
     .type cublasLtTSTMatmul, @function
 cublasLtTSTMatmul:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1529,7 +1526,7 @@ cublasLtTSTMatmul:
     .globl cublasLtTSTMatmulAlgoCapGetAttribute
     .type cublasLtTSTMatmulAlgoCapGetAttribute, @function
 cublasLtTSTMatmulAlgoCapGetAttribute:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1537,7 +1534,7 @@ cublasLtTSTMatmulAlgoCapGetAttribute:
     .globl cublasLtTSTMatmulAlgoCheck
     .type cublasLtTSTMatmulAlgoCheck, @function
 cublasLtTSTMatmulAlgoCheck:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1545,7 +1542,7 @@ cublasLtTSTMatmulAlgoCheck:
     .globl cublasLtTSTMatmulAlgoGetHeuristic
     .type cublasLtTSTMatmulAlgoGetHeuristic, @function
 cublasLtTSTMatmulAlgoGetHeuristic:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1553,7 +1550,7 @@ cublasLtTSTMatmulAlgoGetHeuristic:
     .globl cublasLtTSTMatmulAlgoGetIds
     .type cublasLtTSTMatmulAlgoGetIds, @function
 cublasLtTSTMatmulAlgoGetIds:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1561,7 +1558,7 @@ cublasLtTSTMatmulAlgoGetIds:
     .globl cublasLtTSTMatmulAlgoInit
     .type cublasLtTSTMatmulAlgoInit, @function
 cublasLtTSTMatmulAlgoInit:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1569,7 +1566,7 @@ cublasLtTSTMatmulAlgoInit:
     .globl cublasLtVCCMatmul
     .type cublasLtVCCMatmul, @function
 cublasLtVCCMatmul:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1577,7 +1574,7 @@ cublasLtVCCMatmul:
     .globl cublasLtVCCMatmulAlgoCapGetAttribute
     .type cublasLtVCCMatmulAlgoCapGetAttribute, @function
 cublasLtVCCMatmulAlgoCapGetAttribute:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1585,7 +1582,7 @@ cublasLtVCCMatmulAlgoCapGetAttribute:
     .globl cublasLtVCCMatmulAlgoCheck
     .type cublasLtVCCMatmulAlgoCheck, @function
 cublasLtVCCMatmulAlgoCheck:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1593,7 +1590,7 @@ cublasLtVCCMatmulAlgoCheck:
     .globl cublasLtVCCMatmulAlgoGetHeuristic
     .type cublasLtVCCMatmulAlgoGetHeuristic, @function
 cublasLtVCCMatmulAlgoGetHeuristic:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1601,7 +1598,7 @@ cublasLtVCCMatmulAlgoGetHeuristic:
     .globl cublasLtVCCMatmulAlgoGetIds
     .type cublasLtVCCMatmulAlgoGetIds, @function
 cublasLtVCCMatmulAlgoGetIds:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1609,7 +1606,7 @@ cublasLtVCCMatmulAlgoGetIds:
     .globl cublasLtVCCMatmulAlgoInit
     .type cublasLtVCCMatmulAlgoInit, @function
 cublasLtVCCMatmulAlgoInit:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1617,7 +1614,7 @@ cublasLtVCCMatmulAlgoInit:
     .globl cublasLtVCVMatmul
     .type cublasLtVCVMatmul, @function
 cublasLtVCVMatmul:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1625,7 +1622,7 @@ cublasLtVCVMatmul:
     .globl cublasLtVCVMatmulAlgoCapGetAttribute
     .type cublasLtVCVMatmulAlgoCapGetAttribute, @function
 cublasLtVCVMatmulAlgoCapGetAttribute:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1633,7 +1630,7 @@ cublasLtVCVMatmulAlgoCapGetAttribute:
     .globl cublasLtVCVMatmulAlgoCheck
     .type cublasLtVCVMatmulAlgoCheck, @function
 cublasLtVCVMatmulAlgoCheck:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1641,7 +1638,7 @@ cublasLtVCVMatmulAlgoCheck:
     .globl cublasLtVCVMatmulAlgoGetHeuristic
     .type cublasLtVCVMatmulAlgoGetHeuristic, @function
 cublasLtVCVMatmulAlgoGetHeuristic:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1649,7 +1646,7 @@ cublasLtVCVMatmulAlgoGetHeuristic:
     .globl cublasLtVCVMatmulAlgoGetIds
     .type cublasLtVCVMatmulAlgoGetIds, @function
 cublasLtVCVMatmulAlgoGetIds:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1657,7 +1654,7 @@ cublasLtVCVMatmulAlgoGetIds:
     .globl cublasLtVCVMatmulAlgoInit
     .type cublasLtVCVMatmulAlgoInit, @function
 cublasLtVCVMatmulAlgoInit:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1665,7 +1662,7 @@ cublasLtVCVMatmulAlgoInit:
     .globl cublasLtZZZMatmul
     .type cublasLtZZZMatmul, @function
 cublasLtZZZMatmul:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1673,7 +1670,7 @@ cublasLtZZZMatmul:
     .globl cublasLtZZZMatmulAlgoCapGetAttribute
     .type cublasLtZZZMatmulAlgoCapGetAttribute, @function
 cublasLtZZZMatmulAlgoCapGetAttribute:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1681,7 +1678,7 @@ cublasLtZZZMatmulAlgoCapGetAttribute:
     .globl cublasLtZZZMatmulAlgoCheck
     .type cublasLtZZZMatmulAlgoCheck, @function
 cublasLtZZZMatmulAlgoCheck:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1689,7 +1686,7 @@ cublasLtZZZMatmulAlgoCheck:
     .globl cublasLtZZZMatmulAlgoGetHeuristic
     .type cublasLtZZZMatmulAlgoGetHeuristic, @function
 cublasLtZZZMatmulAlgoGetHeuristic:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1697,7 +1694,7 @@ cublasLtZZZMatmulAlgoGetHeuristic:
     .globl cublasLtZZZMatmulAlgoGetIds
     .type cublasLtZZZMatmulAlgoGetIds, @function
 cublasLtZZZMatmulAlgoGetIds:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1705,7 +1702,7 @@ cublasLtZZZMatmulAlgoGetIds:
     .globl cublasLtZZZMatmulAlgoInit
     .type cublasLtZZZMatmulAlgoInit, @function
 cublasLtZZZMatmulAlgoInit:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1710,7 @@ cublasLtZZZMatmulAlgoInit:
     .globl cublasLt_for_cublas_BII
     .type cublasLt_for_cublas_BII, @function
 cublasLt_for_cublas_BII:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1721,7 +1718,7 @@ cublasLt_for_cublas_BII:
     .globl cublasLt_for_cublas_BSS
     .type cublasLt_for_cublas_BSS, @function
 cublasLt_for_cublas_BSS:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1729,7 +1726,7 @@ cublasLt_for_cublas_BSS:
     .globl cublasLt_for_cublas_CCC
     .type cublasLt_for_cublas_CCC, @function
 cublasLt_for_cublas_CCC:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1737,7 +1734,7 @@ cublasLt_for_cublas_CCC:
     .globl cublasLt_for_cublas_DDD
     .type cublasLt_for_cublas_DDD, @function
 cublasLt_for_cublas_DDD:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1745,7 +1742,7 @@ cublasLt_for_cublas_DDD:
     .globl cublasLt_for_cublas_HHH
     .type cublasLt_for_cublas_HHH, @function
 cublasLt_for_cublas_HHH:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1753,7 +1750,7 @@ cublasLt_for_cublas_HHH:
     .globl cublasLt_for_cublas_HSH
     .type cublasLt_for_cublas_HSH, @function
 cublasLt_for_cublas_HSH:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1761,7 +1758,7 @@ cublasLt_for_cublas_HSH:
     .globl cublasLt_for_cublas_HSS
     .type cublasLt_for_cublas_HSS, @function
 cublasLt_for_cublas_HSS:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1769,7 +1766,7 @@ cublasLt_for_cublas_HSS:
     .globl cublasLt_for_cublas_SSS
     .type cublasLt_for_cublas_SSS, @function
 cublasLt_for_cublas_SSS:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1777,7 +1774,7 @@ cublasLt_for_cublas_SSS:
     .globl cublasLt_for_cublas_TSS
     .type cublasLt_for_cublas_TSS, @function
 cublasLt_for_cublas_TSS:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1785,7 +1782,7 @@ cublasLt_for_cublas_TSS:
     .globl cublasLt_for_cublas_TST
     .type cublasLt_for_cublas_TST, @function
 cublasLt_for_cublas_TST:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1793,7 +1790,7 @@ cublasLt_for_cublas_TST:
     .globl cublasLt_for_cublas_ZZZ
     .type cublasLt_for_cublas_ZZZ, @function
 cublasLt_for_cublas_ZZZ:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1990,231 +1987,229 @@ cublasLt_for_cublas_ZZZ:
 .Lname94:
     .asciz "cublasLtE5m2E4m3Fp32Fp32Fp32MatmulAlgoInit"
 .Lname95:
-    .asciz "cublasLtGetProperty"
-.Lname96:
     .asciz "cublasLtGetStatusName"
-.Lname97:
+.Lname96:
     .asciz "cublasLtGetStatusString"
-.Lname98:
+.Lname97:
     .asciz "cublasLtHHHMatmul"
-.Lname99:
+.Lname98:
     .asciz "cublasLtHHHMatmulAlgoCapGetAttribute"
-.Lname100:
+.Lname99:
     .asciz "cublasLtHHHMatmulAlgoCheck"
-.Lname101:
+.Lname100:
     .asciz "cublasLtHHHMatmulAlgoGetHeuristic"
-.Lname102:
+.Lname101:
     .asciz "cublasLtHHHMatmulAlgoGetIds"
-.Lname103:
+.Lname102:
     .asciz "cublasLtHHHMatmulAlgoInit"
-.Lname104:
+.Lname103:
     .asciz "cublasLtHSHMatmul"
-.Lname105:
+.Lname104:
     .asciz "cublasLtHSHMatmulAlgoCapGetAttribute"
-.Lname106:
+.Lname105:
     .asciz "cublasLtHSHMatmulAlgoCheck"
-.Lname107:
+.Lname106:
     .asciz "cublasLtHSHMatmulAlgoGetHeuristic"
-.Lname108:
+.Lname107:
     .asciz "cublasLtHSHMatmulAlgoGetIds"
-.Lname109:
+.Lname108:
     .asciz "cublasLtHSHMatmulAlgoInit"
-.Lname110:
+.Lname109:
     .asciz "cublasLtHSSMatmul"
-.Lname111:
+.Lname110:
     .asciz "cublasLtHSSMatmulAlgoCapGetAttribute"
-.Lname112:
+.Lname111:
     .asciz "cublasLtHSSMatmulAlgoCheck"
-.Lname113:
+.Lname112:
     .asciz "cublasLtHSSMatmulAlgoGetHeuristic"
-.Lname114:
+.Lname113:
     .asciz "cublasLtHSSMatmulAlgoGetIds"
-.Lname115:
+.Lname114:
     .asciz "cublasLtHSSMatmulAlgoInit"
-.Lname116:
+.Lname115:
     .asciz "cublasLtHeuristicLutSerializeEntry"
-.Lname117:
+.Lname116:
     .asciz "cublasLtHeuristicsCacheGetCapacity"
-.Lname118:
+.Lname117:
     .asciz "cublasLtKCCMatmul"
-.Lname119:
+.Lname118:
     .asciz "cublasLtKCCMatmulAlgoCapGetAttribute"
-.Lname120:
+.Lname119:
     .asciz "cublasLtKCCMatmulAlgoCheck"
-.Lname121:
+.Lname120:
     .asciz "cublasLtKCCMatmulAlgoGetHeuristic"
-.Lname122:
+.Lname121:
     .asciz "cublasLtKCCMatmulAlgoGetIds"
-.Lname123:
+.Lname122:
     .asciz "cublasLtKCCMatmulAlgoInit"
-.Lname124:
+.Lname123:
     .asciz "cublasLtKCKMatmul"
-.Lname125:
+.Lname124:
     .asciz "cublasLtKCKMatmulAlgoCapGetAttribute"
-.Lname126:
+.Lname125:
     .asciz "cublasLtKCKMatmulAlgoCheck"
-.Lname127:
+.Lname126:
     .asciz "cublasLtKCKMatmulAlgoGetHeuristic"
-.Lname128:
+.Lname127:
     .asciz "cublasLtKCKMatmulAlgoGetIds"
-.Lname129:
+.Lname128:
     .asciz "cublasLtKCKMatmulAlgoInit"
-.Lname130:
+.Lname129:
     .asciz "cublasLtLegacyGemmACC"
-.Lname131:
+.Lname130:
     .asciz "cublasLtLegacyGemmBII"
-.Lname132:
+.Lname131:
     .asciz "cublasLtLegacyGemmBSS"
-.Lname133:
+.Lname132:
     .asciz "cublasLtLegacyGemmCCC"
-.Lname134:
+.Lname133:
     .asciz "cublasLtLegacyGemmDDD"
-.Lname135:
+.Lname134:
     .asciz "cublasLtLegacyGemmHHH"
-.Lname136:
+.Lname135:
     .asciz "cublasLtLegacyGemmHSH"
-.Lname137:
+.Lname136:
     .asciz "cublasLtLegacyGemmHSS"
-.Lname138:
+.Lname137:
     .asciz "cublasLtLegacyGemmSSS"
-.Lname139:
+.Lname138:
     .asciz "cublasLtLegacyGemmTSS"
-.Lname140:
+.Lname139:
     .asciz "cublasLtLegacyGemmTST"
-.Lname141:
+.Lname140:
     .asciz "cublasLtLegacyGemmUtilizationCCC"
-.Lname142:
+.Lname141:
     .asciz "cublasLtLegacyGemmUtilizationDDD"
-.Lname143:
+.Lname142:
     .asciz "cublasLtLegacyGemmUtilizationZZZ"
-.Lname144:
+.Lname143:
     .asciz "cublasLtLegacyGemmZZZ"
-.Lname145:
+.Lname144:
     .asciz "cublasLtLoggerOpenFile"
-.Lname146:
+.Lname145:
     .asciz "cublasLtLoggerSetCallback"
-.Lname147:
+.Lname146:
     .asciz "cublasLtLoggerSetFile"
-.Lname148:
+.Lname147:
     .asciz "cublasLtMatmulAlgoCapGetAttribute"
-.Lname149:
+.Lname148:
     .asciz "cublasLtMatmulAlgoCheck"
-.Lname150:
+.Lname149:
     .asciz "cublasLtMatmulAlgoConfigGetAttribute"
-.Lname151:
+.Lname150:
     .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
-.Lname152:
+.Lname151:
     .asciz "cublasLtMatmulAlgoConfigSetAttribute"
-.Lname153:
+.Lname152:
     .asciz "cublasLtMatmulAlgoGetIds"
-.Lname154:
+.Lname153:
     .asciz "cublasLtMatmulAlgoInit"
-.Lname155:
+.Lname154:
     .asciz "cublasLtMatmulDescGetAttribute"
-.Lname156:
+.Lname155:
     .asciz "cublasLtMatmulPreferenceGetAttribute"
-.Lname157:
+.Lname156:
     .asciz "cublasLtMatrixLayoutGetAttribute"
-.Lname158:
+.Lname157:
     .asciz "cublasLtMatrixTransform"
-.Lname159:
+.Lname158:
     .asciz "cublasLtMatrixTransformDescGetAttribute"
-.Lname160:
+.Lname159:
     .asciz "cublasLtMatrixTransformDescSetAttribute"
-.Lname161:
+.Lname160:
     .asciz "cublasLtSSSMatmul"
-.Lname162:
+.Lname161:
     .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
-.Lname163:
+.Lname162:
     .asciz "cublasLtSSSMatmulAlgoCheck"
-.Lname164:
+.Lname163:
     .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
-.Lname165:
+.Lname164:
     .asciz "cublasLtSSSMatmulAlgoGetIds"
-.Lname166:
+.Lname165:
     .asciz "cublasLtSSSMatmulAlgoInit"
-.Lname167:
+.Lname166:
     .asciz "cublasLtShutdownCtx"
-.Lname168:
+.Lname167:
     .asciz "cublasLtTSSMatmul"
-.Lname169:
+.Lname168:
     .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
-.Lname170:
+.Lname169:
     .asciz "cublasLtTSSMatmulAlgoCheck"
-.Lname171:
+.Lname170:
     .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
-.Lname172:
+.Lname171:
     .asciz "cublasLtTSSMatmulAlgoGetIds"
-.Lname173:
+.Lname172:
     .asciz "cublasLtTSSMatmulAlgoInit"
-.Lname174:
+.Lname173:
     .asciz "cublasLtTSTMatmul"
-.Lname175:
+.Lname174:
     .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
-.Lname176:
+.Lname175:
     .asciz "cublasLtTSTMatmulAlgoCheck"
-.Lname177:
+.Lname176:
     .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
-.Lname178:
+.Lname177:
     .asciz "cublasLtTSTMatmulAlgoGetIds"
-.Lname179:
+.Lname178:
     .asciz "cublasLtTSTMatmulAlgoInit"
-.Lname180:
+.Lname179:
     .asciz "cublasLtVCCMatmul"
-.Lname181:
+.Lname180:
     .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
-.Lname182:
+.Lname181:
     .asciz "cublasLtVCCMatmulAlgoCheck"
-.Lname183:
+.Lname182:
     .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
-.Lname184:
+.Lname183:
     .asciz "cublasLtVCCMatmulAlgoGetIds"
-.Lname185:
+.Lname184:
     .asciz "cublasLtVCCMatmulAlgoInit"
-.Lname186:
+.Lname185:
     .asciz "cublasLtVCVMatmul"
-.Lname187:
+.Lname186:
     .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
-.Lname188:
+.Lname187:
     .asciz "cublasLtVCVMatmulAlgoCheck"
-.Lname189:
+.Lname188:
     .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
-.Lname190:
+.Lname189:
     .asciz "cublasLtVCVMatmulAlgoGetIds"
-.Lname191:
+.Lname190:
     .asciz "cublasLtVCVMatmulAlgoInit"
-.Lname192:
+.Lname191:
     .asciz "cublasLtZZZMatmul"
-.Lname193:
+.Lname192:
     .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
-.Lname194:
+.Lname193:
     .asciz "cublasLtZZZMatmulAlgoCheck"
-.Lname195:
+.Lname194:
     .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
-.Lname196:
+.Lname195:
     .asciz "cublasLtZZZMatmulAlgoGetIds"
-.Lname197:
+.Lname196:
     .asciz "cublasLtZZZMatmulAlgoInit"
-.Lname198:
+.Lname197:
     .asciz "cublasLt_for_cublas_BII"
-.Lname199:
+.Lname198:
     .asciz "cublasLt_for_cublas_BSS"
-.Lname200:
+.Lname199:
     .asciz "cublasLt_for_cublas_CCC"
-.Lname201:
+.Lname200:
     .asciz "cublasLt_for_cublas_DDD"
-.Lname202:
+.Lname201:
     .asciz "cublasLt_for_cublas_HHH"
-.Lname203:
+.Lname202:
     .asciz "cublasLt_for_cublas_HSH"
-.Lname204:
+.Lname203:
     .asciz "cublasLt_for_cublas_HSS"
-.Lname205:
+.Lname204:
     .asciz "cublasLt_for_cublas_SSS"
-.Lname206:
+.Lname205:
     .asciz "cublasLt_for_cublas_TSS"
-.Lname207:
+.Lname206:
     .asciz "cublasLt_for_cublas_TST"
-.Lname208:
+.Lname207:
     .asciz "cublasLt_for_cublas_ZZZ"
     .section .note.GNU-stack,"",@progbits

@@ -4219,23 +4219,17 @@ cusolverDnZunmtr_bufferSize:
     .globl cusolverGetProperty
     .type cusolverGetProperty, @function
 cusolverGetProperty:
-    leaq .Lname370(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverGetProperty@PLT
     .size cusolverGetProperty, .-cusolverGetProperty
     .globl cusolverGetVersion
     .type cusolverGetVersion, @function
 cusolverGetVersion:
-    leaq .Lname371(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverGetVersion@PLT
     .size cusolverGetVersion, .-cusolverGetVersion
     .globl cusolverIidentityHost
     .type cusolverIidentityHost, @function
 cusolverIidentityHost:
-    leaq .Lname372(%rip), %rdi
+    leaq .Lname370(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4243,7 +4237,7 @@ cusolverIidentityHost:
     .globl cusolverRfAccessBundledFactorsDevice
     .type cusolverRfAccessBundledFactorsDevice, @function
 cusolverRfAccessBundledFactorsDevice:
-    leaq .Lname373(%rip), %rdi
+    leaq .Lname371(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4266,7 +4260,7 @@ cusolverRfBatchRefactor:
     .globl cusolverRfBatchResetValues
     .type cusolverRfBatchResetValues, @function
 cusolverRfBatchResetValues:
-    leaq .Lname374(%rip), %rdi
+    leaq .Lname372(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4274,7 +4268,7 @@ cusolverRfBatchResetValues:
     .globl cusolverRfBatchSetupHost
     .type cusolverRfBatchSetupHost, @function
 cusolverRfBatchSetupHost:
-    leaq .Lname375(%rip), %rdi
+    leaq .Lname373(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4282,7 +4276,7 @@ cusolverRfBatchSetupHost:
     .globl cusolverRfBatchSolve
     .type cusolverRfBatchSolve, @function
 cusolverRfBatchSolve:
-    leaq .Lname376(%rip), %rdi
+    leaq .Lname374(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4290,7 +4284,7 @@ cusolverRfBatchSolve:
     .globl cusolverRfBatchZeroPivot
     .type cusolverRfBatchZeroPivot, @function
 cusolverRfBatchZeroPivot:
-    leaq .Lname377(%rip), %rdi
+    leaq .Lname375(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4308,7 +4302,7 @@ cusolverRfDestroy:
     .globl cusolverRfExtractBundledFactorsHost
     .type cusolverRfExtractBundledFactorsHost, @function
 cusolverRfExtractBundledFactorsHost:
-    leaq .Lname378(%rip), %rdi
+    leaq .Lname376(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4316,7 +4310,7 @@ cusolverRfExtractBundledFactorsHost:
     .globl cusolverRfExtractSplitFactorsHost
     .type cusolverRfExtractSplitFactorsHost, @function
 cusolverRfExtractSplitFactorsHost:
-    leaq .Lname379(%rip), %rdi
+    leaq .Lname377(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4324,7 +4318,7 @@ cusolverRfExtractSplitFactorsHost:
     .globl cusolverRfGetAlgs
     .type cusolverRfGetAlgs, @function
 cusolverRfGetAlgs:
-    leaq .Lname380(%rip), %rdi
+    leaq .Lname378(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4332,7 +4326,7 @@ cusolverRfGetAlgs:
     .globl cusolverRfGetMatrixFormat
     .type cusolverRfGetMatrixFormat, @function
 cusolverRfGetMatrixFormat:
-    leaq .Lname381(%rip), %rdi
+    leaq .Lname379(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4340,7 +4334,7 @@ cusolverRfGetMatrixFormat:
     .globl cusolverRfGetNumericBoostReport
     .type cusolverRfGetNumericBoostReport, @function
 cusolverRfGetNumericBoostReport:
-    leaq .Lname382(%rip), %rdi
+    leaq .Lname380(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4348,7 +4342,7 @@ cusolverRfGetNumericBoostReport:
     .globl cusolverRfGetNumericProperties
     .type cusolverRfGetNumericProperties, @function
 cusolverRfGetNumericProperties:
-    leaq .Lname383(%rip), %rdi
+    leaq .Lname381(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4356,7 +4350,7 @@ cusolverRfGetNumericProperties:
     .globl cusolverRfGetResetValuesFastMode
     .type cusolverRfGetResetValuesFastMode, @function
 cusolverRfGetResetValuesFastMode:
-    leaq .Lname384(%rip), %rdi
+    leaq .Lname382(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4369,7 +4363,7 @@ cusolverRfRefactor:
     .globl cusolverRfResetValues
     .type cusolverRfResetValues, @function
 cusolverRfResetValues:
-    leaq .Lname385(%rip), %rdi
+    leaq .Lname383(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4397,7 +4391,7 @@ cusolverRfSetResetValuesFastMode:
     .globl cusolverRfSetupDevice
     .type cusolverRfSetupDevice, @function
 cusolverRfSetupDevice:
-    leaq .Lname386(%rip), %rdi
+    leaq .Lname384(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4405,7 +4399,7 @@ cusolverRfSetupDevice:
     .globl cusolverRfSetupHost
     .type cusolverRfSetupHost, @function
 cusolverRfSetupHost:
-    leaq .Lname387(%rip), %rdi
+    leaq .Lname385(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4413,7 +4407,7 @@ cusolverRfSetupHost:
     .globl cusolverRfSetupM
     .type cusolverRfSetupM, @function
 cusolverRfSetupM:
-    leaq .Lname388(%rip), %rdi
+    leaq .Lname386(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4421,7 +4415,7 @@ cusolverRfSetupM:
     .globl cusolverRfSolve
     .type cusolverRfSolve, @function
 cusolverRfSolve:
-    leaq .Lname389(%rip), %rdi
+    leaq .Lname387(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4429,7 +4423,7 @@ cusolverRfSolve:
     .globl cusolverSpCcsrbtfHost
     .type cusolverSpCcsrbtfHost, @function
 cusolverSpCcsrbtfHost:
-    leaq .Lname390(%rip), %rdi
+    leaq .Lname388(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4437,7 +4431,7 @@ cusolverSpCcsrbtfHost:
     .globl cusolverSpCcsrcholBufferInfo
     .type cusolverSpCcsrcholBufferInfo, @function
 cusolverSpCcsrcholBufferInfo:
-    leaq .Lname391(%rip), %rdi
+    leaq .Lname389(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4445,7 +4439,7 @@ cusolverSpCcsrcholBufferInfo:
     .globl cusolverSpCcsrcholBufferInfoHost
     .type cusolverSpCcsrcholBufferInfoHost, @function
 cusolverSpCcsrcholBufferInfoHost:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname390(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4453,7 +4447,7 @@ cusolverSpCcsrcholBufferInfoHost:
     .globl cusolverSpCcsrcholDiag
     .type cusolverSpCcsrcholDiag, @function
 cusolverSpCcsrcholDiag:
-    leaq .Lname393(%rip), %rdi
+    leaq .Lname391(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4461,7 +4455,7 @@ cusolverSpCcsrcholDiag:
     .globl cusolverSpCcsrcholFactor
     .type cusolverSpCcsrcholFactor, @function
 cusolverSpCcsrcholFactor:
-    leaq .Lname394(%rip), %rdi
+    leaq .Lname392(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4469,7 +4463,7 @@ cusolverSpCcsrcholFactor:
     .globl cusolverSpCcsrcholFactorHost
     .type cusolverSpCcsrcholFactorHost, @function
 cusolverSpCcsrcholFactorHost:
-    leaq .Lname395(%rip), %rdi
+    leaq .Lname393(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4477,7 +4471,7 @@ cusolverSpCcsrcholFactorHost:
     .globl cusolverSpCcsrcholSolve
     .type cusolverSpCcsrcholSolve, @function
 cusolverSpCcsrcholSolve:
-    leaq .Lname396(%rip), %rdi
+    leaq .Lname394(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4485,7 +4479,7 @@ cusolverSpCcsrcholSolve:
     .globl cusolverSpCcsrcholSolveHost
     .type cusolverSpCcsrcholSolveHost, @function
 cusolverSpCcsrcholSolveHost:
-    leaq .Lname397(%rip), %rdi
+    leaq .Lname395(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4493,7 +4487,7 @@ cusolverSpCcsrcholSolveHost:
     .globl cusolverSpCcsrcholZeroPivot
     .type cusolverSpCcsrcholZeroPivot, @function
 cusolverSpCcsrcholZeroPivot:
-    leaq .Lname398(%rip), %rdi
+    leaq .Lname396(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4501,7 +4495,7 @@ cusolverSpCcsrcholZeroPivot:
     .globl cusolverSpCcsrcholZeroPivotHost
     .type cusolverSpCcsrcholZeroPivotHost, @function
 cusolverSpCcsrcholZeroPivotHost:
-    leaq .Lname399(%rip), %rdi
+    leaq .Lname397(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4509,7 +4503,7 @@ cusolverSpCcsrcholZeroPivotHost:
     .globl cusolverSpCcsreigsHost
     .type cusolverSpCcsreigsHost, @function
 cusolverSpCcsreigsHost:
-    leaq .Lname400(%rip), %rdi
+    leaq .Lname398(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4517,7 +4511,7 @@ cusolverSpCcsreigsHost:
     .globl cusolverSpCcsreigvsi
     .type cusolverSpCcsreigvsi, @function
 cusolverSpCcsreigvsi:
-    leaq .Lname401(%rip), %rdi
+    leaq .Lname399(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4525,7 +4519,7 @@ cusolverSpCcsreigvsi:
     .globl cusolverSpCcsreigvsiHost
     .type cusolverSpCcsreigvsiHost, @function
 cusolverSpCcsreigvsiHost:
-    leaq .Lname402(%rip), %rdi
+    leaq .Lname400(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4533,7 +4527,7 @@ cusolverSpCcsreigvsiHost:
     .globl cusolverSpCcsrlsqvqrHost
     .type cusolverSpCcsrlsqvqrHost, @function
 cusolverSpCcsrlsqvqrHost:
-    leaq .Lname403(%rip), %rdi
+    leaq .Lname401(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4541,7 +4535,7 @@ cusolverSpCcsrlsqvqrHost:
     .globl cusolverSpCcsrlsvchol
     .type cusolverSpCcsrlsvchol, @function
 cusolverSpCcsrlsvchol:
-    leaq .Lname404(%rip), %rdi
+    leaq .Lname402(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4549,7 +4543,7 @@ cusolverSpCcsrlsvchol:
     .globl cusolverSpCcsrlsvcholHost
     .type cusolverSpCcsrlsvcholHost, @function
 cusolverSpCcsrlsvcholHost:
-    leaq .Lname405(%rip), %rdi
+    leaq .Lname403(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4557,7 +4551,7 @@ cusolverSpCcsrlsvcholHost:
     .globl cusolverSpCcsrlsvluHost
     .type cusolverSpCcsrlsvluHost, @function
 cusolverSpCcsrlsvluHost:
-    leaq .Lname406(%rip), %rdi
+    leaq .Lname404(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4565,7 +4559,7 @@ cusolverSpCcsrlsvluHost:
     .globl cusolverSpCcsrlsvqr
     .type cusolverSpCcsrlsvqr, @function
 cusolverSpCcsrlsvqr:
-    leaq .Lname407(%rip), %rdi
+    leaq .Lname405(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4573,7 +4567,7 @@ cusolverSpCcsrlsvqr:
     .globl cusolverSpCcsrlsvqrHost
     .type cusolverSpCcsrlsvqrHost, @function
 cusolverSpCcsrlsvqrHost:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname406(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4581,7 +4575,7 @@ cusolverSpCcsrlsvqrHost:
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname409(%rip), %rdi
+    leaq .Lname407(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4589,7 +4583,7 @@ cusolverSpCcsrluAnalysisHost:
     .globl cusolverSpCcsrluBufferInfoHost
     .type cusolverSpCcsrluBufferInfoHost, @function
 cusolverSpCcsrluBufferInfoHost:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname408(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4597,7 +4591,7 @@ cusolverSpCcsrluBufferInfoHost:
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname411(%rip), %rdi
+    leaq .Lname409(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4605,7 +4599,7 @@ cusolverSpCcsrluExtractBTFHost:
     .globl cusolverSpCcsrluExtractHost
     .type cusolverSpCcsrluExtractHost, @function
 cusolverSpCcsrluExtractHost:
-    leaq .Lname412(%rip), %rdi
+    leaq .Lname410(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4613,7 +4607,7 @@ cusolverSpCcsrluExtractHost:
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname413(%rip), %rdi
+    leaq .Lname411(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4621,7 +4615,7 @@ cusolverSpCcsrluExtractMHost:
     .globl cusolverSpCcsrluFactorHost
     .type cusolverSpCcsrluFactorHost, @function
 cusolverSpCcsrluFactorHost:
-    leaq .Lname414(%rip), %rdi
+    leaq .Lname412(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4629,7 +4623,7 @@ cusolverSpCcsrluFactorHost:
     .globl cusolverSpCcsrluSolveHost
     .type cusolverSpCcsrluSolveHost, @function
 cusolverSpCcsrluSolveHost:
-    leaq .Lname415(%rip), %rdi
+    leaq .Lname413(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4637,7 +4631,7 @@ cusolverSpCcsrluSolveHost:
     .globl cusolverSpCcsrluZeroPivotHost
     .type cusolverSpCcsrluZeroPivotHost, @function
 cusolverSpCcsrluZeroPivotHost:
-    leaq .Lname416(%rip), %rdi
+    leaq .Lname414(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4645,7 +4639,7 @@ cusolverSpCcsrluZeroPivotHost:
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname417(%rip), %rdi
+    leaq .Lname415(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4653,7 +4647,7 @@ cusolverSpCcsrlucondHost:
     .globl cusolverSpCcsrqrBufferInfo
     .type cusolverSpCcsrqrBufferInfo, @function
 cusolverSpCcsrqrBufferInfo:
-    leaq .Lname418(%rip), %rdi
+    leaq .Lname416(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4661,7 +4655,7 @@ cusolverSpCcsrqrBufferInfo:
     .globl cusolverSpCcsrqrBufferInfoBatched
     .type cusolverSpCcsrqrBufferInfoBatched, @function
 cusolverSpCcsrqrBufferInfoBatched:
-    leaq .Lname419(%rip), %rdi
+    leaq .Lname417(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4669,7 +4663,7 @@ cusolverSpCcsrqrBufferInfoBatched:
     .globl cusolverSpCcsrqrBufferInfoHost
     .type cusolverSpCcsrqrBufferInfoHost, @function
 cusolverSpCcsrqrBufferInfoHost:
-    leaq .Lname420(%rip), %rdi
+    leaq .Lname418(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4677,7 +4671,7 @@ cusolverSpCcsrqrBufferInfoHost:
     .globl cusolverSpCcsrqrFactor
     .type cusolverSpCcsrqrFactor, @function
 cusolverSpCcsrqrFactor:
-    leaq .Lname421(%rip), %rdi
+    leaq .Lname419(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4685,7 +4679,7 @@ cusolverSpCcsrqrFactor:
     .globl cusolverSpCcsrqrFactorHost
     .type cusolverSpCcsrqrFactorHost, @function
 cusolverSpCcsrqrFactorHost:
-    leaq .Lname422(%rip), %rdi
+    leaq .Lname420(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4693,7 +4687,7 @@ cusolverSpCcsrqrFactorHost:
     .globl cusolverSpCcsrqrSetup
     .type cusolverSpCcsrqrSetup, @function
 cusolverSpCcsrqrSetup:
-    leaq .Lname423(%rip), %rdi
+    leaq .Lname421(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4701,7 +4695,7 @@ cusolverSpCcsrqrSetup:
     .globl cusolverSpCcsrqrSetupHost
     .type cusolverSpCcsrqrSetupHost, @function
 cusolverSpCcsrqrSetupHost:
-    leaq .Lname424(%rip), %rdi
+    leaq .Lname422(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4709,7 +4703,7 @@ cusolverSpCcsrqrSetupHost:
     .globl cusolverSpCcsrqrSolve
     .type cusolverSpCcsrqrSolve, @function
 cusolverSpCcsrqrSolve:
-    leaq .Lname425(%rip), %rdi
+    leaq .Lname423(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4717,7 +4711,7 @@ cusolverSpCcsrqrSolve:
     .globl cusolverSpCcsrqrSolveHost
     .type cusolverSpCcsrqrSolveHost, @function
 cusolverSpCcsrqrSolveHost:
-    leaq .Lname426(%rip), %rdi
+    leaq .Lname424(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4725,7 +4719,7 @@ cusolverSpCcsrqrSolveHost:
     .globl cusolverSpCcsrqrZeroPivot
     .type cusolverSpCcsrqrZeroPivot, @function
 cusolverSpCcsrqrZeroPivot:
-    leaq .Lname427(%rip), %rdi
+    leaq .Lname425(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4733,7 +4727,7 @@ cusolverSpCcsrqrZeroPivot:
     .globl cusolverSpCcsrqrZeroPivotHost
     .type cusolverSpCcsrqrZeroPivotHost, @function
 cusolverSpCcsrqrZeroPivotHost:
-    leaq .Lname428(%rip), %rdi
+    leaq .Lname426(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4741,7 +4735,7 @@ cusolverSpCcsrqrZeroPivotHost:
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname429(%rip), %rdi
+    leaq .Lname427(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4749,7 +4743,7 @@ cusolverSpCcsrqrrcond:
     .globl cusolverSpCcsrqrsvBatched
     .type cusolverSpCcsrqrsvBatched, @function
 cusolverSpCcsrqrsvBatched:
-    leaq .Lname430(%rip), %rdi
+    leaq .Lname428(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4757,7 +4751,7 @@ cusolverSpCcsrqrsvBatched:
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname429(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4765,7 +4759,7 @@ cusolverSpCcsrsubm2denseHost:
     .globl cusolverSpCcsrzfdHost
     .type cusolverSpCcsrzfdHost, @function
 cusolverSpCcsrzfdHost:
-    leaq .Lname432(%rip), %rdi
+    leaq .Lname430(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4773,7 +4767,7 @@ cusolverSpCcsrzfdHost:
     .globl cusolverSpClangeHost
     .type cusolverSpClangeHost, @function
 cusolverSpClangeHost:
-    leaq .Lname433(%rip), %rdi
+    leaq .Lname431(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4781,7 +4775,7 @@ cusolverSpClangeHost:
     .globl cusolverSpCndsydmHost
     .type cusolverSpCndsydmHost, @function
 cusolverSpCndsydmHost:
-    leaq .Lname434(%rip), %rdi
+    leaq .Lname432(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4794,7 +4788,7 @@ cusolverSpCreate:
     .globl cusolverSpCreateCsrcholInfo
     .type cusolverSpCreateCsrcholInfo, @function
 cusolverSpCreateCsrcholInfo:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname433(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4802,7 +4796,7 @@ cusolverSpCreateCsrcholInfo:
     .globl cusolverSpCreateCsrcholInfoHost
     .type cusolverSpCreateCsrcholInfoHost, @function
 cusolverSpCreateCsrcholInfoHost:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname434(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4810,7 +4804,7 @@ cusolverSpCreateCsrcholInfoHost:
     .globl cusolverSpCreateCsrluInfoHost
     .type cusolverSpCreateCsrluInfoHost, @function
 cusolverSpCreateCsrluInfoHost:
-    leaq .Lname437(%rip), %rdi
+    leaq .Lname435(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4823,7 +4817,7 @@ cusolverSpCreateCsrqrInfo:
     .globl cusolverSpCreateCsrqrInfoHost
     .type cusolverSpCreateCsrqrInfoHost, @function
 cusolverSpCreateCsrqrInfoHost:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname436(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4831,7 +4825,7 @@ cusolverSpCreateCsrqrInfoHost:
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname439(%rip), %rdi
+    leaq .Lname437(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4839,7 +4833,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname440(%rip), %rdi
+    leaq .Lname438(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4847,7 +4841,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname441(%rip), %rdi
+    leaq .Lname439(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4855,7 +4849,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname442(%rip), %rdi
+    leaq .Lname440(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4863,7 +4857,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname443(%rip), %rdi
+    leaq .Lname441(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4871,7 +4865,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname444(%rip), %rdi
+    leaq .Lname442(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4879,7 +4873,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname445(%rip), %rdi
+    leaq .Lname443(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4887,7 +4881,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname446(%rip), %rdi
+    leaq .Lname444(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4895,7 +4889,7 @@ cusolverSpDcsrbtfHost:
     .globl cusolverSpDcsrcholBufferInfo
     .type cusolverSpDcsrcholBufferInfo, @function
 cusolverSpDcsrcholBufferInfo:
-    leaq .Lname447(%rip), %rdi
+    leaq .Lname445(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4903,7 +4897,7 @@ cusolverSpDcsrcholBufferInfo:
     .globl cusolverSpDcsrcholBufferInfoHost
     .type cusolverSpDcsrcholBufferInfoHost, @function
 cusolverSpDcsrcholBufferInfoHost:
-    leaq .Lname448(%rip), %rdi
+    leaq .Lname446(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4911,7 +4905,7 @@ cusolverSpDcsrcholBufferInfoHost:
     .globl cusolverSpDcsrcholDiag
     .type cusolverSpDcsrcholDiag, @function
 cusolverSpDcsrcholDiag:
-    leaq .Lname449(%rip), %rdi
+    leaq .Lname447(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4919,7 +4913,7 @@ cusolverSpDcsrcholDiag:
     .globl cusolverSpDcsrcholFactor
     .type cusolverSpDcsrcholFactor, @function
 cusolverSpDcsrcholFactor:
-    leaq .Lname450(%rip), %rdi
+    leaq .Lname448(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4927,7 +4921,7 @@ cusolverSpDcsrcholFactor:
     .globl cusolverSpDcsrcholFactorHost
     .type cusolverSpDcsrcholFactorHost, @function
 cusolverSpDcsrcholFactorHost:
-    leaq .Lname451(%rip), %rdi
+    leaq .Lname449(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4935,7 +4929,7 @@ cusolverSpDcsrcholFactorHost:
     .globl cusolverSpDcsrcholSolve
     .type cusolverSpDcsrcholSolve, @function
 cusolverSpDcsrcholSolve:
-    leaq .Lname452(%rip), %rdi
+    leaq .Lname450(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4943,7 +4937,7 @@ cusolverSpDcsrcholSolve:
     .globl cusolverSpDcsrcholSolveHost
     .type cusolverSpDcsrcholSolveHost, @function
 cusolverSpDcsrcholSolveHost:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname451(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4951,7 +4945,7 @@ cusolverSpDcsrcholSolveHost:
     .globl cusolverSpDcsrcholZeroPivot
     .type cusolverSpDcsrcholZeroPivot, @function
 cusolverSpDcsrcholZeroPivot:
-    leaq .Lname454(%rip), %rdi
+    leaq .Lname452(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4959,7 +4953,7 @@ cusolverSpDcsrcholZeroPivot:
     .globl cusolverSpDcsrcholZeroPivotHost
     .type cusolverSpDcsrcholZeroPivotHost, @function
 cusolverSpDcsrcholZeroPivotHost:
-    leaq .Lname455(%rip), %rdi
+    leaq .Lname453(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4967,7 +4961,7 @@ cusolverSpDcsrcholZeroPivotHost:
     .globl cusolverSpDcsreigsHost
     .type cusolverSpDcsreigsHost, @function
 cusolverSpDcsreigsHost:
-    leaq .Lname456(%rip), %rdi
+    leaq .Lname454(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4975,7 +4969,7 @@ cusolverSpDcsreigsHost:
     .globl cusolverSpDcsreigvsi
     .type cusolverSpDcsreigvsi, @function
 cusolverSpDcsreigvsi:
-    leaq .Lname457(%rip), %rdi
+    leaq .Lname455(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4983,7 +4977,7 @@ cusolverSpDcsreigvsi:
     .globl cusolverSpDcsreigvsiHost
     .type cusolverSpDcsreigvsiHost, @function
 cusolverSpDcsreigvsiHost:
-    leaq .Lname458(%rip), %rdi
+    leaq .Lname456(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4991,7 +4985,7 @@ cusolverSpDcsreigvsiHost:
     .globl cusolverSpDcsrlsqvqrHost
     .type cusolverSpDcsrlsqvqrHost, @function
 cusolverSpDcsrlsqvqrHost:
-    leaq .Lname459(%rip), %rdi
+    leaq .Lname457(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4999,7 +4993,7 @@ cusolverSpDcsrlsqvqrHost:
     .globl cusolverSpDcsrlsvchol
     .type cusolverSpDcsrlsvchol, @function
 cusolverSpDcsrlsvchol:
-    leaq .Lname460(%rip), %rdi
+    leaq .Lname458(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5007,7 +5001,7 @@ cusolverSpDcsrlsvchol:
     .globl cusolverSpDcsrlsvcholHost
     .type cusolverSpDcsrlsvcholHost, @function
 cusolverSpDcsrlsvcholHost:
-    leaq .Lname461(%rip), %rdi
+    leaq .Lname459(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5015,7 +5009,7 @@ cusolverSpDcsrlsvcholHost:
     .globl cusolverSpDcsrlsvluHost
     .type cusolverSpDcsrlsvluHost, @function
 cusolverSpDcsrlsvluHost:
-    leaq .Lname462(%rip), %rdi
+    leaq .Lname460(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5023,7 +5017,7 @@ cusolverSpDcsrlsvluHost:
     .globl cusolverSpDcsrlsvqr
     .type cusolverSpDcsrlsvqr, @function
 cusolverSpDcsrlsvqr:
-    leaq .Lname463(%rip), %rdi
+    leaq .Lname461(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5031,7 +5025,7 @@ cusolverSpDcsrlsvqr:
     .globl cusolverSpDcsrlsvqrHost
     .type cusolverSpDcsrlsvqrHost, @function
 cusolverSpDcsrlsvqrHost:
-    leaq .Lname464(%rip), %rdi
+    leaq .Lname462(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5039,7 +5033,7 @@ cusolverSpDcsrlsvqrHost:
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname465(%rip), %rdi
+    leaq .Lname463(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5047,7 +5041,7 @@ cusolverSpDcsrluAnalysisHost:
     .globl cusolverSpDcsrluBufferInfoHost
     .type cusolverSpDcsrluBufferInfoHost, @function
 cusolverSpDcsrluBufferInfoHost:
-    leaq .Lname466(%rip), %rdi
+    leaq .Lname464(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5055,7 +5049,7 @@ cusolverSpDcsrluBufferInfoHost:
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname467(%rip), %rdi
+    leaq .Lname465(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5063,7 +5057,7 @@ cusolverSpDcsrluExtractBTFHost:
     .globl cusolverSpDcsrluExtractHost
     .type cusolverSpDcsrluExtractHost, @function
 cusolverSpDcsrluExtractHost:
-    leaq .Lname468(%rip), %rdi
+    leaq .Lname466(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5071,7 +5065,7 @@ cusolverSpDcsrluExtractHost:
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname469(%rip), %rdi
+    leaq .Lname467(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5079,7 +5073,7 @@ cusolverSpDcsrluExtractMHost:
     .globl cusolverSpDcsrluFactorHost
     .type cusolverSpDcsrluFactorHost, @function
 cusolverSpDcsrluFactorHost:
-    leaq .Lname470(%rip), %rdi
+    leaq .Lname468(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5087,7 +5081,7 @@ cusolverSpDcsrluFactorHost:
     .globl cusolverSpDcsrluSolveHost
     .type cusolverSpDcsrluSolveHost, @function
 cusolverSpDcsrluSolveHost:
-    leaq .Lname471(%rip), %rdi
+    leaq .Lname469(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5095,7 +5089,7 @@ cusolverSpDcsrluSolveHost:
     .globl cusolverSpDcsrluZeroPivotHost
     .type cusolverSpDcsrluZeroPivotHost, @function
 cusolverSpDcsrluZeroPivotHost:
-    leaq .Lname472(%rip), %rdi
+    leaq .Lname470(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5103,7 +5097,7 @@ cusolverSpDcsrluZeroPivotHost:
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname473(%rip), %rdi
+    leaq .Lname471(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5111,7 +5105,7 @@ cusolverSpDcsrlucondHost:
     .globl cusolverSpDcsrqrBufferInfo
     .type cusolverSpDcsrqrBufferInfo, @function
 cusolverSpDcsrqrBufferInfo:
-    leaq .Lname474(%rip), %rdi
+    leaq .Lname472(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5119,7 +5113,7 @@ cusolverSpDcsrqrBufferInfo:
     .globl cusolverSpDcsrqrBufferInfoBatched
     .type cusolverSpDcsrqrBufferInfoBatched, @function
 cusolverSpDcsrqrBufferInfoBatched:
-    leaq .Lname475(%rip), %rdi
+    leaq .Lname473(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5127,7 +5121,7 @@ cusolverSpDcsrqrBufferInfoBatched:
     .globl cusolverSpDcsrqrBufferInfoHost
     .type cusolverSpDcsrqrBufferInfoHost, @function
 cusolverSpDcsrqrBufferInfoHost:
-    leaq .Lname476(%rip), %rdi
+    leaq .Lname474(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5135,7 +5129,7 @@ cusolverSpDcsrqrBufferInfoHost:
     .globl cusolverSpDcsrqrFactor
     .type cusolverSpDcsrqrFactor, @function
 cusolverSpDcsrqrFactor:
-    leaq .Lname477(%rip), %rdi
+    leaq .Lname475(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5143,7 +5137,7 @@ cusolverSpDcsrqrFactor:
     .globl cusolverSpDcsrqrFactorHost
     .type cusolverSpDcsrqrFactorHost, @function
 cusolverSpDcsrqrFactorHost:
-    leaq .Lname478(%rip), %rdi
+    leaq .Lname476(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5151,7 +5145,7 @@ cusolverSpDcsrqrFactorHost:
     .globl cusolverSpDcsrqrSetup
     .type cusolverSpDcsrqrSetup, @function
 cusolverSpDcsrqrSetup:
-    leaq .Lname479(%rip), %rdi
+    leaq .Lname477(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5159,7 +5153,7 @@ cusolverSpDcsrqrSetup:
     .globl cusolverSpDcsrqrSetupHost
     .type cusolverSpDcsrqrSetupHost, @function
 cusolverSpDcsrqrSetupHost:
-    leaq .Lname480(%rip), %rdi
+    leaq .Lname478(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5167,7 +5161,7 @@ cusolverSpDcsrqrSetupHost:
     .globl cusolverSpDcsrqrSolve
     .type cusolverSpDcsrqrSolve, @function
 cusolverSpDcsrqrSolve:
-    leaq .Lname481(%rip), %rdi
+    leaq .Lname479(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5175,7 +5169,7 @@ cusolverSpDcsrqrSolve:
     .globl cusolverSpDcsrqrSolveHost
     .type cusolverSpDcsrqrSolveHost, @function
 cusolverSpDcsrqrSolveHost:
-    leaq .Lname482(%rip), %rdi
+    leaq .Lname480(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5183,7 +5177,7 @@ cusolverSpDcsrqrSolveHost:
     .globl cusolverSpDcsrqrZeroPivot
     .type cusolverSpDcsrqrZeroPivot, @function
 cusolverSpDcsrqrZeroPivot:
-    leaq .Lname483(%rip), %rdi
+    leaq .Lname481(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5191,7 +5185,7 @@ cusolverSpDcsrqrZeroPivot:
     .globl cusolverSpDcsrqrZeroPivotHost
     .type cusolverSpDcsrqrZeroPivotHost, @function
 cusolverSpDcsrqrZeroPivotHost:
-    leaq .Lname484(%rip), %rdi
+    leaq .Lname482(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5199,7 +5193,7 @@ cusolverSpDcsrqrZeroPivotHost:
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname485(%rip), %rdi
+    leaq .Lname483(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5207,7 +5201,7 @@ cusolverSpDcsrqrrcond:
     .globl cusolverSpDcsrqrsvBatched
     .type cusolverSpDcsrqrsvBatched, @function
 cusolverSpDcsrqrsvBatched:
-    leaq .Lname486(%rip), %rdi
+    leaq .Lname484(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5215,7 +5209,7 @@ cusolverSpDcsrqrsvBatched:
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname487(%rip), %rdi
+    leaq .Lname485(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5223,7 +5217,7 @@ cusolverSpDcsrsubm2denseHost:
     .globl cusolverSpDcsrzfdHost
     .type cusolverSpDcsrzfdHost, @function
 cusolverSpDcsrzfdHost:
-    leaq .Lname488(%rip), %rdi
+    leaq .Lname486(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5236,7 +5230,7 @@ cusolverSpDestroy:
     .globl cusolverSpDestroyCsrcholInfo
     .type cusolverSpDestroyCsrcholInfo, @function
 cusolverSpDestroyCsrcholInfo:
-    leaq .Lname489(%rip), %rdi
+    leaq .Lname487(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5244,7 +5238,7 @@ cusolverSpDestroyCsrcholInfo:
     .globl cusolverSpDestroyCsrcholInfoHost
     .type cusolverSpDestroyCsrcholInfoHost, @function
 cusolverSpDestroyCsrcholInfoHost:
-    leaq .Lname490(%rip), %rdi
+    leaq .Lname488(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5252,7 +5246,7 @@ cusolverSpDestroyCsrcholInfoHost:
     .globl cusolverSpDestroyCsrluInfoHost
     .type cusolverSpDestroyCsrluInfoHost, @function
 cusolverSpDestroyCsrluInfoHost:
-    leaq .Lname491(%rip), %rdi
+    leaq .Lname489(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5265,7 +5259,7 @@ cusolverSpDestroyCsrqrInfo:
     .globl cusolverSpDestroyCsrqrInfoHost
     .type cusolverSpDestroyCsrqrInfoHost, @function
 cusolverSpDestroyCsrqrInfoHost:
-    leaq .Lname492(%rip), %rdi
+    leaq .Lname490(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5273,7 +5267,7 @@ cusolverSpDestroyCsrqrInfoHost:
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname493(%rip), %rdi
+    leaq .Lname491(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5281,7 +5275,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname494(%rip), %rdi
+    leaq .Lname492(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5289,7 +5283,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname495(%rip), %rdi
+    leaq .Lname493(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5297,7 +5291,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname496(%rip), %rdi
+    leaq .Lname494(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5305,7 +5299,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname497(%rip), %rdi
+    leaq .Lname495(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5313,7 +5307,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname498(%rip), %rdi
+    leaq .Lname496(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5321,7 +5315,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname499(%rip), %rdi
+    leaq .Lname497(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5329,7 +5323,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname500(%rip), %rdi
+    leaq .Lname498(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5337,7 +5331,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname501(%rip), %rdi
+    leaq .Lname499(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5345,7 +5339,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname502(%rip), %rdi
+    leaq .Lname500(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5353,7 +5347,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname503(%rip), %rdi
+    leaq .Lname501(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5361,7 +5355,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDlangeHost
     .type cusolverSpDlangeHost, @function
 cusolverSpDlangeHost:
-    leaq .Lname504(%rip), %rdi
+    leaq .Lname502(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5369,7 +5363,7 @@ cusolverSpDlangeHost:
     .globl cusolverSpDndsydmHost
     .type cusolverSpDndsydmHost, @function
 cusolverSpDndsydmHost:
-    leaq .Lname505(%rip), %rdi
+    leaq .Lname503(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5377,7 +5371,7 @@ cusolverSpDndsydmHost:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname506(%rip), %rdi
+    leaq .Lname504(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5385,7 +5379,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname507(%rip), %rdi
+    leaq .Lname505(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5393,7 +5387,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname508(%rip), %rdi
+    leaq .Lname506(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5401,7 +5395,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname509(%rip), %rdi
+    leaq .Lname507(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5409,7 +5403,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname510(%rip), %rdi
+    leaq .Lname508(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5417,7 +5411,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname511(%rip), %rdi
+    leaq .Lname509(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5430,7 +5424,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname512(%rip), %rdi
+    leaq .Lname510(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5438,7 +5432,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname513(%rip), %rdi
+    leaq .Lname511(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5446,7 +5440,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname514(%rip), %rdi
+    leaq .Lname512(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5454,7 +5448,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname515(%rip), %rdi
+    leaq .Lname513(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5462,7 +5456,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname516(%rip), %rdi
+    leaq .Lname514(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5470,7 +5464,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname517(%rip), %rdi
+    leaq .Lname515(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5478,7 +5472,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname518(%rip), %rdi
+    leaq .Lname516(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5486,7 +5480,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname519(%rip), %rdi
+    leaq .Lname517(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5494,7 +5488,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname520(%rip), %rdi
+    leaq .Lname518(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5502,7 +5496,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname521(%rip), %rdi
+    leaq .Lname519(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5510,7 +5504,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname522(%rip), %rdi
+    leaq .Lname520(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5518,7 +5512,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname523(%rip), %rdi
+    leaq .Lname521(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5526,7 +5520,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname524(%rip), %rdi
+    leaq .Lname522(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5534,7 +5528,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname525(%rip), %rdi
+    leaq .Lname523(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5542,7 +5536,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname526(%rip), %rdi
+    leaq .Lname524(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5550,7 +5544,7 @@ cusolverSpScsrbtfHost:
     .globl cusolverSpScsrcholBufferInfo
     .type cusolverSpScsrcholBufferInfo, @function
 cusolverSpScsrcholBufferInfo:
-    leaq .Lname527(%rip), %rdi
+    leaq .Lname525(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5558,7 +5552,7 @@ cusolverSpScsrcholBufferInfo:
     .globl cusolverSpScsrcholBufferInfoHost
     .type cusolverSpScsrcholBufferInfoHost, @function
 cusolverSpScsrcholBufferInfoHost:
-    leaq .Lname528(%rip), %rdi
+    leaq .Lname526(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5566,7 +5560,7 @@ cusolverSpScsrcholBufferInfoHost:
     .globl cusolverSpScsrcholDiag
     .type cusolverSpScsrcholDiag, @function
 cusolverSpScsrcholDiag:
-    leaq .Lname529(%rip), %rdi
+    leaq .Lname527(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5574,7 +5568,7 @@ cusolverSpScsrcholDiag:
     .globl cusolverSpScsrcholFactor
     .type cusolverSpScsrcholFactor, @function
 cusolverSpScsrcholFactor:
-    leaq .Lname530(%rip), %rdi
+    leaq .Lname528(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5582,7 +5576,7 @@ cusolverSpScsrcholFactor:
     .globl cusolverSpScsrcholFactorHost
     .type cusolverSpScsrcholFactorHost, @function
 cusolverSpScsrcholFactorHost:
-    leaq .Lname531(%rip), %rdi
+    leaq .Lname529(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5590,7 +5584,7 @@ cusolverSpScsrcholFactorHost:
     .globl cusolverSpScsrcholSolve
     .type cusolverSpScsrcholSolve, @function
 cusolverSpScsrcholSolve:
-    leaq .Lname532(%rip), %rdi
+    leaq .Lname530(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5598,7 +5592,7 @@ cusolverSpScsrcholSolve:
     .globl cusolverSpScsrcholSolveHost
     .type cusolverSpScsrcholSolveHost, @function
 cusolverSpScsrcholSolveHost:
-    leaq .Lname533(%rip), %rdi
+    leaq .Lname531(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5606,7 +5600,7 @@ cusolverSpScsrcholSolveHost:
     .globl cusolverSpScsrcholZeroPivot
     .type cusolverSpScsrcholZeroPivot, @function
 cusolverSpScsrcholZeroPivot:
-    leaq .Lname534(%rip), %rdi
+    leaq .Lname532(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5614,7 +5608,7 @@ cusolverSpScsrcholZeroPivot:
     .globl cusolverSpScsrcholZeroPivotHost
     .type cusolverSpScsrcholZeroPivotHost, @function
 cusolverSpScsrcholZeroPivotHost:
-    leaq .Lname535(%rip), %rdi
+    leaq .Lname533(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5622,7 +5616,7 @@ cusolverSpScsrcholZeroPivotHost:
     .globl cusolverSpScsreigsHost
     .type cusolverSpScsreigsHost, @function
 cusolverSpScsreigsHost:
-    leaq .Lname536(%rip), %rdi
+    leaq .Lname534(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5630,7 +5624,7 @@ cusolverSpScsreigsHost:
     .globl cusolverSpScsreigvsi
     .type cusolverSpScsreigvsi, @function
 cusolverSpScsreigvsi:
-    leaq .Lname537(%rip), %rdi
+    leaq .Lname535(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5638,7 +5632,7 @@ cusolverSpScsreigvsi:
     .globl cusolverSpScsreigvsiHost
     .type cusolverSpScsreigvsiHost, @function
 cusolverSpScsreigvsiHost:
-    leaq .Lname538(%rip), %rdi
+    leaq .Lname536(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5646,7 +5640,7 @@ cusolverSpScsreigvsiHost:
     .globl cusolverSpScsrlsqvqrHost
     .type cusolverSpScsrlsqvqrHost, @function
 cusolverSpScsrlsqvqrHost:
-    leaq .Lname539(%rip), %rdi
+    leaq .Lname537(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5654,7 +5648,7 @@ cusolverSpScsrlsqvqrHost:
     .globl cusolverSpScsrlsvchol
     .type cusolverSpScsrlsvchol, @function
 cusolverSpScsrlsvchol:
-    leaq .Lname540(%rip), %rdi
+    leaq .Lname538(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5662,7 +5656,7 @@ cusolverSpScsrlsvchol:
     .globl cusolverSpScsrlsvcholHost
     .type cusolverSpScsrlsvcholHost, @function
 cusolverSpScsrlsvcholHost:
-    leaq .Lname541(%rip), %rdi
+    leaq .Lname539(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5670,7 +5664,7 @@ cusolverSpScsrlsvcholHost:
     .globl cusolverSpScsrlsvluHost
     .type cusolverSpScsrlsvluHost, @function
 cusolverSpScsrlsvluHost:
-    leaq .Lname542(%rip), %rdi
+    leaq .Lname540(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5678,7 +5672,7 @@ cusolverSpScsrlsvluHost:
     .globl cusolverSpScsrlsvqr
     .type cusolverSpScsrlsvqr, @function
 cusolverSpScsrlsvqr:
-    leaq .Lname543(%rip), %rdi
+    leaq .Lname541(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5686,7 +5680,7 @@ cusolverSpScsrlsvqr:
     .globl cusolverSpScsrlsvqrHost
     .type cusolverSpScsrlsvqrHost, @function
 cusolverSpScsrlsvqrHost:
-    leaq .Lname544(%rip), %rdi
+    leaq .Lname542(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5694,7 +5688,7 @@ cusolverSpScsrlsvqrHost:
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname545(%rip), %rdi
+    leaq .Lname543(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5702,7 +5696,7 @@ cusolverSpScsrluAnalysisHost:
     .globl cusolverSpScsrluBufferInfoHost
     .type cusolverSpScsrluBufferInfoHost, @function
 cusolverSpScsrluBufferInfoHost:
-    leaq .Lname546(%rip), %rdi
+    leaq .Lname544(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5710,7 +5704,7 @@ cusolverSpScsrluBufferInfoHost:
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname547(%rip), %rdi
+    leaq .Lname545(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5718,7 +5712,7 @@ cusolverSpScsrluExtractBTFHost:
     .globl cusolverSpScsrluExtractHost
     .type cusolverSpScsrluExtractHost, @function
 cusolverSpScsrluExtractHost:
-    leaq .Lname548(%rip), %rdi
+    leaq .Lname546(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5726,7 +5720,7 @@ cusolverSpScsrluExtractHost:
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname549(%rip), %rdi
+    leaq .Lname547(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5734,7 +5728,7 @@ cusolverSpScsrluExtractMHost:
     .globl cusolverSpScsrluFactorHost
     .type cusolverSpScsrluFactorHost, @function
 cusolverSpScsrluFactorHost:
-    leaq .Lname550(%rip), %rdi
+    leaq .Lname548(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5742,7 +5736,7 @@ cusolverSpScsrluFactorHost:
     .globl cusolverSpScsrluSolveHost
     .type cusolverSpScsrluSolveHost, @function
 cusolverSpScsrluSolveHost:
-    leaq .Lname551(%rip), %rdi
+    leaq .Lname549(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5750,7 +5744,7 @@ cusolverSpScsrluSolveHost:
     .globl cusolverSpScsrluZeroPivotHost
     .type cusolverSpScsrluZeroPivotHost, @function
 cusolverSpScsrluZeroPivotHost:
-    leaq .Lname552(%rip), %rdi
+    leaq .Lname550(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5758,7 +5752,7 @@ cusolverSpScsrluZeroPivotHost:
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname553(%rip), %rdi
+    leaq .Lname551(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5766,7 +5760,7 @@ cusolverSpScsrlucondHost:
     .globl cusolverSpScsrqrBufferInfo
     .type cusolverSpScsrqrBufferInfo, @function
 cusolverSpScsrqrBufferInfo:
-    leaq .Lname554(%rip), %rdi
+    leaq .Lname552(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5774,7 +5768,7 @@ cusolverSpScsrqrBufferInfo:
     .globl cusolverSpScsrqrBufferInfoBatched
     .type cusolverSpScsrqrBufferInfoBatched, @function
 cusolverSpScsrqrBufferInfoBatched:
-    leaq .Lname555(%rip), %rdi
+    leaq .Lname553(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5782,7 +5776,7 @@ cusolverSpScsrqrBufferInfoBatched:
     .globl cusolverSpScsrqrBufferInfoHost
     .type cusolverSpScsrqrBufferInfoHost, @function
 cusolverSpScsrqrBufferInfoHost:
-    leaq .Lname556(%rip), %rdi
+    leaq .Lname554(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5790,7 +5784,7 @@ cusolverSpScsrqrBufferInfoHost:
     .globl cusolverSpScsrqrFactor
     .type cusolverSpScsrqrFactor, @function
 cusolverSpScsrqrFactor:
-    leaq .Lname557(%rip), %rdi
+    leaq .Lname555(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5798,7 +5792,7 @@ cusolverSpScsrqrFactor:
     .globl cusolverSpScsrqrFactorHost
     .type cusolverSpScsrqrFactorHost, @function
 cusolverSpScsrqrFactorHost:
-    leaq .Lname558(%rip), %rdi
+    leaq .Lname556(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5806,7 +5800,7 @@ cusolverSpScsrqrFactorHost:
     .globl cusolverSpScsrqrSetup
     .type cusolverSpScsrqrSetup, @function
 cusolverSpScsrqrSetup:
-    leaq .Lname559(%rip), %rdi
+    leaq .Lname557(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5814,7 +5808,7 @@ cusolverSpScsrqrSetup:
     .globl cusolverSpScsrqrSetupHost
     .type cusolverSpScsrqrSetupHost, @function
 cusolverSpScsrqrSetupHost:
-    leaq .Lname560(%rip), %rdi
+    leaq .Lname558(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5822,7 +5816,7 @@ cusolverSpScsrqrSetupHost:
     .globl cusolverSpScsrqrSolve
     .type cusolverSpScsrqrSolve, @function
 cusolverSpScsrqrSolve:
-    leaq .Lname561(%rip), %rdi
+    leaq .Lname559(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5830,7 +5824,7 @@ cusolverSpScsrqrSolve:
     .globl cusolverSpScsrqrSolveHost
     .type cusolverSpScsrqrSolveHost, @function
 cusolverSpScsrqrSolveHost:
-    leaq .Lname562(%rip), %rdi
+    leaq .Lname560(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5838,7 +5832,7 @@ cusolverSpScsrqrSolveHost:
     .globl cusolverSpScsrqrZeroPivot
     .type cusolverSpScsrqrZeroPivot, @function
 cusolverSpScsrqrZeroPivot:
-    leaq .Lname563(%rip), %rdi
+    leaq .Lname561(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5846,7 +5840,7 @@ cusolverSpScsrqrZeroPivot:
     .globl cusolverSpScsrqrZeroPivotHost
     .type cusolverSpScsrqrZeroPivotHost, @function
 cusolverSpScsrqrZeroPivotHost:
-    leaq .Lname564(%rip), %rdi
+    leaq .Lname562(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5854,7 +5848,7 @@ cusolverSpScsrqrZeroPivotHost:
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname565(%rip), %rdi
+    leaq .Lname563(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5862,7 +5856,7 @@ cusolverSpScsrqrrcond:
     .globl cusolverSpScsrqrsvBatched
     .type cusolverSpScsrqrsvBatched, @function
 cusolverSpScsrqrsvBatched:
-    leaq .Lname566(%rip), %rdi
+    leaq .Lname564(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5870,7 +5864,7 @@ cusolverSpScsrqrsvBatched:
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname567(%rip), %rdi
+    leaq .Lname565(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5878,7 +5872,7 @@ cusolverSpScsrsubm2denseHost:
     .globl cusolverSpScsrzfdHost
     .type cusolverSpScsrzfdHost, @function
 cusolverSpScsrzfdHost:
-    leaq .Lname568(%rip), %rdi
+    leaq .Lname566(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5891,7 +5885,7 @@ cusolverSpSetStream:
     .globl cusolverSpSlangeHost
     .type cusolverSpSlangeHost, @function
 cusolverSpSlangeHost:
-    leaq .Lname569(%rip), %rdi
+    leaq .Lname567(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5899,7 +5893,7 @@ cusolverSpSlangeHost:
     .globl cusolverSpSndsydmHost
     .type cusolverSpSndsydmHost, @function
 cusolverSpSndsydmHost:
-    leaq .Lname570(%rip), %rdi
+    leaq .Lname568(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5907,7 +5901,7 @@ cusolverSpSndsydmHost:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname571(%rip), %rdi
+    leaq .Lname569(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5915,7 +5909,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname572(%rip), %rdi
+    leaq .Lname570(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5923,7 +5917,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname573(%rip), %rdi
+    leaq .Lname571(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5931,7 +5925,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname574(%rip), %rdi
+    leaq .Lname572(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5939,7 +5933,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname575(%rip), %rdi
+    leaq .Lname573(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5947,7 +5941,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname576(%rip), %rdi
+    leaq .Lname574(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5955,7 +5949,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname577(%rip), %rdi
+    leaq .Lname575(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5963,7 +5957,7 @@ cusolverSpXcsr2csc_bufferSizeHost:
     .globl cusolverSpXcsrbndHost
     .type cusolverSpXcsrbndHost, @function
 cusolverSpXcsrbndHost:
-    leaq .Lname578(%rip), %rdi
+    leaq .Lname576(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5971,7 +5965,7 @@ cusolverSpXcsrbndHost:
     .globl cusolverSpXcsrcholAnalysis
     .type cusolverSpXcsrcholAnalysis, @function
 cusolverSpXcsrcholAnalysis:
-    leaq .Lname579(%rip), %rdi
+    leaq .Lname577(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5979,7 +5973,7 @@ cusolverSpXcsrcholAnalysis:
     .globl cusolverSpXcsrcholAnalysisHost
     .type cusolverSpXcsrcholAnalysisHost, @function
 cusolverSpXcsrcholAnalysisHost:
-    leaq .Lname580(%rip), %rdi
+    leaq .Lname578(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5987,7 +5981,7 @@ cusolverSpXcsrcholAnalysisHost:
     .globl cusolverSpXcsrissymHost
     .type cusolverSpXcsrissymHost, @function
 cusolverSpXcsrissymHost:
-    leaq .Lname581(%rip), %rdi
+    leaq .Lname579(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5995,7 +5989,7 @@ cusolverSpXcsrissymHost:
     .globl cusolverSpXcsrluAnalysisHost
     .type cusolverSpXcsrluAnalysisHost, @function
 cusolverSpXcsrluAnalysisHost:
-    leaq .Lname582(%rip), %rdi
+    leaq .Lname580(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6003,7 +5997,7 @@ cusolverSpXcsrluAnalysisHost:
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname583(%rip), %rdi
+    leaq .Lname581(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6011,7 +6005,7 @@ cusolverSpXcsrluConfigHost:
     .globl cusolverSpXcsrluNnzHost
     .type cusolverSpXcsrluNnzHost, @function
 cusolverSpXcsrluNnzHost:
-    leaq .Lname584(%rip), %rdi
+    leaq .Lname582(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6019,7 +6013,7 @@ cusolverSpXcsrluNnzHost:
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname585(%rip), %rdi
+    leaq .Lname583(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6027,7 +6021,7 @@ cusolverSpXcsrluNnzMHost:
     .globl cusolverSpXcsrmetisndHost
     .type cusolverSpXcsrmetisndHost, @function
 cusolverSpXcsrmetisndHost:
-    leaq .Lname586(%rip), %rdi
+    leaq .Lname584(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6035,7 +6029,7 @@ cusolverSpXcsrmetisndHost:
     .globl cusolverSpXcsrndHost
     .type cusolverSpXcsrndHost, @function
 cusolverSpXcsrndHost:
-    leaq .Lname587(%rip), %rdi
+    leaq .Lname585(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6043,7 +6037,7 @@ cusolverSpXcsrndHost:
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname588(%rip), %rdi
+    leaq .Lname586(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6051,7 +6045,7 @@ cusolverSpXcsrnsepHost:
     .globl cusolverSpXcsrpermHost
     .type cusolverSpXcsrpermHost, @function
 cusolverSpXcsrpermHost:
-    leaq .Lname589(%rip), %rdi
+    leaq .Lname587(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6059,7 +6053,7 @@ cusolverSpXcsrpermHost:
     .globl cusolverSpXcsrperm_bufferSizeHost
     .type cusolverSpXcsrperm_bufferSizeHost, @function
 cusolverSpXcsrperm_bufferSizeHost:
-    leaq .Lname590(%rip), %rdi
+    leaq .Lname588(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6067,7 +6061,7 @@ cusolverSpXcsrperm_bufferSizeHost:
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname591(%rip), %rdi
+    leaq .Lname589(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6075,7 +6069,7 @@ cusolverSpXcsrqrAnalysis:
     .globl cusolverSpXcsrqrAnalysisBatched
     .type cusolverSpXcsrqrAnalysisBatched, @function
 cusolverSpXcsrqrAnalysisBatched:
-    leaq .Lname592(%rip), %rdi
+    leaq .Lname590(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6083,7 +6077,7 @@ cusolverSpXcsrqrAnalysisBatched:
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname593(%rip), %rdi
+    leaq .Lname591(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6091,7 +6085,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname594(%rip), %rdi
+    leaq .Lname592(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6099,7 +6093,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname595(%rip), %rdi
+    leaq .Lname593(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6107,7 +6101,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname596(%rip), %rdi
+    leaq .Lname594(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6115,7 +6109,7 @@ cusolverSpXcsrsubmNnzHost:
     .globl cusolverSpXcsrsymamdHost
     .type cusolverSpXcsrsymamdHost, @function
 cusolverSpXcsrsymamdHost:
-    leaq .Lname597(%rip), %rdi
+    leaq .Lname595(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6123,7 +6117,7 @@ cusolverSpXcsrsymamdHost:
     .globl cusolverSpXcsrsymmdqHost
     .type cusolverSpXcsrsymmdqHost, @function
 cusolverSpXcsrsymmdqHost:
-    leaq .Lname598(%rip), %rdi
+    leaq .Lname596(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6131,7 +6125,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname599(%rip), %rdi
+    leaq .Lname597(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6139,7 +6133,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname600(%rip), %rdi
+    leaq .Lname598(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6147,7 +6141,7 @@ cusolverSpXcsrsymperm_bufferSizeHost:
     .globl cusolverSpXcsrsymrcmHost
     .type cusolverSpXcsrsymrcmHost, @function
 cusolverSpXcsrsymrcmHost:
-    leaq .Lname601(%rip), %rdi
+    leaq .Lname599(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6155,7 +6149,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname602(%rip), %rdi
+    leaq .Lname600(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6163,7 +6157,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXndsydmNnzHost
     .type cusolverSpXndsydmNnzHost, @function
 cusolverSpXndsydmNnzHost:
-    leaq .Lname603(%rip), %rdi
+    leaq .Lname601(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6171,7 +6165,7 @@ cusolverSpXndsydmNnzHost:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname604(%rip), %rdi
+    leaq .Lname602(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6179,7 +6173,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname605(%rip), %rdi
+    leaq .Lname603(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6187,7 +6181,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname606(%rip), %rdi
+    leaq .Lname604(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6195,7 +6189,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname607(%rip), %rdi
+    leaq .Lname605(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6203,7 +6197,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname608(%rip), %rdi
+    leaq .Lname606(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6211,7 +6205,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname609(%rip), %rdi
+    leaq .Lname607(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6219,7 +6213,7 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname610(%rip), %rdi
+    leaq .Lname608(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6227,7 +6221,7 @@ cusolverSpZcsrcholBufferInfo:
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname611(%rip), %rdi
+    leaq .Lname609(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6235,7 +6229,7 @@ cusolverSpZcsrcholBufferInfoHost:
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname612(%rip), %rdi
+    leaq .Lname610(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6243,7 +6237,7 @@ cusolverSpZcsrcholDiag:
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname613(%rip), %rdi
+    leaq .Lname611(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6251,7 +6245,7 @@ cusolverSpZcsrcholFactor:
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname614(%rip), %rdi
+    leaq .Lname612(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6259,7 +6253,7 @@ cusolverSpZcsrcholFactorHost:
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname615(%rip), %rdi
+    leaq .Lname613(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6267,7 +6261,7 @@ cusolverSpZcsrcholSolve:
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname616(%rip), %rdi
+    leaq .Lname614(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6275,7 +6269,7 @@ cusolverSpZcsrcholSolveHost:
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname617(%rip), %rdi
+    leaq .Lname615(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6283,7 +6277,7 @@ cusolverSpZcsrcholZeroPivot:
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname618(%rip), %rdi
+    leaq .Lname616(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6291,7 +6285,7 @@ cusolverSpZcsrcholZeroPivotHost:
     .globl cusolverSpZcsreigsHost
     .type cusolverSpZcsreigsHost, @function
 cusolverSpZcsreigsHost:
-    leaq .Lname619(%rip), %rdi
+    leaq .Lname617(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6299,7 +6293,7 @@ cusolverSpZcsreigsHost:
     .globl cusolverSpZcsreigvsi
     .type cusolverSpZcsreigvsi, @function
 cusolverSpZcsreigvsi:
-    leaq .Lname620(%rip), %rdi
+    leaq .Lname618(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6307,7 +6301,7 @@ cusolverSpZcsreigvsi:
     .globl cusolverSpZcsreigvsiHost
     .type cusolverSpZcsreigvsiHost, @function
 cusolverSpZcsreigvsiHost:
-    leaq .Lname621(%rip), %rdi
+    leaq .Lname619(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6315,7 +6309,7 @@ cusolverSpZcsreigvsiHost:
     .globl cusolverSpZcsrlsqvqrHost
     .type cusolverSpZcsrlsqvqrHost, @function
 cusolverSpZcsrlsqvqrHost:
-    leaq .Lname622(%rip), %rdi
+    leaq .Lname620(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6323,7 +6317,7 @@ cusolverSpZcsrlsqvqrHost:
     .globl cusolverSpZcsrlsvchol
     .type cusolverSpZcsrlsvchol, @function
 cusolverSpZcsrlsvchol:
-    leaq .Lname623(%rip), %rdi
+    leaq .Lname621(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6331,7 +6325,7 @@ cusolverSpZcsrlsvchol:
     .globl cusolverSpZcsrlsvcholHost
     .type cusolverSpZcsrlsvcholHost, @function
 cusolverSpZcsrlsvcholHost:
-    leaq .Lname624(%rip), %rdi
+    leaq .Lname622(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6339,7 +6333,7 @@ cusolverSpZcsrlsvcholHost:
     .globl cusolverSpZcsrlsvluHost
     .type cusolverSpZcsrlsvluHost, @function
 cusolverSpZcsrlsvluHost:
-    leaq .Lname625(%rip), %rdi
+    leaq .Lname623(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6347,7 +6341,7 @@ cusolverSpZcsrlsvluHost:
     .globl cusolverSpZcsrlsvqr
     .type cusolverSpZcsrlsvqr, @function
 cusolverSpZcsrlsvqr:
-    leaq .Lname626(%rip), %rdi
+    leaq .Lname624(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6355,7 +6349,7 @@ cusolverSpZcsrlsvqr:
     .globl cusolverSpZcsrlsvqrHost
     .type cusolverSpZcsrlsvqrHost, @function
 cusolverSpZcsrlsvqrHost:
-    leaq .Lname627(%rip), %rdi
+    leaq .Lname625(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6363,7 +6357,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname628(%rip), %rdi
+    leaq .Lname626(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6371,7 +6365,7 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname629(%rip), %rdi
+    leaq .Lname627(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6379,7 +6373,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname630(%rip), %rdi
+    leaq .Lname628(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6387,7 +6381,7 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname631(%rip), %rdi
+    leaq .Lname629(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6395,7 +6389,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname632(%rip), %rdi
+    leaq .Lname630(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6403,7 +6397,7 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname633(%rip), %rdi
+    leaq .Lname631(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6411,7 +6405,7 @@ cusolverSpZcsrluFactorHost:
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname634(%rip), %rdi
+    leaq .Lname632(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6419,7 +6413,7 @@ cusolverSpZcsrluSolveHost:
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname635(%rip), %rdi
+    leaq .Lname633(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6427,7 +6421,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname636(%rip), %rdi
+    leaq .Lname634(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6435,7 +6429,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname637(%rip), %rdi
+    leaq .Lname635(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6443,7 +6437,7 @@ cusolverSpZcsrqrBufferInfo:
     .globl cusolverSpZcsrqrBufferInfoBatched
     .type cusolverSpZcsrqrBufferInfoBatched, @function
 cusolverSpZcsrqrBufferInfoBatched:
-    leaq .Lname638(%rip), %rdi
+    leaq .Lname636(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6451,7 +6445,7 @@ cusolverSpZcsrqrBufferInfoBatched:
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname639(%rip), %rdi
+    leaq .Lname637(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6459,7 +6453,7 @@ cusolverSpZcsrqrBufferInfoHost:
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname640(%rip), %rdi
+    leaq .Lname638(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6467,7 +6461,7 @@ cusolverSpZcsrqrFactor:
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname641(%rip), %rdi
+    leaq .Lname639(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6475,7 +6469,7 @@ cusolverSpZcsrqrFactorHost:
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname642(%rip), %rdi
+    leaq .Lname640(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6483,7 +6477,7 @@ cusolverSpZcsrqrSetup:
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname643(%rip), %rdi
+    leaq .Lname641(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6491,7 +6485,7 @@ cusolverSpZcsrqrSetupHost:
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname644(%rip), %rdi
+    leaq .Lname642(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6499,7 +6493,7 @@ cusolverSpZcsrqrSolve:
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname645(%rip), %rdi
+    leaq .Lname643(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6507,7 +6501,7 @@ cusolverSpZcsrqrSolveHost:
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname646(%rip), %rdi
+    leaq .Lname644(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6515,7 +6509,7 @@ cusolverSpZcsrqrZeroPivot:
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname647(%rip), %rdi
+    leaq .Lname645(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6523,7 +6517,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname648(%rip), %rdi
+    leaq .Lname646(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6531,7 +6525,7 @@ cusolverSpZcsrqrrcond:
     .globl cusolverSpZcsrqrsvBatched
     .type cusolverSpZcsrqrsvBatched, @function
 cusolverSpZcsrqrsvBatched:
-    leaq .Lname649(%rip), %rdi
+    leaq .Lname647(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6539,7 +6533,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname650(%rip), %rdi
+    leaq .Lname648(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6547,7 +6541,7 @@ cusolverSpZcsrsubm2denseHost:
     .globl cusolverSpZcsrzfdHost
     .type cusolverSpZcsrzfdHost, @function
 cusolverSpZcsrzfdHost:
-    leaq .Lname651(%rip), %rdi
+    leaq .Lname649(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6555,7 +6549,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZlangeHost
     .type cusolverSpZlangeHost, @function
 cusolverSpZlangeHost:
-    leaq .Lname652(%rip), %rdi
+    leaq .Lname650(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6563,7 +6557,7 @@ cusolverSpZlangeHost:
     .globl cusolverSpZndsydmHost
     .type cusolverSpZndsydmHost, @function
 cusolverSpZndsydmHost:
-    leaq .Lname653(%rip), %rdi
+    leaq .Lname651(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6571,7 +6565,7 @@ cusolverSpZndsydmHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname654(%rip), %rdi
+    leaq .Lname652(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6579,7 +6573,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname655(%rip), %rdi
+    leaq .Lname653(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6587,7 +6581,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname656(%rip), %rdi
+    leaq .Lname654(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6595,7 +6589,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname657(%rip), %rdi
+    leaq .Lname655(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6603,7 +6597,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname658(%rip), %rdi
+    leaq .Lname656(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6611,7 +6605,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname659(%rip), %rdi
+    leaq .Lname657(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7358,583 +7352,579 @@ cusolverXcsrqr_dump:
 .Lname369:
     .asciz "cusolverDnZunmtrHost"
 .Lname370:
-    .asciz "cusolverGetProperty"
-.Lname371:
-    .asciz "cusolverGetVersion"
-.Lname372:
     .asciz "cusolverIidentityHost"
-.Lname373:
+.Lname371:
     .asciz "cusolverRfAccessBundledFactorsDevice"
-.Lname374:
+.Lname372:
     .asciz "cusolverRfBatchResetValues"
-.Lname375:
+.Lname373:
     .asciz "cusolverRfBatchSetupHost"
-.Lname376:
+.Lname374:
     .asciz "cusolverRfBatchSolve"
-.Lname377:
+.Lname375:
     .asciz "cusolverRfBatchZeroPivot"
-.Lname378:
+.Lname376:
     .asciz "cusolverRfExtractBundledFactorsHost"
-.Lname379:
+.Lname377:
     .asciz "cusolverRfExtractSplitFactorsHost"
-.Lname380:
+.Lname378:
     .asciz "cusolverRfGetAlgs"
-.Lname381:
+.Lname379:
     .asciz "cusolverRfGetMatrixFormat"
-.Lname382:
+.Lname380:
     .asciz "cusolverRfGetNumericBoostReport"
-.Lname383:
+.Lname381:
     .asciz "cusolverRfGetNumericProperties"
-.Lname384:
+.Lname382:
     .asciz "cusolverRfGetResetValuesFastMode"
-.Lname385:
+.Lname383:
     .asciz "cusolverRfResetValues"
-.Lname386:
+.Lname384:
     .asciz "cusolverRfSetupDevice"
-.Lname387:
+.Lname385:
     .asciz "cusolverRfSetupHost"
-.Lname388:
+.Lname386:
     .asciz "cusolverRfSetupM"
-.Lname389:
+.Lname387:
     .asciz "cusolverRfSolve"
-.Lname390:
+.Lname388:
     .asciz "cusolverSpCcsrbtfHost"
-.Lname391:
+.Lname389:
     .asciz "cusolverSpCcsrcholBufferInfo"
-.Lname392:
+.Lname390:
     .asciz "cusolverSpCcsrcholBufferInfoHost"
-.Lname393:
+.Lname391:
     .asciz "cusolverSpCcsrcholDiag"
-.Lname394:
+.Lname392:
     .asciz "cusolverSpCcsrcholFactor"
-.Lname395:
+.Lname393:
     .asciz "cusolverSpCcsrcholFactorHost"
-.Lname396:
+.Lname394:
     .asciz "cusolverSpCcsrcholSolve"
-.Lname397:
+.Lname395:
     .asciz "cusolverSpCcsrcholSolveHost"
-.Lname398:
+.Lname396:
     .asciz "cusolverSpCcsrcholZeroPivot"
-.Lname399:
+.Lname397:
     .asciz "cusolverSpCcsrcholZeroPivotHost"
-.Lname400:
+.Lname398:
     .asciz "cusolverSpCcsreigsHost"
-.Lname401:
+.Lname399:
     .asciz "cusolverSpCcsreigvsi"
-.Lname402:
+.Lname400:
     .asciz "cusolverSpCcsreigvsiHost"
-.Lname403:
+.Lname401:
     .asciz "cusolverSpCcsrlsqvqrHost"
-.Lname404:
+.Lname402:
     .asciz "cusolverSpCcsrlsvchol"
-.Lname405:
+.Lname403:
     .asciz "cusolverSpCcsrlsvcholHost"
-.Lname406:
+.Lname404:
     .asciz "cusolverSpCcsrlsvluHost"
-.Lname407:
+.Lname405:
     .asciz "cusolverSpCcsrlsvqr"
-.Lname408:
+.Lname406:
     .asciz "cusolverSpCcsrlsvqrHost"
-.Lname409:
+.Lname407:
     .asciz "cusolverSpCcsrluAnalysisHost"
-.Lname410:
+.Lname408:
     .asciz "cusolverSpCcsrluBufferInfoHost"
-.Lname411:
+.Lname409:
     .asciz "cusolverSpCcsrluExtractBTFHost"
-.Lname412:
+.Lname410:
     .asciz "cusolverSpCcsrluExtractHost"
-.Lname413:
+.Lname411:
     .asciz "cusolverSpCcsrluExtractMHost"
-.Lname414:
+.Lname412:
     .asciz "cusolverSpCcsrluFactorHost"
-.Lname415:
+.Lname413:
     .asciz "cusolverSpCcsrluSolveHost"
-.Lname416:
+.Lname414:
     .asciz "cusolverSpCcsrluZeroPivotHost"
-.Lname417:
+.Lname415:
     .asciz "cusolverSpCcsrlucondHost"
-.Lname418:
+.Lname416:
     .asciz "cusolverSpCcsrqrBufferInfo"
-.Lname419:
+.Lname417:
     .asciz "cusolverSpCcsrqrBufferInfoBatched"
-.Lname420:
+.Lname418:
     .asciz "cusolverSpCcsrqrBufferInfoHost"
-.Lname421:
+.Lname419:
     .asciz "cusolverSpCcsrqrFactor"
-.Lname422:
+.Lname420:
     .asciz "cusolverSpCcsrqrFactorHost"
-.Lname423:
+.Lname421:
     .asciz "cusolverSpCcsrqrSetup"
-.Lname424:
+.Lname422:
     .asciz "cusolverSpCcsrqrSetupHost"
-.Lname425:
+.Lname423:
     .asciz "cusolverSpCcsrqrSolve"
-.Lname426:
+.Lname424:
     .asciz "cusolverSpCcsrqrSolveHost"
-.Lname427:
+.Lname425:
     .asciz "cusolverSpCcsrqrZeroPivot"
-.Lname428:
+.Lname426:
     .asciz "cusolverSpCcsrqrZeroPivotHost"
-.Lname429:
+.Lname427:
     .asciz "cusolverSpCcsrqrrcond"
-.Lname430:
+.Lname428:
     .asciz "cusolverSpCcsrqrsvBatched"
-.Lname431:
+.Lname429:
     .asciz "cusolverSpCcsrsubm2denseHost"
-.Lname432:
+.Lname430:
     .asciz "cusolverSpCcsrzfdHost"
-.Lname433:
+.Lname431:
     .asciz "cusolverSpClangeHost"
-.Lname434:
+.Lname432:
     .asciz "cusolverSpCndsydmHost"
-.Lname435:
+.Lname433:
     .asciz "cusolverSpCreateCsrcholInfo"
-.Lname436:
+.Lname434:
     .asciz "cusolverSpCreateCsrcholInfoHost"
-.Lname437:
+.Lname435:
     .asciz "cusolverSpCreateCsrluInfoHost"
-.Lname438:
+.Lname436:
     .asciz "cusolverSpCreateCsrqrInfoHost"
-.Lname439:
+.Lname437:
     .asciz "cusolverSpCreateGluInfo"
-.Lname440:
+.Lname438:
     .asciz "cusolverSpCreateSnluInfo"
-.Lname441:
+.Lname439:
     .asciz "cusolverSpCsnluBuffersize"
-.Lname442:
+.Lname440:
     .asciz "cusolverSpCsnluFactor"
-.Lname443:
+.Lname441:
     .asciz "cusolverSpCsnluSolve"
-.Lname444:
+.Lname442:
     .asciz "cusolverSpCsymgthr"
-.Lname445:
+.Lname443:
     .asciz "cusolverSpCsymgthrHost"
-.Lname446:
+.Lname444:
     .asciz "cusolverSpDcsrbtfHost"
-.Lname447:
+.Lname445:
     .asciz "cusolverSpDcsrcholBufferInfo"
-.Lname448:
+.Lname446:
     .asciz "cusolverSpDcsrcholBufferInfoHost"
-.Lname449:
+.Lname447:
     .asciz "cusolverSpDcsrcholDiag"
-.Lname450:
+.Lname448:
     .asciz "cusolverSpDcsrcholFactor"
-.Lname451:
+.Lname449:
     .asciz "cusolverSpDcsrcholFactorHost"
-.Lname452:
+.Lname450:
     .asciz "cusolverSpDcsrcholSolve"
-.Lname453:
+.Lname451:
     .asciz "cusolverSpDcsrcholSolveHost"
-.Lname454:
+.Lname452:
     .asciz "cusolverSpDcsrcholZeroPivot"
-.Lname455:
+.Lname453:
     .asciz "cusolverSpDcsrcholZeroPivotHost"
-.Lname456:
+.Lname454:
     .asciz "cusolverSpDcsreigsHost"
-.Lname457:
+.Lname455:
     .asciz "cusolverSpDcsreigvsi"
-.Lname458:
+.Lname456:
     .asciz "cusolverSpDcsreigvsiHost"
-.Lname459:
+.Lname457:
     .asciz "cusolverSpDcsrlsqvqrHost"
-.Lname460:
+.Lname458:
     .asciz "cusolverSpDcsrlsvchol"
-.Lname461:
+.Lname459:
     .asciz "cusolverSpDcsrlsvcholHost"
-.Lname462:
+.Lname460:
     .asciz "cusolverSpDcsrlsvluHost"
-.Lname463:
+.Lname461:
     .asciz "cusolverSpDcsrlsvqr"
-.Lname464:
+.Lname462:
     .asciz "cusolverSpDcsrlsvqrHost"
-.Lname465:
+.Lname463:
     .asciz "cusolverSpDcsrluAnalysisHost"
-.Lname466:
+.Lname464:
     .asciz "cusolverSpDcsrluBufferInfoHost"
-.Lname467:
+.Lname465:
     .asciz "cusolverSpDcsrluExtractBTFHost"
-.Lname468:
+.Lname466:
     .asciz "cusolverSpDcsrluExtractHost"
-.Lname469:
+.Lname467:
     .asciz "cusolverSpDcsrluExtractMHost"
-.Lname470:
+.Lname468:
     .asciz "cusolverSpDcsrluFactorHost"
-.Lname471:
+.Lname469:
     .asciz "cusolverSpDcsrluSolveHost"
-.Lname472:
+.Lname470:
     .asciz "cusolverSpDcsrluZeroPivotHost"
-.Lname473:
+.Lname471:
     .asciz "cusolverSpDcsrlucondHost"
-.Lname474:
+.Lname472:
     .asciz "cusolverSpDcsrqrBufferInfo"
-.Lname475:
+.Lname473:
     .asciz "cusolverSpDcsrqrBufferInfoBatched"
-.Lname476:
+.Lname474:
     .asciz "cusolverSpDcsrqrBufferInfoHost"
-.Lname477:
+.Lname475:
     .asciz "cusolverSpDcsrqrFactor"
-.Lname478:
+.Lname476:
     .asciz "cusolverSpDcsrqrFactorHost"
-.Lname479:
+.Lname477:
     .asciz "cusolverSpDcsrqrSetup"
-.Lname480:
+.Lname478:
     .asciz "cusolverSpDcsrqrSetupHost"
-.Lname481:
+.Lname479:
     .asciz "cusolverSpDcsrqrSolve"
-.Lname482:
+.Lname480:
     .asciz "cusolverSpDcsrqrSolveHost"
-.Lname483:
+.Lname481:
     .asciz "cusolverSpDcsrqrZeroPivot"
-.Lname484:
+.Lname482:
     .asciz "cusolverSpDcsrqrZeroPivotHost"
-.Lname485:
+.Lname483:
     .asciz "cusolverSpDcsrqrrcond"
-.Lname486:
+.Lname484:
     .asciz "cusolverSpDcsrqrsvBatched"
-.Lname487:
+.Lname485:
     .asciz "cusolverSpDcsrsubm2denseHost"
-.Lname488:
+.Lname486:
     .asciz "cusolverSpDcsrzfdHost"
-.Lname489:
+.Lname487:
     .asciz "cusolverSpDestroyCsrcholInfo"
-.Lname490:
+.Lname488:
     .asciz "cusolverSpDestroyCsrcholInfoHost"
-.Lname491:
+.Lname489:
     .asciz "cusolverSpDestroyCsrluInfoHost"
-.Lname492:
+.Lname490:
     .asciz "cusolverSpDestroyCsrqrInfoHost"
-.Lname493:
+.Lname491:
     .asciz "cusolverSpDestroyGluInfo"
-.Lname494:
+.Lname492:
     .asciz "cusolverSpDestroySnluInfo"
-.Lname495:
+.Lname493:
     .asciz "cusolverSpDgluAnalysis"
-.Lname496:
+.Lname494:
     .asciz "cusolverSpDgluBufferSize"
-.Lname497:
+.Lname495:
     .asciz "cusolverSpDgluExtractMHost"
-.Lname498:
+.Lname496:
     .asciz "cusolverSpDgluFactor"
-.Lname499:
+.Lname497:
     .asciz "cusolverSpDgluNumericBoost"
-.Lname500:
+.Lname498:
     .asciz "cusolverSpDgluReset"
-.Lname501:
+.Lname499:
     .asciz "cusolverSpDgluSetup"
-.Lname502:
+.Lname500:
     .asciz "cusolverSpDgluSetupByTile"
-.Lname503:
+.Lname501:
     .asciz "cusolverSpDgluSolve"
-.Lname504:
+.Lname502:
     .asciz "cusolverSpDlangeHost"
-.Lname505:
+.Lname503:
     .asciz "cusolverSpDndsydmHost"
-.Lname506:
+.Lname504:
     .asciz "cusolverSpDnrminf"
-.Lname507:
+.Lname505:
     .asciz "cusolverSpDsnluBuffersize"
-.Lname508:
+.Lname506:
     .asciz "cusolverSpDsnluFactor"
-.Lname509:
+.Lname507:
     .asciz "cusolverSpDsnluSolve"
-.Lname510:
+.Lname508:
     .asciz "cusolverSpDsymgthr"
-.Lname511:
+.Lname509:
     .asciz "cusolverSpDsymgthrHost"
-.Lname512:
+.Lname510:
     .asciz "cusolverSpLcsrqrBufferInfo"
-.Lname513:
+.Lname511:
     .asciz "cusolverSpLcsrqrFactor"
-.Lname514:
+.Lname512:
     .asciz "cusolverSpLcsrqrSetup"
-.Lname515:
+.Lname513:
     .asciz "cusolverSpLcsrqrSolve"
-.Lname516:
+.Lname514:
     .asciz "cusolverSpLcsrqrSolveRefine"
-.Lname517:
+.Lname515:
     .asciz "cusolverSpLcsrqrZeroPivot"
-.Lname518:
+.Lname516:
     .asciz "cusolverSpLcsrqrrcond"
-.Lname519:
+.Lname517:
     .asciz "cusolverSpQcsrqrBufferInfo"
-.Lname520:
+.Lname518:
     .asciz "cusolverSpQcsrqrFactor"
-.Lname521:
+.Lname519:
     .asciz "cusolverSpQcsrqrSetup"
-.Lname522:
+.Lname520:
     .asciz "cusolverSpQcsrqrSolve"
-.Lname523:
+.Lname521:
     .asciz "cusolverSpQcsrqrSolveRefine"
-.Lname524:
+.Lname522:
     .asciz "cusolverSpQcsrqrZeroPivot"
-.Lname525:
+.Lname523:
     .asciz "cusolverSpQcsrqrrcond"
-.Lname526:
+.Lname524:
     .asciz "cusolverSpScsrbtfHost"
-.Lname527:
+.Lname525:
     .asciz "cusolverSpScsrcholBufferInfo"
-.Lname528:
+.Lname526:
     .asciz "cusolverSpScsrcholBufferInfoHost"
-.Lname529:
+.Lname527:
     .asciz "cusolverSpScsrcholDiag"
-.Lname530:
+.Lname528:
     .asciz "cusolverSpScsrcholFactor"
-.Lname531:
+.Lname529:
     .asciz "cusolverSpScsrcholFactorHost"
-.Lname532:
+.Lname530:
     .asciz "cusolverSpScsrcholSolve"
-.Lname533:
+.Lname531:
     .asciz "cusolverSpScsrcholSolveHost"
-.Lname534:
+.Lname532:
     .asciz "cusolverSpScsrcholZeroPivot"
-.Lname535:
+.Lname533:
     .asciz "cusolverSpScsrcholZeroPivotHost"
-.Lname536:
+.Lname534:
     .asciz "cusolverSpScsreigsHost"
-.Lname537:
+.Lname535:
     .asciz "cusolverSpScsreigvsi"
-.Lname538:
+.Lname536:
     .asciz "cusolverSpScsreigvsiHost"
-.Lname539:
+.Lname537:
     .asciz "cusolverSpScsrlsqvqrHost"
-.Lname540:
+.Lname538:
     .asciz "cusolverSpScsrlsvchol"
-.Lname541:
+.Lname539:
     .asciz "cusolverSpScsrlsvcholHost"
-.Lname542:
+.Lname540:
     .asciz "cusolverSpScsrlsvluHost"
-.Lname543:
+.Lname541:
     .asciz "cusolverSpScsrlsvqr"
-.Lname544:
+.Lname542:
     .asciz "cusolverSpScsrlsvqrHost"
-.Lname545:
+.Lname543:
     .asciz "cusolverSpScsrluAnalysisHost"
-.Lname546:
+.Lname544:
     .asciz "cusolverSpScsrluBufferInfoHost"
-.Lname547:
+.Lname545:
     .asciz "cusolverSpScsrluExtractBTFHost"
-.Lname548:
+.Lname546:
     .asciz "cusolverSpScsrluExtractHost"
-.Lname549:
+.Lname547:
     .asciz "cusolverSpScsrluExtractMHost"
-.Lname550:
+.Lname548:
     .asciz "cusolverSpScsrluFactorHost"
-.Lname551:
+.Lname549:
     .asciz "cusolverSpScsrluSolveHost"
-.Lname552:
+.Lname550:
     .asciz "cusolverSpScsrluZeroPivotHost"
-.Lname553:
+.Lname551:
     .asciz "cusolverSpScsrlucondHost"
-.Lname554:
+.Lname552:
     .asciz "cusolverSpScsrqrBufferInfo"
-.Lname555:
+.Lname553:
     .asciz "cusolverSpScsrqrBufferInfoBatched"
-.Lname556:
+.Lname554:
     .asciz "cusolverSpScsrqrBufferInfoHost"
-.Lname557:
+.Lname555:
     .asciz "cusolverSpScsrqrFactor"
-.Lname558:
+.Lname556:
     .asciz "cusolverSpScsrqrFactorHost"
-.Lname559:
+.Lname557:
     .asciz "cusolverSpScsrqrSetup"
-.Lname560:
+.Lname558:
     .asciz "cusolverSpScsrqrSetupHost"
-.Lname561:
+.Lname559:
     .asciz "cusolverSpScsrqrSolve"
-.Lname562:
+.Lname560:
     .asciz "cusolverSpScsrqrSolveHost"
-.Lname563:
+.Lname561:
     .asciz "cusolverSpScsrqrZeroPivot"
-.Lname564:
+.Lname562:
     .asciz "cusolverSpScsrqrZeroPivotHost"
-.Lname565:
+.Lname563:
     .asciz "cusolverSpScsrqrrcond"
-.Lname566:
+.Lname564:
     .asciz "cusolverSpScsrqrsvBatched"
-.Lname567:
+.Lname565:
     .asciz "cusolverSpScsrsubm2denseHost"
-.Lname568:
+.Lname566:
     .asciz "cusolverSpScsrzfdHost"
-.Lname569:
+.Lname567:
     .asciz "cusolverSpSlangeHost"
-.Lname570:
+.Lname568:
     .asciz "cusolverSpSndsydmHost"
-.Lname571:
+.Lname569:
     .asciz "cusolverSpSsnluBuffersize"
-.Lname572:
+.Lname570:
     .asciz "cusolverSpSsnluFactor"
-.Lname573:
+.Lname571:
     .asciz "cusolverSpSsnluSolve"
-.Lname574:
+.Lname572:
     .asciz "cusolverSpSsymgthr"
-.Lname575:
+.Lname573:
     .asciz "cusolverSpSsymgthrHost"
-.Lname576:
+.Lname574:
     .asciz "cusolverSpXcsr2cscHost"
-.Lname577:
+.Lname575:
     .asciz "cusolverSpXcsr2csc_bufferSizeHost"
-.Lname578:
+.Lname576:
     .asciz "cusolverSpXcsrbndHost"
-.Lname579:
+.Lname577:
     .asciz "cusolverSpXcsrcholAnalysis"
-.Lname580:
+.Lname578:
     .asciz "cusolverSpXcsrcholAnalysisHost"
-.Lname581:
+.Lname579:
     .asciz "cusolverSpXcsrissymHost"
-.Lname582:
+.Lname580:
     .asciz "cusolverSpXcsrluAnalysisHost"
-.Lname583:
+.Lname581:
     .asciz "cusolverSpXcsrluConfigHost"
-.Lname584:
+.Lname582:
     .asciz "cusolverSpXcsrluNnzHost"
-.Lname585:
+.Lname583:
     .asciz "cusolverSpXcsrluNnzMHost"
-.Lname586:
+.Lname584:
     .asciz "cusolverSpXcsrmetisndHost"
-.Lname587:
+.Lname585:
     .asciz "cusolverSpXcsrndHost"
-.Lname588:
+.Lname586:
     .asciz "cusolverSpXcsrnsepHost"
-.Lname589:
+.Lname587:
     .asciz "cusolverSpXcsrpermHost"
-.Lname590:
+.Lname588:
     .asciz "cusolverSpXcsrperm_bufferSizeHost"
-.Lname591:
+.Lname589:
     .asciz "cusolverSpXcsrqrAnalysis"
-.Lname592:
+.Lname590:
     .asciz "cusolverSpXcsrqrAnalysisBatched"
-.Lname593:
+.Lname591:
     .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname594:
+.Lname592:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname595:
+.Lname593:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname596:
+.Lname594:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname597:
+.Lname595:
     .asciz "cusolverSpXcsrsymamdHost"
-.Lname598:
+.Lname596:
     .asciz "cusolverSpXcsrsymmdqHost"
-.Lname599:
+.Lname597:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname600:
+.Lname598:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname601:
+.Lname599:
     .asciz "cusolverSpXcsrsymrcmHost"
-.Lname602:
+.Lname600:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname603:
+.Lname601:
     .asciz "cusolverSpXndsydmNnzHost"
-.Lname604:
+.Lname602:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname605:
+.Lname603:
     .asciz "cusolverSpXsnluFlops"
-.Lname606:
+.Lname604:
     .asciz "cusolverSpXsnluReport"
-.Lname607:
+.Lname605:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname608:
+.Lname606:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname609:
+.Lname607:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname610:
+.Lname608:
     .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname611:
+.Lname609:
     .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname612:
+.Lname610:
     .asciz "cusolverSpZcsrcholDiag"
-.Lname613:
+.Lname611:
     .asciz "cusolverSpZcsrcholFactor"
-.Lname614:
+.Lname612:
     .asciz "cusolverSpZcsrcholFactorHost"
-.Lname615:
+.Lname613:
     .asciz "cusolverSpZcsrcholSolve"
-.Lname616:
+.Lname614:
     .asciz "cusolverSpZcsrcholSolveHost"
-.Lname617:
+.Lname615:
     .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname618:
+.Lname616:
     .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname619:
+.Lname617:
     .asciz "cusolverSpZcsreigsHost"
-.Lname620:
+.Lname618:
     .asciz "cusolverSpZcsreigvsi"
-.Lname621:
+.Lname619:
     .asciz "cusolverSpZcsreigvsiHost"
-.Lname622:
+.Lname620:
     .asciz "cusolverSpZcsrlsqvqrHost"
-.Lname623:
+.Lname621:
     .asciz "cusolverSpZcsrlsvchol"
-.Lname624:
+.Lname622:
     .asciz "cusolverSpZcsrlsvcholHost"
-.Lname625:
+.Lname623:
     .asciz "cusolverSpZcsrlsvluHost"
-.Lname626:
+.Lname624:
     .asciz "cusolverSpZcsrlsvqr"
-.Lname627:
+.Lname625:
     .asciz "cusolverSpZcsrlsvqrHost"
-.Lname628:
+.Lname626:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname629:
+.Lname627:
     .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname630:
+.Lname628:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname631:
+.Lname629:
     .asciz "cusolverSpZcsrluExtractHost"
-.Lname632:
+.Lname630:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname633:
+.Lname631:
     .asciz "cusolverSpZcsrluFactorHost"
-.Lname634:
+.Lname632:
     .asciz "cusolverSpZcsrluSolveHost"
-.Lname635:
+.Lname633:
     .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname636:
+.Lname634:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname637:
+.Lname635:
     .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname638:
+.Lname636:
     .asciz "cusolverSpZcsrqrBufferInfoBatched"
-.Lname639:
+.Lname637:
     .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname640:
+.Lname638:
     .asciz "cusolverSpZcsrqrFactor"
-.Lname641:
+.Lname639:
     .asciz "cusolverSpZcsrqrFactorHost"
-.Lname642:
+.Lname640:
     .asciz "cusolverSpZcsrqrSetup"
-.Lname643:
+.Lname641:
     .asciz "cusolverSpZcsrqrSetupHost"
-.Lname644:
+.Lname642:
     .asciz "cusolverSpZcsrqrSolve"
-.Lname645:
+.Lname643:
     .asciz "cusolverSpZcsrqrSolveHost"
-.Lname646:
+.Lname644:
     .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname647:
+.Lname645:
     .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname648:
+.Lname646:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname649:
+.Lname647:
     .asciz "cusolverSpZcsrqrsvBatched"
-.Lname650:
+.Lname648:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname651:
+.Lname649:
     .asciz "cusolverSpZcsrzfdHost"
-.Lname652:
+.Lname650:
     .asciz "cusolverSpZlangeHost"
-.Lname653:
+.Lname651:
     .asciz "cusolverSpZndsydmHost"
-.Lname654:
+.Lname652:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname655:
+.Lname653:
     .asciz "cusolverSpZsnluFactor"
-.Lname656:
+.Lname654:
     .asciz "cusolverSpZsnluSolve"
-.Lname657:
+.Lname655:
     .asciz "cusolverSpZsymgthr"
-.Lname658:
+.Lname656:
     .asciz "cusolverSpZsymgthrHost"
-.Lname659:
+.Lname657:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

@@ -3371,23 +3371,17 @@ cusolverDnZunmtr_bufferSize:
     .globl cusolverGetProperty
     .type cusolverGetProperty, @function
 cusolverGetProperty:
-    leaq .Lname264(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverGetProperty@PLT
     .size cusolverGetProperty, .-cusolverGetProperty
     .globl cusolverGetVersion
     .type cusolverGetVersion, @function
 cusolverGetVersion:
-    leaq .Lname265(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverGetVersion@PLT
     .size cusolverGetVersion, .-cusolverGetVersion
     .globl cusolverIidentityHost
     .type cusolverIidentityHost, @function
 cusolverIidentityHost:
-    leaq .Lname266(%rip), %rdi
+    leaq .Lname264(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3395,7 +3389,7 @@ cusolverIidentityHost:
     .globl cusolverRfAccessBundledFactorsDevice
     .type cusolverRfAccessBundledFactorsDevice, @function
 cusolverRfAccessBundledFactorsDevice:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname265(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3418,7 +3412,7 @@ cusolverRfBatchRefactor:
     .globl cusolverRfBatchResetValues
     .type cusolverRfBatchResetValues, @function
 cusolverRfBatchResetValues:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname266(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3426,7 +3420,7 @@ cusolverRfBatchResetValues:
     .globl cusolverRfBatchSetupHost
     .type cusolverRfBatchSetupHost, @function
 cusolverRfBatchSetupHost:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname267(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3434,7 +3428,7 @@ cusolverRfBatchSetupHost:
     .globl cusolverRfBatchSolve
     .type cusolverRfBatchSolve, @function
 cusolverRfBatchSolve:
-    leaq .Lname270(%rip), %rdi
+    leaq .Lname268(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3442,7 +3436,7 @@ cusolverRfBatchSolve:
     .globl cusolverRfBatchZeroPivot
     .type cusolverRfBatchZeroPivot, @function
 cusolverRfBatchZeroPivot:
-    leaq .Lname271(%rip), %rdi
+    leaq .Lname269(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3460,7 +3454,7 @@ cusolverRfDestroy:
     .globl cusolverRfExtractBundledFactorsHost
     .type cusolverRfExtractBundledFactorsHost, @function
 cusolverRfExtractBundledFactorsHost:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname270(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3468,7 +3462,7 @@ cusolverRfExtractBundledFactorsHost:
     .globl cusolverRfExtractSplitFactorsHost
     .type cusolverRfExtractSplitFactorsHost, @function
 cusolverRfExtractSplitFactorsHost:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname271(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3476,7 +3470,7 @@ cusolverRfExtractSplitFactorsHost:
     .globl cusolverRfGetAlgs
     .type cusolverRfGetAlgs, @function
 cusolverRfGetAlgs:
-    leaq .Lname274(%rip), %rdi
+    leaq .Lname272(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3484,7 +3478,7 @@ cusolverRfGetAlgs:
     .globl cusolverRfGetMatrixFormat
     .type cusolverRfGetMatrixFormat, @function
 cusolverRfGetMatrixFormat:
-    leaq .Lname275(%rip), %rdi
+    leaq .Lname273(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3492,7 +3486,7 @@ cusolverRfGetMatrixFormat:
     .globl cusolverRfGetNumericBoostReport
     .type cusolverRfGetNumericBoostReport, @function
 cusolverRfGetNumericBoostReport:
-    leaq .Lname276(%rip), %rdi
+    leaq .Lname274(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3500,7 +3494,7 @@ cusolverRfGetNumericBoostReport:
     .globl cusolverRfGetNumericProperties
     .type cusolverRfGetNumericProperties, @function
 cusolverRfGetNumericProperties:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname275(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3508,7 +3502,7 @@ cusolverRfGetNumericProperties:
     .globl cusolverRfGetResetValuesFastMode
     .type cusolverRfGetResetValuesFastMode, @function
 cusolverRfGetResetValuesFastMode:
-    leaq .Lname278(%rip), %rdi
+    leaq .Lname276(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3521,7 +3515,7 @@ cusolverRfRefactor:
     .globl cusolverRfResetValues
     .type cusolverRfResetValues, @function
 cusolverRfResetValues:
-    leaq .Lname279(%rip), %rdi
+    leaq .Lname277(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3549,7 +3543,7 @@ cusolverRfSetResetValuesFastMode:
     .globl cusolverRfSetupDevice
     .type cusolverRfSetupDevice, @function
 cusolverRfSetupDevice:
-    leaq .Lname280(%rip), %rdi
+    leaq .Lname278(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3557,7 +3551,7 @@ cusolverRfSetupDevice:
     .globl cusolverRfSetupHost
     .type cusolverRfSetupHost, @function
 cusolverRfSetupHost:
-    leaq .Lname281(%rip), %rdi
+    leaq .Lname279(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3565,7 +3559,7 @@ cusolverRfSetupHost:
     .globl cusolverRfSetupM
     .type cusolverRfSetupM, @function
 cusolverRfSetupM:
-    leaq .Lname282(%rip), %rdi
+    leaq .Lname280(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3573,7 +3567,7 @@ cusolverRfSetupM:
     .globl cusolverRfSolve
     .type cusolverRfSolve, @function
 cusolverRfSolve:
-    leaq .Lname283(%rip), %rdi
+    leaq .Lname281(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3581,7 +3575,7 @@ cusolverRfSolve:
     .globl cusolverSpCcsrbtfHost
     .type cusolverSpCcsrbtfHost, @function
 cusolverSpCcsrbtfHost:
-    leaq .Lname284(%rip), %rdi
+    leaq .Lname282(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3589,7 +3583,7 @@ cusolverSpCcsrbtfHost:
     .globl cusolverSpCcsrcholBufferInfo
     .type cusolverSpCcsrcholBufferInfo, @function
 cusolverSpCcsrcholBufferInfo:
-    leaq .Lname285(%rip), %rdi
+    leaq .Lname283(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3597,7 +3591,7 @@ cusolverSpCcsrcholBufferInfo:
     .globl cusolverSpCcsrcholBufferInfoHost
     .type cusolverSpCcsrcholBufferInfoHost, @function
 cusolverSpCcsrcholBufferInfoHost:
-    leaq .Lname286(%rip), %rdi
+    leaq .Lname284(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3605,7 +3599,7 @@ cusolverSpCcsrcholBufferInfoHost:
     .globl cusolverSpCcsrcholDiag
     .type cusolverSpCcsrcholDiag, @function
 cusolverSpCcsrcholDiag:
-    leaq .Lname287(%rip), %rdi
+    leaq .Lname285(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3613,7 +3607,7 @@ cusolverSpCcsrcholDiag:
     .globl cusolverSpCcsrcholFactor
     .type cusolverSpCcsrcholFactor, @function
 cusolverSpCcsrcholFactor:
-    leaq .Lname288(%rip), %rdi
+    leaq .Lname286(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3621,7 +3615,7 @@ cusolverSpCcsrcholFactor:
     .globl cusolverSpCcsrcholFactorHost
     .type cusolverSpCcsrcholFactorHost, @function
 cusolverSpCcsrcholFactorHost:
-    leaq .Lname289(%rip), %rdi
+    leaq .Lname287(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3629,7 +3623,7 @@ cusolverSpCcsrcholFactorHost:
     .globl cusolverSpCcsrcholSolve
     .type cusolverSpCcsrcholSolve, @function
 cusolverSpCcsrcholSolve:
-    leaq .Lname290(%rip), %rdi
+    leaq .Lname288(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3637,7 +3631,7 @@ cusolverSpCcsrcholSolve:
     .globl cusolverSpCcsrcholSolveHost
     .type cusolverSpCcsrcholSolveHost, @function
 cusolverSpCcsrcholSolveHost:
-    leaq .Lname291(%rip), %rdi
+    leaq .Lname289(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3645,7 +3639,7 @@ cusolverSpCcsrcholSolveHost:
     .globl cusolverSpCcsrcholZeroPivot
     .type cusolverSpCcsrcholZeroPivot, @function
 cusolverSpCcsrcholZeroPivot:
-    leaq .Lname292(%rip), %rdi
+    leaq .Lname290(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3653,7 +3647,7 @@ cusolverSpCcsrcholZeroPivot:
     .globl cusolverSpCcsrcholZeroPivotHost
     .type cusolverSpCcsrcholZeroPivotHost, @function
 cusolverSpCcsrcholZeroPivotHost:
-    leaq .Lname293(%rip), %rdi
+    leaq .Lname291(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3661,7 +3655,7 @@ cusolverSpCcsrcholZeroPivotHost:
     .globl cusolverSpCcsreigsHost
     .type cusolverSpCcsreigsHost, @function
 cusolverSpCcsreigsHost:
-    leaq .Lname294(%rip), %rdi
+    leaq .Lname292(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3669,7 +3663,7 @@ cusolverSpCcsreigsHost:
     .globl cusolverSpCcsreigvsi
     .type cusolverSpCcsreigvsi, @function
 cusolverSpCcsreigvsi:
-    leaq .Lname295(%rip), %rdi
+    leaq .Lname293(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3677,7 +3671,7 @@ cusolverSpCcsreigvsi:
     .globl cusolverSpCcsreigvsiHost
     .type cusolverSpCcsreigvsiHost, @function
 cusolverSpCcsreigvsiHost:
-    leaq .Lname296(%rip), %rdi
+    leaq .Lname294(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3685,7 +3679,7 @@ cusolverSpCcsreigvsiHost:
     .globl cusolverSpCcsrlsqvqrHost
     .type cusolverSpCcsrlsqvqrHost, @function
 cusolverSpCcsrlsqvqrHost:
-    leaq .Lname297(%rip), %rdi
+    leaq .Lname295(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3693,7 +3687,7 @@ cusolverSpCcsrlsqvqrHost:
     .globl cusolverSpCcsrlsvchol
     .type cusolverSpCcsrlsvchol, @function
 cusolverSpCcsrlsvchol:
-    leaq .Lname298(%rip), %rdi
+    leaq .Lname296(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3701,7 +3695,7 @@ cusolverSpCcsrlsvchol:
     .globl cusolverSpCcsrlsvcholHost
     .type cusolverSpCcsrlsvcholHost, @function
 cusolverSpCcsrlsvcholHost:
-    leaq .Lname299(%rip), %rdi
+    leaq .Lname297(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3709,7 +3703,7 @@ cusolverSpCcsrlsvcholHost:
     .globl cusolverSpCcsrlsvluHost
     .type cusolverSpCcsrlsvluHost, @function
 cusolverSpCcsrlsvluHost:
-    leaq .Lname300(%rip), %rdi
+    leaq .Lname298(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3717,7 +3711,7 @@ cusolverSpCcsrlsvluHost:
     .globl cusolverSpCcsrlsvqr
     .type cusolverSpCcsrlsvqr, @function
 cusolverSpCcsrlsvqr:
-    leaq .Lname301(%rip), %rdi
+    leaq .Lname299(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3725,7 +3719,7 @@ cusolverSpCcsrlsvqr:
     .globl cusolverSpCcsrlsvqrHost
     .type cusolverSpCcsrlsvqrHost, @function
 cusolverSpCcsrlsvqrHost:
-    leaq .Lname302(%rip), %rdi
+    leaq .Lname300(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3733,7 +3727,7 @@ cusolverSpCcsrlsvqrHost:
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname303(%rip), %rdi
+    leaq .Lname301(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3741,7 +3735,7 @@ cusolverSpCcsrluAnalysisHost:
     .globl cusolverSpCcsrluBufferInfoHost
     .type cusolverSpCcsrluBufferInfoHost, @function
 cusolverSpCcsrluBufferInfoHost:
-    leaq .Lname304(%rip), %rdi
+    leaq .Lname302(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3749,7 +3743,7 @@ cusolverSpCcsrluBufferInfoHost:
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname305(%rip), %rdi
+    leaq .Lname303(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3757,7 +3751,7 @@ cusolverSpCcsrluExtractBTFHost:
     .globl cusolverSpCcsrluExtractHost
     .type cusolverSpCcsrluExtractHost, @function
 cusolverSpCcsrluExtractHost:
-    leaq .Lname306(%rip), %rdi
+    leaq .Lname304(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3765,7 +3759,7 @@ cusolverSpCcsrluExtractHost:
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname305(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3773,7 +3767,7 @@ cusolverSpCcsrluExtractMHost:
     .globl cusolverSpCcsrluFactorHost
     .type cusolverSpCcsrluFactorHost, @function
 cusolverSpCcsrluFactorHost:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname306(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3781,7 +3775,7 @@ cusolverSpCcsrluFactorHost:
     .globl cusolverSpCcsrluSolveHost
     .type cusolverSpCcsrluSolveHost, @function
 cusolverSpCcsrluSolveHost:
-    leaq .Lname309(%rip), %rdi
+    leaq .Lname307(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3789,7 +3783,7 @@ cusolverSpCcsrluSolveHost:
     .globl cusolverSpCcsrluZeroPivotHost
     .type cusolverSpCcsrluZeroPivotHost, @function
 cusolverSpCcsrluZeroPivotHost:
-    leaq .Lname310(%rip), %rdi
+    leaq .Lname308(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3797,7 +3791,7 @@ cusolverSpCcsrluZeroPivotHost:
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname311(%rip), %rdi
+    leaq .Lname309(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3805,7 +3799,7 @@ cusolverSpCcsrlucondHost:
     .globl cusolverSpCcsrqrBufferInfo
     .type cusolverSpCcsrqrBufferInfo, @function
 cusolverSpCcsrqrBufferInfo:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname310(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3813,7 +3807,7 @@ cusolverSpCcsrqrBufferInfo:
     .globl cusolverSpCcsrqrBufferInfoBatched
     .type cusolverSpCcsrqrBufferInfoBatched, @function
 cusolverSpCcsrqrBufferInfoBatched:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname311(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3821,7 +3815,7 @@ cusolverSpCcsrqrBufferInfoBatched:
     .globl cusolverSpCcsrqrBufferInfoHost
     .type cusolverSpCcsrqrBufferInfoHost, @function
 cusolverSpCcsrqrBufferInfoHost:
-    leaq .Lname314(%rip), %rdi
+    leaq .Lname312(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3829,7 +3823,7 @@ cusolverSpCcsrqrBufferInfoHost:
     .globl cusolverSpCcsrqrFactor
     .type cusolverSpCcsrqrFactor, @function
 cusolverSpCcsrqrFactor:
-    leaq .Lname315(%rip), %rdi
+    leaq .Lname313(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3837,7 +3831,7 @@ cusolverSpCcsrqrFactor:
     .globl cusolverSpCcsrqrFactorHost
     .type cusolverSpCcsrqrFactorHost, @function
 cusolverSpCcsrqrFactorHost:
-    leaq .Lname316(%rip), %rdi
+    leaq .Lname314(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3845,7 +3839,7 @@ cusolverSpCcsrqrFactorHost:
     .globl cusolverSpCcsrqrSetup
     .type cusolverSpCcsrqrSetup, @function
 cusolverSpCcsrqrSetup:
-    leaq .Lname317(%rip), %rdi
+    leaq .Lname315(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3853,7 +3847,7 @@ cusolverSpCcsrqrSetup:
     .globl cusolverSpCcsrqrSetupHost
     .type cusolverSpCcsrqrSetupHost, @function
 cusolverSpCcsrqrSetupHost:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname316(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3861,7 +3855,7 @@ cusolverSpCcsrqrSetupHost:
     .globl cusolverSpCcsrqrSolve
     .type cusolverSpCcsrqrSolve, @function
 cusolverSpCcsrqrSolve:
-    leaq .Lname319(%rip), %rdi
+    leaq .Lname317(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3869,7 +3863,7 @@ cusolverSpCcsrqrSolve:
     .globl cusolverSpCcsrqrSolveHost
     .type cusolverSpCcsrqrSolveHost, @function
 cusolverSpCcsrqrSolveHost:
-    leaq .Lname320(%rip), %rdi
+    leaq .Lname318(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3877,7 +3871,7 @@ cusolverSpCcsrqrSolveHost:
     .globl cusolverSpCcsrqrZeroPivot
     .type cusolverSpCcsrqrZeroPivot, @function
 cusolverSpCcsrqrZeroPivot:
-    leaq .Lname321(%rip), %rdi
+    leaq .Lname319(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3885,7 +3879,7 @@ cusolverSpCcsrqrZeroPivot:
     .globl cusolverSpCcsrqrZeroPivotHost
     .type cusolverSpCcsrqrZeroPivotHost, @function
 cusolverSpCcsrqrZeroPivotHost:
-    leaq .Lname322(%rip), %rdi
+    leaq .Lname320(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3893,7 +3887,7 @@ cusolverSpCcsrqrZeroPivotHost:
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname323(%rip), %rdi
+    leaq .Lname321(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3901,7 +3895,7 @@ cusolverSpCcsrqrrcond:
     .globl cusolverSpCcsrqrsvBatched
     .type cusolverSpCcsrqrsvBatched, @function
 cusolverSpCcsrqrsvBatched:
-    leaq .Lname324(%rip), %rdi
+    leaq .Lname322(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3909,7 +3903,7 @@ cusolverSpCcsrqrsvBatched:
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname323(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3917,7 +3911,7 @@ cusolverSpCcsrsubm2denseHost:
     .globl cusolverSpCcsrzfdHost
     .type cusolverSpCcsrzfdHost, @function
 cusolverSpCcsrzfdHost:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname324(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3930,7 +3924,7 @@ cusolverSpCreate:
     .globl cusolverSpCreateCsrcholInfo
     .type cusolverSpCreateCsrcholInfo, @function
 cusolverSpCreateCsrcholInfo:
-    leaq .Lname327(%rip), %rdi
+    leaq .Lname325(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3938,7 +3932,7 @@ cusolverSpCreateCsrcholInfo:
     .globl cusolverSpCreateCsrcholInfoHost
     .type cusolverSpCreateCsrcholInfoHost, @function
 cusolverSpCreateCsrcholInfoHost:
-    leaq .Lname328(%rip), %rdi
+    leaq .Lname326(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3946,7 +3940,7 @@ cusolverSpCreateCsrcholInfoHost:
     .globl cusolverSpCreateCsrluInfoHost
     .type cusolverSpCreateCsrluInfoHost, @function
 cusolverSpCreateCsrluInfoHost:
-    leaq .Lname329(%rip), %rdi
+    leaq .Lname327(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3959,7 +3953,7 @@ cusolverSpCreateCsrqrInfo:
     .globl cusolverSpCreateCsrqrInfoHost
     .type cusolverSpCreateCsrqrInfoHost, @function
 cusolverSpCreateCsrqrInfoHost:
-    leaq .Lname330(%rip), %rdi
+    leaq .Lname328(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3967,7 +3961,7 @@ cusolverSpCreateCsrqrInfoHost:
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname331(%rip), %rdi
+    leaq .Lname329(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3975,7 +3969,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname332(%rip), %rdi
+    leaq .Lname330(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3983,7 +3977,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname333(%rip), %rdi
+    leaq .Lname331(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3991,7 +3985,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname332(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3999,7 +3993,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname333(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4007,7 +4001,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname336(%rip), %rdi
+    leaq .Lname334(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4015,7 +4009,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname337(%rip), %rdi
+    leaq .Lname335(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4023,7 +4017,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname336(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4031,7 +4025,7 @@ cusolverSpDcsrbtfHost:
     .globl cusolverSpDcsrcholBufferInfo
     .type cusolverSpDcsrcholBufferInfo, @function
 cusolverSpDcsrcholBufferInfo:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname337(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4039,7 +4033,7 @@ cusolverSpDcsrcholBufferInfo:
     .globl cusolverSpDcsrcholBufferInfoHost
     .type cusolverSpDcsrcholBufferInfoHost, @function
 cusolverSpDcsrcholBufferInfoHost:
-    leaq .Lname340(%rip), %rdi
+    leaq .Lname338(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4047,7 +4041,7 @@ cusolverSpDcsrcholBufferInfoHost:
     .globl cusolverSpDcsrcholDiag
     .type cusolverSpDcsrcholDiag, @function
 cusolverSpDcsrcholDiag:
-    leaq .Lname341(%rip), %rdi
+    leaq .Lname339(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4055,7 +4049,7 @@ cusolverSpDcsrcholDiag:
     .globl cusolverSpDcsrcholFactor
     .type cusolverSpDcsrcholFactor, @function
 cusolverSpDcsrcholFactor:
-    leaq .Lname342(%rip), %rdi
+    leaq .Lname340(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4063,7 +4057,7 @@ cusolverSpDcsrcholFactor:
     .globl cusolverSpDcsrcholFactorHost
     .type cusolverSpDcsrcholFactorHost, @function
 cusolverSpDcsrcholFactorHost:
-    leaq .Lname343(%rip), %rdi
+    leaq .Lname341(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4071,7 +4065,7 @@ cusolverSpDcsrcholFactorHost:
     .globl cusolverSpDcsrcholSolve
     .type cusolverSpDcsrcholSolve, @function
 cusolverSpDcsrcholSolve:
-    leaq .Lname344(%rip), %rdi
+    leaq .Lname342(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4079,7 +4073,7 @@ cusolverSpDcsrcholSolve:
     .globl cusolverSpDcsrcholSolveHost
     .type cusolverSpDcsrcholSolveHost, @function
 cusolverSpDcsrcholSolveHost:
-    leaq .Lname345(%rip), %rdi
+    leaq .Lname343(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4087,7 +4081,7 @@ cusolverSpDcsrcholSolveHost:
     .globl cusolverSpDcsrcholZeroPivot
     .type cusolverSpDcsrcholZeroPivot, @function
 cusolverSpDcsrcholZeroPivot:
-    leaq .Lname346(%rip), %rdi
+    leaq .Lname344(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4095,7 +4089,7 @@ cusolverSpDcsrcholZeroPivot:
     .globl cusolverSpDcsrcholZeroPivotHost
     .type cusolverSpDcsrcholZeroPivotHost, @function
 cusolverSpDcsrcholZeroPivotHost:
-    leaq .Lname347(%rip), %rdi
+    leaq .Lname345(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4103,7 +4097,7 @@ cusolverSpDcsrcholZeroPivotHost:
     .globl cusolverSpDcsreigsHost
     .type cusolverSpDcsreigsHost, @function
 cusolverSpDcsreigsHost:
-    leaq .Lname348(%rip), %rdi
+    leaq .Lname346(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4111,7 +4105,7 @@ cusolverSpDcsreigsHost:
     .globl cusolverSpDcsreigvsi
     .type cusolverSpDcsreigvsi, @function
 cusolverSpDcsreigvsi:
-    leaq .Lname349(%rip), %rdi
+    leaq .Lname347(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4119,7 +4113,7 @@ cusolverSpDcsreigvsi:
     .globl cusolverSpDcsreigvsiHost
     .type cusolverSpDcsreigvsiHost, @function
 cusolverSpDcsreigvsiHost:
-    leaq .Lname350(%rip), %rdi
+    leaq .Lname348(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4127,7 +4121,7 @@ cusolverSpDcsreigvsiHost:
     .globl cusolverSpDcsrlsqvqrHost
     .type cusolverSpDcsrlsqvqrHost, @function
 cusolverSpDcsrlsqvqrHost:
-    leaq .Lname351(%rip), %rdi
+    leaq .Lname349(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4135,7 +4129,7 @@ cusolverSpDcsrlsqvqrHost:
     .globl cusolverSpDcsrlsvchol
     .type cusolverSpDcsrlsvchol, @function
 cusolverSpDcsrlsvchol:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname350(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4143,7 +4137,7 @@ cusolverSpDcsrlsvchol:
     .globl cusolverSpDcsrlsvcholHost
     .type cusolverSpDcsrlsvcholHost, @function
 cusolverSpDcsrlsvcholHost:
-    leaq .Lname353(%rip), %rdi
+    leaq .Lname351(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4151,7 +4145,7 @@ cusolverSpDcsrlsvcholHost:
     .globl cusolverSpDcsrlsvluHost
     .type cusolverSpDcsrlsvluHost, @function
 cusolverSpDcsrlsvluHost:
-    leaq .Lname354(%rip), %rdi
+    leaq .Lname352(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4159,7 +4153,7 @@ cusolverSpDcsrlsvluHost:
     .globl cusolverSpDcsrlsvqr
     .type cusolverSpDcsrlsvqr, @function
 cusolverSpDcsrlsvqr:
-    leaq .Lname355(%rip), %rdi
+    leaq .Lname353(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4167,7 +4161,7 @@ cusolverSpDcsrlsvqr:
     .globl cusolverSpDcsrlsvqrHost
     .type cusolverSpDcsrlsvqrHost, @function
 cusolverSpDcsrlsvqrHost:
-    leaq .Lname356(%rip), %rdi
+    leaq .Lname354(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4175,7 +4169,7 @@ cusolverSpDcsrlsvqrHost:
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname357(%rip), %rdi
+    leaq .Lname355(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4183,7 +4177,7 @@ cusolverSpDcsrluAnalysisHost:
     .globl cusolverSpDcsrluBufferInfoHost
     .type cusolverSpDcsrluBufferInfoHost, @function
 cusolverSpDcsrluBufferInfoHost:
-    leaq .Lname358(%rip), %rdi
+    leaq .Lname356(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4191,7 +4185,7 @@ cusolverSpDcsrluBufferInfoHost:
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname359(%rip), %rdi
+    leaq .Lname357(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4199,7 +4193,7 @@ cusolverSpDcsrluExtractBTFHost:
     .globl cusolverSpDcsrluExtractHost
     .type cusolverSpDcsrluExtractHost, @function
 cusolverSpDcsrluExtractHost:
-    leaq .Lname360(%rip), %rdi
+    leaq .Lname358(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4207,7 +4201,7 @@ cusolverSpDcsrluExtractHost:
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname361(%rip), %rdi
+    leaq .Lname359(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4215,7 +4209,7 @@ cusolverSpDcsrluExtractMHost:
     .globl cusolverSpDcsrluFactorHost
     .type cusolverSpDcsrluFactorHost, @function
 cusolverSpDcsrluFactorHost:
-    leaq .Lname362(%rip), %rdi
+    leaq .Lname360(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4223,7 +4217,7 @@ cusolverSpDcsrluFactorHost:
     .globl cusolverSpDcsrluSolveHost
     .type cusolverSpDcsrluSolveHost, @function
 cusolverSpDcsrluSolveHost:
-    leaq .Lname363(%rip), %rdi
+    leaq .Lname361(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4231,7 +4225,7 @@ cusolverSpDcsrluSolveHost:
     .globl cusolverSpDcsrluZeroPivotHost
     .type cusolverSpDcsrluZeroPivotHost, @function
 cusolverSpDcsrluZeroPivotHost:
-    leaq .Lname364(%rip), %rdi
+    leaq .Lname362(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4239,7 +4233,7 @@ cusolverSpDcsrluZeroPivotHost:
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname365(%rip), %rdi
+    leaq .Lname363(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4247,7 +4241,7 @@ cusolverSpDcsrlucondHost:
     .globl cusolverSpDcsrqrBufferInfo
     .type cusolverSpDcsrqrBufferInfo, @function
 cusolverSpDcsrqrBufferInfo:
-    leaq .Lname366(%rip), %rdi
+    leaq .Lname364(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4255,7 +4249,7 @@ cusolverSpDcsrqrBufferInfo:
     .globl cusolverSpDcsrqrBufferInfoBatched
     .type cusolverSpDcsrqrBufferInfoBatched, @function
 cusolverSpDcsrqrBufferInfoBatched:
-    leaq .Lname367(%rip), %rdi
+    leaq .Lname365(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4263,7 +4257,7 @@ cusolverSpDcsrqrBufferInfoBatched:
     .globl cusolverSpDcsrqrBufferInfoHost
     .type cusolverSpDcsrqrBufferInfoHost, @function
 cusolverSpDcsrqrBufferInfoHost:
-    leaq .Lname368(%rip), %rdi
+    leaq .Lname366(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4271,7 +4265,7 @@ cusolverSpDcsrqrBufferInfoHost:
     .globl cusolverSpDcsrqrFactor
     .type cusolverSpDcsrqrFactor, @function
 cusolverSpDcsrqrFactor:
-    leaq .Lname369(%rip), %rdi
+    leaq .Lname367(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4279,7 +4273,7 @@ cusolverSpDcsrqrFactor:
     .globl cusolverSpDcsrqrFactorHost
     .type cusolverSpDcsrqrFactorHost, @function
 cusolverSpDcsrqrFactorHost:
-    leaq .Lname370(%rip), %rdi
+    leaq .Lname368(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4287,7 +4281,7 @@ cusolverSpDcsrqrFactorHost:
     .globl cusolverSpDcsrqrSetup
     .type cusolverSpDcsrqrSetup, @function
 cusolverSpDcsrqrSetup:
-    leaq .Lname371(%rip), %rdi
+    leaq .Lname369(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4295,7 +4289,7 @@ cusolverSpDcsrqrSetup:
     .globl cusolverSpDcsrqrSetupHost
     .type cusolverSpDcsrqrSetupHost, @function
 cusolverSpDcsrqrSetupHost:
-    leaq .Lname372(%rip), %rdi
+    leaq .Lname370(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4303,7 +4297,7 @@ cusolverSpDcsrqrSetupHost:
     .globl cusolverSpDcsrqrSolve
     .type cusolverSpDcsrqrSolve, @function
 cusolverSpDcsrqrSolve:
-    leaq .Lname373(%rip), %rdi
+    leaq .Lname371(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4311,7 +4305,7 @@ cusolverSpDcsrqrSolve:
     .globl cusolverSpDcsrqrSolveHost
     .type cusolverSpDcsrqrSolveHost, @function
 cusolverSpDcsrqrSolveHost:
-    leaq .Lname374(%rip), %rdi
+    leaq .Lname372(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4319,7 +4313,7 @@ cusolverSpDcsrqrSolveHost:
     .globl cusolverSpDcsrqrZeroPivot
     .type cusolverSpDcsrqrZeroPivot, @function
 cusolverSpDcsrqrZeroPivot:
-    leaq .Lname375(%rip), %rdi
+    leaq .Lname373(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4327,7 +4321,7 @@ cusolverSpDcsrqrZeroPivot:
     .globl cusolverSpDcsrqrZeroPivotHost
     .type cusolverSpDcsrqrZeroPivotHost, @function
 cusolverSpDcsrqrZeroPivotHost:
-    leaq .Lname376(%rip), %rdi
+    leaq .Lname374(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4335,7 +4329,7 @@ cusolverSpDcsrqrZeroPivotHost:
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname377(%rip), %rdi
+    leaq .Lname375(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4343,7 +4337,7 @@ cusolverSpDcsrqrrcond:
     .globl cusolverSpDcsrqrsvBatched
     .type cusolverSpDcsrqrsvBatched, @function
 cusolverSpDcsrqrsvBatched:
-    leaq .Lname378(%rip), %rdi
+    leaq .Lname376(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4351,7 +4345,7 @@ cusolverSpDcsrqrsvBatched:
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname379(%rip), %rdi
+    leaq .Lname377(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4359,7 +4353,7 @@ cusolverSpDcsrsubm2denseHost:
     .globl cusolverSpDcsrzfdHost
     .type cusolverSpDcsrzfdHost, @function
 cusolverSpDcsrzfdHost:
-    leaq .Lname380(%rip), %rdi
+    leaq .Lname378(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4372,7 +4366,7 @@ cusolverSpDestroy:
     .globl cusolverSpDestroyCsrcholInfo
     .type cusolverSpDestroyCsrcholInfo, @function
 cusolverSpDestroyCsrcholInfo:
-    leaq .Lname381(%rip), %rdi
+    leaq .Lname379(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4380,7 +4374,7 @@ cusolverSpDestroyCsrcholInfo:
     .globl cusolverSpDestroyCsrcholInfoHost
     .type cusolverSpDestroyCsrcholInfoHost, @function
 cusolverSpDestroyCsrcholInfoHost:
-    leaq .Lname382(%rip), %rdi
+    leaq .Lname380(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4388,7 +4382,7 @@ cusolverSpDestroyCsrcholInfoHost:
     .globl cusolverSpDestroyCsrluInfoHost
     .type cusolverSpDestroyCsrluInfoHost, @function
 cusolverSpDestroyCsrluInfoHost:
-    leaq .Lname383(%rip), %rdi
+    leaq .Lname381(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4401,7 +4395,7 @@ cusolverSpDestroyCsrqrInfo:
     .globl cusolverSpDestroyCsrqrInfoHost
     .type cusolverSpDestroyCsrqrInfoHost, @function
 cusolverSpDestroyCsrqrInfoHost:
-    leaq .Lname384(%rip), %rdi
+    leaq .Lname382(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4409,7 +4403,7 @@ cusolverSpDestroyCsrqrInfoHost:
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname385(%rip), %rdi
+    leaq .Lname383(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4417,7 +4411,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname386(%rip), %rdi
+    leaq .Lname384(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4425,7 +4419,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname387(%rip), %rdi
+    leaq .Lname385(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4433,7 +4427,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname388(%rip), %rdi
+    leaq .Lname386(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4441,7 +4435,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname389(%rip), %rdi
+    leaq .Lname387(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4449,7 +4443,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname390(%rip), %rdi
+    leaq .Lname388(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4457,7 +4451,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname391(%rip), %rdi
+    leaq .Lname389(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4465,7 +4459,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname390(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4473,7 +4467,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname393(%rip), %rdi
+    leaq .Lname391(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4481,7 +4475,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname394(%rip), %rdi
+    leaq .Lname392(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4489,7 +4483,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname395(%rip), %rdi
+    leaq .Lname393(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4497,7 +4491,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname396(%rip), %rdi
+    leaq .Lname394(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4505,7 +4499,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname397(%rip), %rdi
+    leaq .Lname395(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4513,7 +4507,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname398(%rip), %rdi
+    leaq .Lname396(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4521,7 +4515,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname399(%rip), %rdi
+    leaq .Lname397(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4529,7 +4523,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname400(%rip), %rdi
+    leaq .Lname398(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4537,7 +4531,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname401(%rip), %rdi
+    leaq .Lname399(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4550,7 +4544,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname402(%rip), %rdi
+    leaq .Lname400(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4558,7 +4552,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname403(%rip), %rdi
+    leaq .Lname401(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4566,7 +4560,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname404(%rip), %rdi
+    leaq .Lname402(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4574,7 +4568,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname405(%rip), %rdi
+    leaq .Lname403(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4582,7 +4576,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname406(%rip), %rdi
+    leaq .Lname404(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4590,7 +4584,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname407(%rip), %rdi
+    leaq .Lname405(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4598,7 +4592,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname406(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4606,7 +4600,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname409(%rip), %rdi
+    leaq .Lname407(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4614,7 +4608,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname408(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4622,7 +4616,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname411(%rip), %rdi
+    leaq .Lname409(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4630,7 +4624,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname412(%rip), %rdi
+    leaq .Lname410(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4638,7 +4632,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname413(%rip), %rdi
+    leaq .Lname411(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4646,7 +4640,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname414(%rip), %rdi
+    leaq .Lname412(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4654,7 +4648,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname415(%rip), %rdi
+    leaq .Lname413(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4662,7 +4656,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname416(%rip), %rdi
+    leaq .Lname414(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4670,7 +4664,7 @@ cusolverSpScsrbtfHost:
     .globl cusolverSpScsrcholBufferInfo
     .type cusolverSpScsrcholBufferInfo, @function
 cusolverSpScsrcholBufferInfo:
-    leaq .Lname417(%rip), %rdi
+    leaq .Lname415(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4678,7 +4672,7 @@ cusolverSpScsrcholBufferInfo:
     .globl cusolverSpScsrcholBufferInfoHost
     .type cusolverSpScsrcholBufferInfoHost, @function
 cusolverSpScsrcholBufferInfoHost:
-    leaq .Lname418(%rip), %rdi
+    leaq .Lname416(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4686,7 +4680,7 @@ cusolverSpScsrcholBufferInfoHost:
     .globl cusolverSpScsrcholDiag
     .type cusolverSpScsrcholDiag, @function
 cusolverSpScsrcholDiag:
-    leaq .Lname419(%rip), %rdi
+    leaq .Lname417(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4694,7 +4688,7 @@ cusolverSpScsrcholDiag:
     .globl cusolverSpScsrcholFactor
     .type cusolverSpScsrcholFactor, @function
 cusolverSpScsrcholFactor:
-    leaq .Lname420(%rip), %rdi
+    leaq .Lname418(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4702,7 +4696,7 @@ cusolverSpScsrcholFactor:
     .globl cusolverSpScsrcholFactorHost
     .type cusolverSpScsrcholFactorHost, @function
 cusolverSpScsrcholFactorHost:
-    leaq .Lname421(%rip), %rdi
+    leaq .Lname419(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4710,7 +4704,7 @@ cusolverSpScsrcholFactorHost:
     .globl cusolverSpScsrcholSolve
     .type cusolverSpScsrcholSolve, @function
 cusolverSpScsrcholSolve:
-    leaq .Lname422(%rip), %rdi
+    leaq .Lname420(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4718,7 +4712,7 @@ cusolverSpScsrcholSolve:
     .globl cusolverSpScsrcholSolveHost
     .type cusolverSpScsrcholSolveHost, @function
 cusolverSpScsrcholSolveHost:
-    leaq .Lname423(%rip), %rdi
+    leaq .Lname421(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4726,7 +4720,7 @@ cusolverSpScsrcholSolveHost:
     .globl cusolverSpScsrcholZeroPivot
     .type cusolverSpScsrcholZeroPivot, @function
 cusolverSpScsrcholZeroPivot:
-    leaq .Lname424(%rip), %rdi
+    leaq .Lname422(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4734,7 +4728,7 @@ cusolverSpScsrcholZeroPivot:
     .globl cusolverSpScsrcholZeroPivotHost
     .type cusolverSpScsrcholZeroPivotHost, @function
 cusolverSpScsrcholZeroPivotHost:
-    leaq .Lname425(%rip), %rdi
+    leaq .Lname423(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4742,7 +4736,7 @@ cusolverSpScsrcholZeroPivotHost:
     .globl cusolverSpScsreigsHost
     .type cusolverSpScsreigsHost, @function
 cusolverSpScsreigsHost:
-    leaq .Lname426(%rip), %rdi
+    leaq .Lname424(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4750,7 +4744,7 @@ cusolverSpScsreigsHost:
     .globl cusolverSpScsreigvsi
     .type cusolverSpScsreigvsi, @function
 cusolverSpScsreigvsi:
-    leaq .Lname427(%rip), %rdi
+    leaq .Lname425(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4758,7 +4752,7 @@ cusolverSpScsreigvsi:
     .globl cusolverSpScsreigvsiHost
     .type cusolverSpScsreigvsiHost, @function
 cusolverSpScsreigvsiHost:
-    leaq .Lname428(%rip), %rdi
+    leaq .Lname426(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4766,7 +4760,7 @@ cusolverSpScsreigvsiHost:
     .globl cusolverSpScsrlsqvqrHost
     .type cusolverSpScsrlsqvqrHost, @function
 cusolverSpScsrlsqvqrHost:
-    leaq .Lname429(%rip), %rdi
+    leaq .Lname427(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4774,7 +4768,7 @@ cusolverSpScsrlsqvqrHost:
     .globl cusolverSpScsrlsvchol
     .type cusolverSpScsrlsvchol, @function
 cusolverSpScsrlsvchol:
-    leaq .Lname430(%rip), %rdi
+    leaq .Lname428(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4782,7 +4776,7 @@ cusolverSpScsrlsvchol:
     .globl cusolverSpScsrlsvcholHost
     .type cusolverSpScsrlsvcholHost, @function
 cusolverSpScsrlsvcholHost:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname429(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4790,7 +4784,7 @@ cusolverSpScsrlsvcholHost:
     .globl cusolverSpScsrlsvluHost
     .type cusolverSpScsrlsvluHost, @function
 cusolverSpScsrlsvluHost:
-    leaq .Lname432(%rip), %rdi
+    leaq .Lname430(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4798,7 +4792,7 @@ cusolverSpScsrlsvluHost:
     .globl cusolverSpScsrlsvqr
     .type cusolverSpScsrlsvqr, @function
 cusolverSpScsrlsvqr:
-    leaq .Lname433(%rip), %rdi
+    leaq .Lname431(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4806,7 +4800,7 @@ cusolverSpScsrlsvqr:
     .globl cusolverSpScsrlsvqrHost
     .type cusolverSpScsrlsvqrHost, @function
 cusolverSpScsrlsvqrHost:
-    leaq .Lname434(%rip), %rdi
+    leaq .Lname432(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4814,7 +4808,7 @@ cusolverSpScsrlsvqrHost:
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname433(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4822,7 +4816,7 @@ cusolverSpScsrluAnalysisHost:
     .globl cusolverSpScsrluBufferInfoHost
     .type cusolverSpScsrluBufferInfoHost, @function
 cusolverSpScsrluBufferInfoHost:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname434(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4830,7 +4824,7 @@ cusolverSpScsrluBufferInfoHost:
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname437(%rip), %rdi
+    leaq .Lname435(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4838,7 +4832,7 @@ cusolverSpScsrluExtractBTFHost:
     .globl cusolverSpScsrluExtractHost
     .type cusolverSpScsrluExtractHost, @function
 cusolverSpScsrluExtractHost:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname436(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4846,7 +4840,7 @@ cusolverSpScsrluExtractHost:
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname439(%rip), %rdi
+    leaq .Lname437(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4854,7 +4848,7 @@ cusolverSpScsrluExtractMHost:
     .globl cusolverSpScsrluFactorHost
     .type cusolverSpScsrluFactorHost, @function
 cusolverSpScsrluFactorHost:
-    leaq .Lname440(%rip), %rdi
+    leaq .Lname438(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4862,7 +4856,7 @@ cusolverSpScsrluFactorHost:
     .globl cusolverSpScsrluSolveHost
     .type cusolverSpScsrluSolveHost, @function
 cusolverSpScsrluSolveHost:
-    leaq .Lname441(%rip), %rdi
+    leaq .Lname439(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4870,7 +4864,7 @@ cusolverSpScsrluSolveHost:
     .globl cusolverSpScsrluZeroPivotHost
     .type cusolverSpScsrluZeroPivotHost, @function
 cusolverSpScsrluZeroPivotHost:
-    leaq .Lname442(%rip), %rdi
+    leaq .Lname440(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4878,7 +4872,7 @@ cusolverSpScsrluZeroPivotHost:
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname443(%rip), %rdi
+    leaq .Lname441(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4886,7 +4880,7 @@ cusolverSpScsrlucondHost:
     .globl cusolverSpScsrqrBufferInfo
     .type cusolverSpScsrqrBufferInfo, @function
 cusolverSpScsrqrBufferInfo:
-    leaq .Lname444(%rip), %rdi
+    leaq .Lname442(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4894,7 +4888,7 @@ cusolverSpScsrqrBufferInfo:
     .globl cusolverSpScsrqrBufferInfoBatched
     .type cusolverSpScsrqrBufferInfoBatched, @function
 cusolverSpScsrqrBufferInfoBatched:
-    leaq .Lname445(%rip), %rdi
+    leaq .Lname443(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4902,7 +4896,7 @@ cusolverSpScsrqrBufferInfoBatched:
     .globl cusolverSpScsrqrBufferInfoHost
     .type cusolverSpScsrqrBufferInfoHost, @function
 cusolverSpScsrqrBufferInfoHost:
-    leaq .Lname446(%rip), %rdi
+    leaq .Lname444(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4910,7 +4904,7 @@ cusolverSpScsrqrBufferInfoHost:
     .globl cusolverSpScsrqrFactor
     .type cusolverSpScsrqrFactor, @function
 cusolverSpScsrqrFactor:
-    leaq .Lname447(%rip), %rdi
+    leaq .Lname445(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4918,7 +4912,7 @@ cusolverSpScsrqrFactor:
     .globl cusolverSpScsrqrFactorHost
     .type cusolverSpScsrqrFactorHost, @function
 cusolverSpScsrqrFactorHost:
-    leaq .Lname448(%rip), %rdi
+    leaq .Lname446(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4926,7 +4920,7 @@ cusolverSpScsrqrFactorHost:
     .globl cusolverSpScsrqrSetup
     .type cusolverSpScsrqrSetup, @function
 cusolverSpScsrqrSetup:
-    leaq .Lname449(%rip), %rdi
+    leaq .Lname447(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4934,7 +4928,7 @@ cusolverSpScsrqrSetup:
     .globl cusolverSpScsrqrSetupHost
     .type cusolverSpScsrqrSetupHost, @function
 cusolverSpScsrqrSetupHost:
-    leaq .Lname450(%rip), %rdi
+    leaq .Lname448(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4942,7 +4936,7 @@ cusolverSpScsrqrSetupHost:
     .globl cusolverSpScsrqrSolve
     .type cusolverSpScsrqrSolve, @function
 cusolverSpScsrqrSolve:
-    leaq .Lname451(%rip), %rdi
+    leaq .Lname449(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4950,7 +4944,7 @@ cusolverSpScsrqrSolve:
     .globl cusolverSpScsrqrSolveHost
     .type cusolverSpScsrqrSolveHost, @function
 cusolverSpScsrqrSolveHost:
-    leaq .Lname452(%rip), %rdi
+    leaq .Lname450(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4958,7 +4952,7 @@ cusolverSpScsrqrSolveHost:
     .globl cusolverSpScsrqrZeroPivot
     .type cusolverSpScsrqrZeroPivot, @function
 cusolverSpScsrqrZeroPivot:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname451(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4966,7 +4960,7 @@ cusolverSpScsrqrZeroPivot:
     .globl cusolverSpScsrqrZeroPivotHost
     .type cusolverSpScsrqrZeroPivotHost, @function
 cusolverSpScsrqrZeroPivotHost:
-    leaq .Lname454(%rip), %rdi
+    leaq .Lname452(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4974,7 +4968,7 @@ cusolverSpScsrqrZeroPivotHost:
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname455(%rip), %rdi
+    leaq .Lname453(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4982,7 +4976,7 @@ cusolverSpScsrqrrcond:
     .globl cusolverSpScsrqrsvBatched
     .type cusolverSpScsrqrsvBatched, @function
 cusolverSpScsrqrsvBatched:
-    leaq .Lname456(%rip), %rdi
+    leaq .Lname454(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4990,7 +4984,7 @@ cusolverSpScsrqrsvBatched:
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname457(%rip), %rdi
+    leaq .Lname455(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4998,7 +4992,7 @@ cusolverSpScsrsubm2denseHost:
     .globl cusolverSpScsrzfdHost
     .type cusolverSpScsrzfdHost, @function
 cusolverSpScsrzfdHost:
-    leaq .Lname458(%rip), %rdi
+    leaq .Lname456(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5011,7 +5005,7 @@ cusolverSpSetStream:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname459(%rip), %rdi
+    leaq .Lname457(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5019,7 +5013,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname460(%rip), %rdi
+    leaq .Lname458(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5027,7 +5021,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname461(%rip), %rdi
+    leaq .Lname459(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5035,7 +5029,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname462(%rip), %rdi
+    leaq .Lname460(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5043,7 +5037,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname463(%rip), %rdi
+    leaq .Lname461(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5051,7 +5045,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname464(%rip), %rdi
+    leaq .Lname462(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5059,7 +5053,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname465(%rip), %rdi
+    leaq .Lname463(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5067,7 +5061,7 @@ cusolverSpXcsr2csc_bufferSizeHost:
     .globl cusolverSpXcsrcholAnalysis
     .type cusolverSpXcsrcholAnalysis, @function
 cusolverSpXcsrcholAnalysis:
-    leaq .Lname466(%rip), %rdi
+    leaq .Lname464(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5075,7 +5069,7 @@ cusolverSpXcsrcholAnalysis:
     .globl cusolverSpXcsrcholAnalysisHost
     .type cusolverSpXcsrcholAnalysisHost, @function
 cusolverSpXcsrcholAnalysisHost:
-    leaq .Lname467(%rip), %rdi
+    leaq .Lname465(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5083,7 +5077,7 @@ cusolverSpXcsrcholAnalysisHost:
     .globl cusolverSpXcsrissymHost
     .type cusolverSpXcsrissymHost, @function
 cusolverSpXcsrissymHost:
-    leaq .Lname468(%rip), %rdi
+    leaq .Lname466(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5091,7 +5085,7 @@ cusolverSpXcsrissymHost:
     .globl cusolverSpXcsrluAnalysisHost
     .type cusolverSpXcsrluAnalysisHost, @function
 cusolverSpXcsrluAnalysisHost:
-    leaq .Lname469(%rip), %rdi
+    leaq .Lname467(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5099,7 +5093,7 @@ cusolverSpXcsrluAnalysisHost:
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname470(%rip), %rdi
+    leaq .Lname468(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5107,7 +5101,7 @@ cusolverSpXcsrluConfigHost:
     .globl cusolverSpXcsrluNnzHost
     .type cusolverSpXcsrluNnzHost, @function
 cusolverSpXcsrluNnzHost:
-    leaq .Lname471(%rip), %rdi
+    leaq .Lname469(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5115,7 +5109,7 @@ cusolverSpXcsrluNnzHost:
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname472(%rip), %rdi
+    leaq .Lname470(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5123,7 +5117,7 @@ cusolverSpXcsrluNnzMHost:
     .globl cusolverSpXcsrmetisndHost
     .type cusolverSpXcsrmetisndHost, @function
 cusolverSpXcsrmetisndHost:
-    leaq .Lname473(%rip), %rdi
+    leaq .Lname471(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5131,7 +5125,7 @@ cusolverSpXcsrmetisndHost:
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname474(%rip), %rdi
+    leaq .Lname472(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5139,7 +5133,7 @@ cusolverSpXcsrnsepHost:
     .globl cusolverSpXcsrpermHost
     .type cusolverSpXcsrpermHost, @function
 cusolverSpXcsrpermHost:
-    leaq .Lname475(%rip), %rdi
+    leaq .Lname473(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5147,7 +5141,7 @@ cusolverSpXcsrpermHost:
     .globl cusolverSpXcsrperm_bufferSizeHost
     .type cusolverSpXcsrperm_bufferSizeHost, @function
 cusolverSpXcsrperm_bufferSizeHost:
-    leaq .Lname476(%rip), %rdi
+    leaq .Lname474(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5155,7 +5149,7 @@ cusolverSpXcsrperm_bufferSizeHost:
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname477(%rip), %rdi
+    leaq .Lname475(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5163,7 +5157,7 @@ cusolverSpXcsrqrAnalysis:
     .globl cusolverSpXcsrqrAnalysisBatched
     .type cusolverSpXcsrqrAnalysisBatched, @function
 cusolverSpXcsrqrAnalysisBatched:
-    leaq .Lname478(%rip), %rdi
+    leaq .Lname476(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5171,7 +5165,7 @@ cusolverSpXcsrqrAnalysisBatched:
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname479(%rip), %rdi
+    leaq .Lname477(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5179,7 +5173,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname480(%rip), %rdi
+    leaq .Lname478(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5187,7 +5181,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname481(%rip), %rdi
+    leaq .Lname479(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5195,7 +5189,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname482(%rip), %rdi
+    leaq .Lname480(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5203,7 +5197,7 @@ cusolverSpXcsrsubmNnzHost:
     .globl cusolverSpXcsrsymamdHost
     .type cusolverSpXcsrsymamdHost, @function
 cusolverSpXcsrsymamdHost:
-    leaq .Lname483(%rip), %rdi
+    leaq .Lname481(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5211,7 +5205,7 @@ cusolverSpXcsrsymamdHost:
     .globl cusolverSpXcsrsymmdqHost
     .type cusolverSpXcsrsymmdqHost, @function
 cusolverSpXcsrsymmdqHost:
-    leaq .Lname484(%rip), %rdi
+    leaq .Lname482(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5219,7 +5213,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname485(%rip), %rdi
+    leaq .Lname483(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5227,7 +5221,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname486(%rip), %rdi
+    leaq .Lname484(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5235,7 +5229,7 @@ cusolverSpXcsrsymperm_bufferSizeHost:
     .globl cusolverSpXcsrsymrcmHost
     .type cusolverSpXcsrsymrcmHost, @function
 cusolverSpXcsrsymrcmHost:
-    leaq .Lname487(%rip), %rdi
+    leaq .Lname485(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5243,7 +5237,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname488(%rip), %rdi
+    leaq .Lname486(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5251,7 +5245,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname489(%rip), %rdi
+    leaq .Lname487(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5259,7 +5253,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname490(%rip), %rdi
+    leaq .Lname488(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5267,7 +5261,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname491(%rip), %rdi
+    leaq .Lname489(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5275,7 +5269,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname492(%rip), %rdi
+    leaq .Lname490(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5283,7 +5277,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname493(%rip), %rdi
+    leaq .Lname491(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5291,7 +5285,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname494(%rip), %rdi
+    leaq .Lname492(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5299,7 +5293,7 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname495(%rip), %rdi
+    leaq .Lname493(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5307,7 +5301,7 @@ cusolverSpZcsrcholBufferInfo:
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname496(%rip), %rdi
+    leaq .Lname494(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5315,7 +5309,7 @@ cusolverSpZcsrcholBufferInfoHost:
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname497(%rip), %rdi
+    leaq .Lname495(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5323,7 +5317,7 @@ cusolverSpZcsrcholDiag:
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname498(%rip), %rdi
+    leaq .Lname496(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5331,7 +5325,7 @@ cusolverSpZcsrcholFactor:
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname499(%rip), %rdi
+    leaq .Lname497(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5339,7 +5333,7 @@ cusolverSpZcsrcholFactorHost:
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname500(%rip), %rdi
+    leaq .Lname498(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5347,7 +5341,7 @@ cusolverSpZcsrcholSolve:
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname501(%rip), %rdi
+    leaq .Lname499(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5355,7 +5349,7 @@ cusolverSpZcsrcholSolveHost:
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname502(%rip), %rdi
+    leaq .Lname500(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5363,7 +5357,7 @@ cusolverSpZcsrcholZeroPivot:
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname503(%rip), %rdi
+    leaq .Lname501(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5371,7 +5365,7 @@ cusolverSpZcsrcholZeroPivotHost:
     .globl cusolverSpZcsreigsHost
     .type cusolverSpZcsreigsHost, @function
 cusolverSpZcsreigsHost:
-    leaq .Lname504(%rip), %rdi
+    leaq .Lname502(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5379,7 +5373,7 @@ cusolverSpZcsreigsHost:
     .globl cusolverSpZcsreigvsi
     .type cusolverSpZcsreigvsi, @function
 cusolverSpZcsreigvsi:
-    leaq .Lname505(%rip), %rdi
+    leaq .Lname503(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5387,7 +5381,7 @@ cusolverSpZcsreigvsi:
     .globl cusolverSpZcsreigvsiHost
     .type cusolverSpZcsreigvsiHost, @function
 cusolverSpZcsreigvsiHost:
-    leaq .Lname506(%rip), %rdi
+    leaq .Lname504(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5395,7 +5389,7 @@ cusolverSpZcsreigvsiHost:
     .globl cusolverSpZcsrlsqvqrHost
     .type cusolverSpZcsrlsqvqrHost, @function
 cusolverSpZcsrlsqvqrHost:
-    leaq .Lname507(%rip), %rdi
+    leaq .Lname505(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5403,7 +5397,7 @@ cusolverSpZcsrlsqvqrHost:
     .globl cusolverSpZcsrlsvchol
     .type cusolverSpZcsrlsvchol, @function
 cusolverSpZcsrlsvchol:
-    leaq .Lname508(%rip), %rdi
+    leaq .Lname506(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5411,7 +5405,7 @@ cusolverSpZcsrlsvchol:
     .globl cusolverSpZcsrlsvcholHost
     .type cusolverSpZcsrlsvcholHost, @function
 cusolverSpZcsrlsvcholHost:
-    leaq .Lname509(%rip), %rdi
+    leaq .Lname507(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5419,7 +5413,7 @@ cusolverSpZcsrlsvcholHost:
     .globl cusolverSpZcsrlsvluHost
     .type cusolverSpZcsrlsvluHost, @function
 cusolverSpZcsrlsvluHost:
-    leaq .Lname510(%rip), %rdi
+    leaq .Lname508(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5427,7 +5421,7 @@ cusolverSpZcsrlsvluHost:
     .globl cusolverSpZcsrlsvqr
     .type cusolverSpZcsrlsvqr, @function
 cusolverSpZcsrlsvqr:
-    leaq .Lname511(%rip), %rdi
+    leaq .Lname509(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5435,7 +5429,7 @@ cusolverSpZcsrlsvqr:
     .globl cusolverSpZcsrlsvqrHost
     .type cusolverSpZcsrlsvqrHost, @function
 cusolverSpZcsrlsvqrHost:
-    leaq .Lname512(%rip), %rdi
+    leaq .Lname510(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5443,7 +5437,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname513(%rip), %rdi
+    leaq .Lname511(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5451,7 +5445,7 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname514(%rip), %rdi
+    leaq .Lname512(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5459,7 +5453,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname515(%rip), %rdi
+    leaq .Lname513(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5467,7 +5461,7 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname516(%rip), %rdi
+    leaq .Lname514(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5475,7 +5469,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname517(%rip), %rdi
+    leaq .Lname515(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5483,7 +5477,7 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname518(%rip), %rdi
+    leaq .Lname516(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5491,7 +5485,7 @@ cusolverSpZcsrluFactorHost:
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname519(%rip), %rdi
+    leaq .Lname517(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5499,7 +5493,7 @@ cusolverSpZcsrluSolveHost:
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname520(%rip), %rdi
+    leaq .Lname518(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5507,7 +5501,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname521(%rip), %rdi
+    leaq .Lname519(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5515,7 +5509,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname522(%rip), %rdi
+    leaq .Lname520(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5523,7 +5517,7 @@ cusolverSpZcsrqrBufferInfo:
     .globl cusolverSpZcsrqrBufferInfoBatched
     .type cusolverSpZcsrqrBufferInfoBatched, @function
 cusolverSpZcsrqrBufferInfoBatched:
-    leaq .Lname523(%rip), %rdi
+    leaq .Lname521(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5531,7 +5525,7 @@ cusolverSpZcsrqrBufferInfoBatched:
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname524(%rip), %rdi
+    leaq .Lname522(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5539,7 +5533,7 @@ cusolverSpZcsrqrBufferInfoHost:
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname525(%rip), %rdi
+    leaq .Lname523(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5547,7 +5541,7 @@ cusolverSpZcsrqrFactor:
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname526(%rip), %rdi
+    leaq .Lname524(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5555,7 +5549,7 @@ cusolverSpZcsrqrFactorHost:
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname527(%rip), %rdi
+    leaq .Lname525(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5563,7 +5557,7 @@ cusolverSpZcsrqrSetup:
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname528(%rip), %rdi
+    leaq .Lname526(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5571,7 +5565,7 @@ cusolverSpZcsrqrSetupHost:
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname529(%rip), %rdi
+    leaq .Lname527(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5579,7 +5573,7 @@ cusolverSpZcsrqrSolve:
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname530(%rip), %rdi
+    leaq .Lname528(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5587,7 +5581,7 @@ cusolverSpZcsrqrSolveHost:
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname531(%rip), %rdi
+    leaq .Lname529(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5595,7 +5589,7 @@ cusolverSpZcsrqrZeroPivot:
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname532(%rip), %rdi
+    leaq .Lname530(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5603,7 +5597,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname533(%rip), %rdi
+    leaq .Lname531(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5611,7 +5605,7 @@ cusolverSpZcsrqrrcond:
     .globl cusolverSpZcsrqrsvBatched
     .type cusolverSpZcsrqrsvBatched, @function
 cusolverSpZcsrqrsvBatched:
-    leaq .Lname534(%rip), %rdi
+    leaq .Lname532(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5619,7 +5613,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname535(%rip), %rdi
+    leaq .Lname533(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5627,7 +5621,7 @@ cusolverSpZcsrsubm2denseHost:
     .globl cusolverSpZcsrzfdHost
     .type cusolverSpZcsrzfdHost, @function
 cusolverSpZcsrzfdHost:
-    leaq .Lname536(%rip), %rdi
+    leaq .Lname534(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5635,7 +5629,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname537(%rip), %rdi
+    leaq .Lname535(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5643,7 +5637,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname538(%rip), %rdi
+    leaq .Lname536(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5651,7 +5645,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname539(%rip), %rdi
+    leaq .Lname537(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5659,7 +5653,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname540(%rip), %rdi
+    leaq .Lname538(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5667,7 +5661,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname541(%rip), %rdi
+    leaq .Lname539(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5675,7 +5669,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname542(%rip), %rdi
+    leaq .Lname540(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6210,561 +6204,557 @@ cusolverXcsrqr_dump:
 .Lname263:
     .asciz "cusolverDnZunmtrHost"
 .Lname264:
-    .asciz "cusolverGetProperty"
-.Lname265:
-    .asciz "cusolverGetVersion"
-.Lname266:
     .asciz "cusolverIidentityHost"
-.Lname267:
+.Lname265:
     .asciz "cusolverRfAccessBundledFactorsDevice"
-.Lname268:
+.Lname266:
     .asciz "cusolverRfBatchResetValues"
-.Lname269:
+.Lname267:
     .asciz "cusolverRfBatchSetupHost"
-.Lname270:
+.Lname268:
     .asciz "cusolverRfBatchSolve"
-.Lname271:
+.Lname269:
     .asciz "cusolverRfBatchZeroPivot"
-.Lname272:
+.Lname270:
     .asciz "cusolverRfExtractBundledFactorsHost"
-.Lname273:
+.Lname271:
     .asciz "cusolverRfExtractSplitFactorsHost"
-.Lname274:
+.Lname272:
     .asciz "cusolverRfGetAlgs"
-.Lname275:
+.Lname273:
     .asciz "cusolverRfGetMatrixFormat"
-.Lname276:
+.Lname274:
     .asciz "cusolverRfGetNumericBoostReport"
-.Lname277:
+.Lname275:
     .asciz "cusolverRfGetNumericProperties"
-.Lname278:
+.Lname276:
     .asciz "cusolverRfGetResetValuesFastMode"
-.Lname279:
+.Lname277:
     .asciz "cusolverRfResetValues"
-.Lname280:
+.Lname278:
     .asciz "cusolverRfSetupDevice"
-.Lname281:
+.Lname279:
     .asciz "cusolverRfSetupHost"
-.Lname282:
+.Lname280:
     .asciz "cusolverRfSetupM"
-.Lname283:
+.Lname281:
     .asciz "cusolverRfSolve"
-.Lname284:
+.Lname282:
     .asciz "cusolverSpCcsrbtfHost"
-.Lname285:
+.Lname283:
     .asciz "cusolverSpCcsrcholBufferInfo"
-.Lname286:
+.Lname284:
     .asciz "cusolverSpCcsrcholBufferInfoHost"
-.Lname287:
+.Lname285:
     .asciz "cusolverSpCcsrcholDiag"
-.Lname288:
+.Lname286:
     .asciz "cusolverSpCcsrcholFactor"
-.Lname289:
+.Lname287:
     .asciz "cusolverSpCcsrcholFactorHost"
-.Lname290:
+.Lname288:
     .asciz "cusolverSpCcsrcholSolve"
-.Lname291:
+.Lname289:
     .asciz "cusolverSpCcsrcholSolveHost"
-.Lname292:
+.Lname290:
     .asciz "cusolverSpCcsrcholZeroPivot"
-.Lname293:
+.Lname291:
     .asciz "cusolverSpCcsrcholZeroPivotHost"
-.Lname294:
+.Lname292:
     .asciz "cusolverSpCcsreigsHost"
-.Lname295:
+.Lname293:
     .asciz "cusolverSpCcsreigvsi"
-.Lname296:
+.Lname294:
     .asciz "cusolverSpCcsreigvsiHost"
-.Lname297:
+.Lname295:
     .asciz "cusolverSpCcsrlsqvqrHost"
-.Lname298:
+.Lname296:
     .asciz "cusolverSpCcsrlsvchol"
-.Lname299:
+.Lname297:
     .asciz "cusolverSpCcsrlsvcholHost"
-.Lname300:
+.Lname298:
     .asciz "cusolverSpCcsrlsvluHost"
-.Lname301:
+.Lname299:
     .asciz "cusolverSpCcsrlsvqr"
-.Lname302:
+.Lname300:
     .asciz "cusolverSpCcsrlsvqrHost"
-.Lname303:
+.Lname301:
     .asciz "cusolverSpCcsrluAnalysisHost"
-.Lname304:
+.Lname302:
     .asciz "cusolverSpCcsrluBufferInfoHost"
-.Lname305:
+.Lname303:
     .asciz "cusolverSpCcsrluExtractBTFHost"
-.Lname306:
+.Lname304:
     .asciz "cusolverSpCcsrluExtractHost"
-.Lname307:
+.Lname305:
     .asciz "cusolverSpCcsrluExtractMHost"
-.Lname308:
+.Lname306:
     .asciz "cusolverSpCcsrluFactorHost"
-.Lname309:
+.Lname307:
     .asciz "cusolverSpCcsrluSolveHost"
-.Lname310:
+.Lname308:
     .asciz "cusolverSpCcsrluZeroPivotHost"
-.Lname311:
+.Lname309:
     .asciz "cusolverSpCcsrlucondHost"
-.Lname312:
+.Lname310:
     .asciz "cusolverSpCcsrqrBufferInfo"
-.Lname313:
+.Lname311:
     .asciz "cusolverSpCcsrqrBufferInfoBatched"
-.Lname314:
+.Lname312:
     .asciz "cusolverSpCcsrqrBufferInfoHost"
-.Lname315:
+.Lname313:
     .asciz "cusolverSpCcsrqrFactor"
-.Lname316:
+.Lname314:
     .asciz "cusolverSpCcsrqrFactorHost"
-.Lname317:
+.Lname315:
     .asciz "cusolverSpCcsrqrSetup"
-.Lname318:
+.Lname316:
     .asciz "cusolverSpCcsrqrSetupHost"
-.Lname319:
+.Lname317:
     .asciz "cusolverSpCcsrqrSolve"
-.Lname320:
+.Lname318:
     .asciz "cusolverSpCcsrqrSolveHost"
-.Lname321:
+.Lname319:
     .asciz "cusolverSpCcsrqrZeroPivot"
-.Lname322:
+.Lname320:
     .asciz "cusolverSpCcsrqrZeroPivotHost"
-.Lname323:
+.Lname321:
     .asciz "cusolverSpCcsrqrrcond"
-.Lname324:
+.Lname322:
     .asciz "cusolverSpCcsrqrsvBatched"
-.Lname325:
+.Lname323:
     .asciz "cusolverSpCcsrsubm2denseHost"
-.Lname326:
+.Lname324:
     .asciz "cusolverSpCcsrzfdHost"
-.Lname327:
+.Lname325:
     .asciz "cusolverSpCreateCsrcholInfo"
-.Lname328:
+.Lname326:
     .asciz "cusolverSpCreateCsrcholInfoHost"
-.Lname329:
+.Lname327:
     .asciz "cusolverSpCreateCsrluInfoHost"
-.Lname330:
+.Lname328:
     .asciz "cusolverSpCreateCsrqrInfoHost"
-.Lname331:
+.Lname329:
     .asciz "cusolverSpCreateGluInfo"
-.Lname332:
+.Lname330:
     .asciz "cusolverSpCreateSnluInfo"
-.Lname333:
+.Lname331:
     .asciz "cusolverSpCsnluBuffersize"
-.Lname334:
+.Lname332:
     .asciz "cusolverSpCsnluFactor"
-.Lname335:
+.Lname333:
     .asciz "cusolverSpCsnluSolve"
-.Lname336:
+.Lname334:
     .asciz "cusolverSpCsymgthr"
-.Lname337:
+.Lname335:
     .asciz "cusolverSpCsymgthrHost"
-.Lname338:
+.Lname336:
     .asciz "cusolverSpDcsrbtfHost"
-.Lname339:
+.Lname337:
     .asciz "cusolverSpDcsrcholBufferInfo"
-.Lname340:
+.Lname338:
     .asciz "cusolverSpDcsrcholBufferInfoHost"
-.Lname341:
+.Lname339:
     .asciz "cusolverSpDcsrcholDiag"
-.Lname342:
+.Lname340:
     .asciz "cusolverSpDcsrcholFactor"
-.Lname343:
+.Lname341:
     .asciz "cusolverSpDcsrcholFactorHost"
-.Lname344:
+.Lname342:
     .asciz "cusolverSpDcsrcholSolve"
-.Lname345:
+.Lname343:
     .asciz "cusolverSpDcsrcholSolveHost"
-.Lname346:
+.Lname344:
     .asciz "cusolverSpDcsrcholZeroPivot"
-.Lname347:
+.Lname345:
     .asciz "cusolverSpDcsrcholZeroPivotHost"
-.Lname348:
+.Lname346:
     .asciz "cusolverSpDcsreigsHost"
-.Lname349:
+.Lname347:
     .asciz "cusolverSpDcsreigvsi"
-.Lname350:
+.Lname348:
     .asciz "cusolverSpDcsreigvsiHost"
-.Lname351:
+.Lname349:
     .asciz "cusolverSpDcsrlsqvqrHost"
-.Lname352:
+.Lname350:
     .asciz "cusolverSpDcsrlsvchol"
-.Lname353:
+.Lname351:
     .asciz "cusolverSpDcsrlsvcholHost"
-.Lname354:
+.Lname352:
     .asciz "cusolverSpDcsrlsvluHost"
-.Lname355:
+.Lname353:
     .asciz "cusolverSpDcsrlsvqr"
-.Lname356:
+.Lname354:
     .asciz "cusolverSpDcsrlsvqrHost"
-.Lname357:
+.Lname355:
     .asciz "cusolverSpDcsrluAnalysisHost"
-.Lname358:
+.Lname356:
     .asciz "cusolverSpDcsrluBufferInfoHost"
-.Lname359:
+.Lname357:
     .asciz "cusolverSpDcsrluExtractBTFHost"
-.Lname360:
+.Lname358:
     .asciz "cusolverSpDcsrluExtractHost"
-.Lname361:
+.Lname359:
     .asciz "cusolverSpDcsrluExtractMHost"
-.Lname362:
+.Lname360:
     .asciz "cusolverSpDcsrluFactorHost"
-.Lname363:
+.Lname361:
     .asciz "cusolverSpDcsrluSolveHost"
-.Lname364:
+.Lname362:
     .asciz "cusolverSpDcsrluZeroPivotHost"
-.Lname365:
+.Lname363:
     .asciz "cusolverSpDcsrlucondHost"
-.Lname366:
+.Lname364:
     .asciz "cusolverSpDcsrqrBufferInfo"
-.Lname367:
+.Lname365:
     .asciz "cusolverSpDcsrqrBufferInfoBatched"
-.Lname368:
+.Lname366:
     .asciz "cusolverSpDcsrqrBufferInfoHost"
-.Lname369:
+.Lname367:
     .asciz "cusolverSpDcsrqrFactor"
-.Lname370:
+.Lname368:
     .asciz "cusolverSpDcsrqrFactorHost"
-.Lname371:
+.Lname369:
     .asciz "cusolverSpDcsrqrSetup"
-.Lname372:
+.Lname370:
     .asciz "cusolverSpDcsrqrSetupHost"
-.Lname373:
+.Lname371:
     .asciz "cusolverSpDcsrqrSolve"
-.Lname374:
+.Lname372:
     .asciz "cusolverSpDcsrqrSolveHost"
-.Lname375:
+.Lname373:
     .asciz "cusolverSpDcsrqrZeroPivot"
-.Lname376:
+.Lname374:
     .asciz "cusolverSpDcsrqrZeroPivotHost"
-.Lname377:
+.Lname375:
     .asciz "cusolverSpDcsrqrrcond"
-.Lname378:
+.Lname376:
     .asciz "cusolverSpDcsrqrsvBatched"
-.Lname379:
+.Lname377:
     .asciz "cusolverSpDcsrsubm2denseHost"
-.Lname380:
+.Lname378:
     .asciz "cusolverSpDcsrzfdHost"
-.Lname381:
+.Lname379:
     .asciz "cusolverSpDestroyCsrcholInfo"
-.Lname382:
+.Lname380:
     .asciz "cusolverSpDestroyCsrcholInfoHost"
-.Lname383:
+.Lname381:
     .asciz "cusolverSpDestroyCsrluInfoHost"
-.Lname384:
+.Lname382:
     .asciz "cusolverSpDestroyCsrqrInfoHost"
-.Lname385:
+.Lname383:
     .asciz "cusolverSpDestroyGluInfo"
-.Lname386:
+.Lname384:
     .asciz "cusolverSpDestroySnluInfo"
-.Lname387:
+.Lname385:
     .asciz "cusolverSpDgluAnalysis"
-.Lname388:
+.Lname386:
     .asciz "cusolverSpDgluBufferSize"
-.Lname389:
+.Lname387:
     .asciz "cusolverSpDgluExtractMHost"
-.Lname390:
+.Lname388:
     .asciz "cusolverSpDgluFactor"
-.Lname391:
+.Lname389:
     .asciz "cusolverSpDgluNumericBoost"
-.Lname392:
+.Lname390:
     .asciz "cusolverSpDgluReset"
-.Lname393:
+.Lname391:
     .asciz "cusolverSpDgluSetup"
-.Lname394:
+.Lname392:
     .asciz "cusolverSpDgluSetupByTile"
-.Lname395:
+.Lname393:
     .asciz "cusolverSpDgluSolve"
-.Lname396:
+.Lname394:
     .asciz "cusolverSpDnrminf"
-.Lname397:
+.Lname395:
     .asciz "cusolverSpDsnluBuffersize"
-.Lname398:
+.Lname396:
     .asciz "cusolverSpDsnluFactor"
-.Lname399:
+.Lname397:
     .asciz "cusolverSpDsnluSolve"
-.Lname400:
+.Lname398:
     .asciz "cusolverSpDsymgthr"
-.Lname401:
+.Lname399:
     .asciz "cusolverSpDsymgthrHost"
-.Lname402:
+.Lname400:
     .asciz "cusolverSpLcsrqrBufferInfo"
-.Lname403:
+.Lname401:
     .asciz "cusolverSpLcsrqrFactor"
-.Lname404:
+.Lname402:
     .asciz "cusolverSpLcsrqrSetup"
-.Lname405:
+.Lname403:
     .asciz "cusolverSpLcsrqrSolve"
-.Lname406:
+.Lname404:
     .asciz "cusolverSpLcsrqrSolveRefine"
-.Lname407:
+.Lname405:
     .asciz "cusolverSpLcsrqrZeroPivot"
-.Lname408:
+.Lname406:
     .asciz "cusolverSpLcsrqrrcond"
-.Lname409:
+.Lname407:
     .asciz "cusolverSpQcsrqrBufferInfo"
-.Lname410:
+.Lname408:
     .asciz "cusolverSpQcsrqrFactor"
-.Lname411:
+.Lname409:
     .asciz "cusolverSpQcsrqrSetup"
-.Lname412:
+.Lname410:
     .asciz "cusolverSpQcsrqrSolve"
-.Lname413:
+.Lname411:
     .asciz "cusolverSpQcsrqrSolveRefine"
-.Lname414:
+.Lname412:
     .asciz "cusolverSpQcsrqrZeroPivot"
-.Lname415:
+.Lname413:
     .asciz "cusolverSpQcsrqrrcond"
-.Lname416:
+.Lname414:
     .asciz "cusolverSpScsrbtfHost"
-.Lname417:
+.Lname415:
     .asciz "cusolverSpScsrcholBufferInfo"
-.Lname418:
+.Lname416:
     .asciz "cusolverSpScsrcholBufferInfoHost"
-.Lname419:
+.Lname417:
     .asciz "cusolverSpScsrcholDiag"
-.Lname420:
+.Lname418:
     .asciz "cusolverSpScsrcholFactor"
-.Lname421:
+.Lname419:
     .asciz "cusolverSpScsrcholFactorHost"
-.Lname422:
+.Lname420:
     .asciz "cusolverSpScsrcholSolve"
-.Lname423:
+.Lname421:
     .asciz "cusolverSpScsrcholSolveHost"
-.Lname424:
+.Lname422:
     .asciz "cusolverSpScsrcholZeroPivot"
-.Lname425:
+.Lname423:
     .asciz "cusolverSpScsrcholZeroPivotHost"
-.Lname426:
+.Lname424:
     .asciz "cusolverSpScsreigsHost"
-.Lname427:
+.Lname425:
     .asciz "cusolverSpScsreigvsi"
-.Lname428:
+.Lname426:
     .asciz "cusolverSpScsreigvsiHost"
-.Lname429:
+.Lname427:
     .asciz "cusolverSpScsrlsqvqrHost"
-.Lname430:
+.Lname428:
     .asciz "cusolverSpScsrlsvchol"
-.Lname431:
+.Lname429:
     .asciz "cusolverSpScsrlsvcholHost"
-.Lname432:
+.Lname430:
     .asciz "cusolverSpScsrlsvluHost"
-.Lname433:
+.Lname431:
     .asciz "cusolverSpScsrlsvqr"
-.Lname434:
+.Lname432:
     .asciz "cusolverSpScsrlsvqrHost"
-.Lname435:
+.Lname433:
     .asciz "cusolverSpScsrluAnalysisHost"
-.Lname436:
+.Lname434:
     .asciz "cusolverSpScsrluBufferInfoHost"
-.Lname437:
+.Lname435:
     .asciz "cusolverSpScsrluExtractBTFHost"
-.Lname438:
+.Lname436:
     .asciz "cusolverSpScsrluExtractHost"
-.Lname439:
+.Lname437:
     .asciz "cusolverSpScsrluExtractMHost"
-.Lname440:
+.Lname438:
     .asciz "cusolverSpScsrluFactorHost"
-.Lname441:
+.Lname439:
     .asciz "cusolverSpScsrluSolveHost"
-.Lname442:
+.Lname440:
     .asciz "cusolverSpScsrluZeroPivotHost"
-.Lname443:
+.Lname441:
     .asciz "cusolverSpScsrlucondHost"
-.Lname444:
+.Lname442:
     .asciz "cusolverSpScsrqrBufferInfo"
-.Lname445:
+.Lname443:
     .asciz "cusolverSpScsrqrBufferInfoBatched"
-.Lname446:
+.Lname444:
     .asciz "cusolverSpScsrqrBufferInfoHost"
-.Lname447:
+.Lname445:
     .asciz "cusolverSpScsrqrFactor"
-.Lname448:
+.Lname446:
     .asciz "cusolverSpScsrqrFactorHost"
-.Lname449:
+.Lname447:
     .asciz "cusolverSpScsrqrSetup"
-.Lname450:
+.Lname448:
     .asciz "cusolverSpScsrqrSetupHost"
-.Lname451:
+.Lname449:
     .asciz "cusolverSpScsrqrSolve"
-.Lname452:
+.Lname450:
     .asciz "cusolverSpScsrqrSolveHost"
-.Lname453:
+.Lname451:
     .asciz "cusolverSpScsrqrZeroPivot"
-.Lname454:
+.Lname452:
     .asciz "cusolverSpScsrqrZeroPivotHost"
-.Lname455:
+.Lname453:
     .asciz "cusolverSpScsrqrrcond"
-.Lname456:
+.Lname454:
     .asciz "cusolverSpScsrqrsvBatched"
-.Lname457:
+.Lname455:
     .asciz "cusolverSpScsrsubm2denseHost"
-.Lname458:
+.Lname456:
     .asciz "cusolverSpScsrzfdHost"
-.Lname459:
+.Lname457:
     .asciz "cusolverSpSsnluBuffersize"
-.Lname460:
+.Lname458:
     .asciz "cusolverSpSsnluFactor"
-.Lname461:
+.Lname459:
     .asciz "cusolverSpSsnluSolve"
-.Lname462:
+.Lname460:
     .asciz "cusolverSpSsymgthr"
-.Lname463:
+.Lname461:
     .asciz "cusolverSpSsymgthrHost"
-.Lname464:
+.Lname462:
     .asciz "cusolverSpXcsr2cscHost"
-.Lname465:
+.Lname463:
     .asciz "cusolverSpXcsr2csc_bufferSizeHost"
-.Lname466:
+.Lname464:
     .asciz "cusolverSpXcsrcholAnalysis"
-.Lname467:
+.Lname465:
     .asciz "cusolverSpXcsrcholAnalysisHost"
-.Lname468:
+.Lname466:
     .asciz "cusolverSpXcsrissymHost"
-.Lname469:
+.Lname467:
     .asciz "cusolverSpXcsrluAnalysisHost"
-.Lname470:
+.Lname468:
     .asciz "cusolverSpXcsrluConfigHost"
-.Lname471:
+.Lname469:
     .asciz "cusolverSpXcsrluNnzHost"
-.Lname472:
+.Lname470:
     .asciz "cusolverSpXcsrluNnzMHost"
-.Lname473:
+.Lname471:
     .asciz "cusolverSpXcsrmetisndHost"
-.Lname474:
+.Lname472:
     .asciz "cusolverSpXcsrnsepHost"
-.Lname475:
+.Lname473:
     .asciz "cusolverSpXcsrpermHost"
-.Lname476:
+.Lname474:
     .asciz "cusolverSpXcsrperm_bufferSizeHost"
-.Lname477:
+.Lname475:
     .asciz "cusolverSpXcsrqrAnalysis"
-.Lname478:
+.Lname476:
     .asciz "cusolverSpXcsrqrAnalysisBatched"
-.Lname479:
+.Lname477:
     .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname480:
+.Lname478:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname481:
+.Lname479:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname482:
+.Lname480:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname483:
+.Lname481:
     .asciz "cusolverSpXcsrsymamdHost"
-.Lname484:
+.Lname482:
     .asciz "cusolverSpXcsrsymmdqHost"
-.Lname485:
+.Lname483:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname486:
+.Lname484:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname487:
+.Lname485:
     .asciz "cusolverSpXcsrsymrcmHost"
-.Lname488:
+.Lname486:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname489:
+.Lname487:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname490:
+.Lname488:
     .asciz "cusolverSpXsnluFlops"
-.Lname491:
+.Lname489:
     .asciz "cusolverSpXsnluReport"
-.Lname492:
+.Lname490:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname493:
+.Lname491:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname494:
+.Lname492:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname495:
+.Lname493:
     .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname496:
+.Lname494:
     .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname497:
+.Lname495:
     .asciz "cusolverSpZcsrcholDiag"
-.Lname498:
+.Lname496:
     .asciz "cusolverSpZcsrcholFactor"
-.Lname499:
+.Lname497:
     .asciz "cusolverSpZcsrcholFactorHost"
-.Lname500:
+.Lname498:
     .asciz "cusolverSpZcsrcholSolve"
-.Lname501:
+.Lname499:
     .asciz "cusolverSpZcsrcholSolveHost"
-.Lname502:
+.Lname500:
     .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname503:
+.Lname501:
     .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname504:
+.Lname502:
     .asciz "cusolverSpZcsreigsHost"
-.Lname505:
+.Lname503:
     .asciz "cusolverSpZcsreigvsi"
-.Lname506:
+.Lname504:
     .asciz "cusolverSpZcsreigvsiHost"
-.Lname507:
+.Lname505:
     .asciz "cusolverSpZcsrlsqvqrHost"
-.Lname508:
+.Lname506:
     .asciz "cusolverSpZcsrlsvchol"
-.Lname509:
+.Lname507:
     .asciz "cusolverSpZcsrlsvcholHost"
-.Lname510:
+.Lname508:
     .asciz "cusolverSpZcsrlsvluHost"
-.Lname511:
+.Lname509:
     .asciz "cusolverSpZcsrlsvqr"
-.Lname512:
+.Lname510:
     .asciz "cusolverSpZcsrlsvqrHost"
-.Lname513:
+.Lname511:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname514:
+.Lname512:
     .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname515:
+.Lname513:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname516:
+.Lname514:
     .asciz "cusolverSpZcsrluExtractHost"
-.Lname517:
+.Lname515:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname518:
+.Lname516:
     .asciz "cusolverSpZcsrluFactorHost"
-.Lname519:
+.Lname517:
     .asciz "cusolverSpZcsrluSolveHost"
-.Lname520:
+.Lname518:
     .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname521:
+.Lname519:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname522:
+.Lname520:
     .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname523:
+.Lname521:
     .asciz "cusolverSpZcsrqrBufferInfoBatched"
-.Lname524:
+.Lname522:
     .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname525:
+.Lname523:
     .asciz "cusolverSpZcsrqrFactor"
-.Lname526:
+.Lname524:
     .asciz "cusolverSpZcsrqrFactorHost"
-.Lname527:
+.Lname525:
     .asciz "cusolverSpZcsrqrSetup"
-.Lname528:
+.Lname526:
     .asciz "cusolverSpZcsrqrSetupHost"
-.Lname529:
+.Lname527:
     .asciz "cusolverSpZcsrqrSolve"
-.Lname530:
+.Lname528:
     .asciz "cusolverSpZcsrqrSolveHost"
-.Lname531:
+.Lname529:
     .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname532:
+.Lname530:
     .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname533:
+.Lname531:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname534:
+.Lname532:
     .asciz "cusolverSpZcsrqrsvBatched"
-.Lname535:
+.Lname533:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname536:
+.Lname534:
     .asciz "cusolverSpZcsrzfdHost"
-.Lname537:
+.Lname535:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname538:
+.Lname536:
     .asciz "cusolverSpZsnluFactor"
-.Lname539:
+.Lname537:
     .asciz "cusolverSpZsnluSolve"
-.Lname540:
+.Lname538:
     .asciz "cusolverSpZsymgthr"
-.Lname541:
+.Lname539:
     .asciz "cusolverSpZsymgthrHost"
-.Lname542:
+.Lname540:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

@@ -1594,10 +1594,7 @@ cusparseGetPointerMode:
     .globl cusparseGetProperty
     .type cusparseGetProperty, @function
 cusparseGetProperty:
-    leaq .Lname110(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseGetProperty@PLT
     .size cusparseGetProperty, .-cusparseGetProperty
     .globl cusparseGetStream
     .type cusparseGetStream, @function
@@ -1607,15 +1604,12 @@ cusparseGetStream:
     .globl cusparseGetVersion
     .type cusparseGetVersion, @function
 cusparseGetVersion:
-    leaq .Lname111(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseGetVersion@PLT
     .size cusparseGetVersion, .-cusparseGetVersion
     .globl cusparseHpruneCsr2csr
     .type cusparseHpruneCsr2csr, @function
 cusparseHpruneCsr2csr:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1623,7 +1617,7 @@ cusparseHpruneCsr2csr:
     .globl cusparseHpruneCsr2csrByPercentage
     .type cusparseHpruneCsr2csrByPercentage, @function
 cusparseHpruneCsr2csrByPercentage:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1631,7 +1625,7 @@ cusparseHpruneCsr2csrByPercentage:
     .globl cusparseHpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseHpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1639,7 +1633,7 @@ cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneCsr2csrNnz
     .type cusparseHpruneCsr2csrNnz, @function
 cusparseHpruneCsr2csrNnz:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1647,7 +1641,7 @@ cusparseHpruneCsr2csrNnz:
     .globl cusparseHpruneCsr2csrNnzByPercentage
     .type cusparseHpruneCsr2csrNnzByPercentage, @function
 cusparseHpruneCsr2csrNnzByPercentage:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1655,7 +1649,7 @@ cusparseHpruneCsr2csrNnzByPercentage:
     .globl cusparseHpruneCsr2csr_bufferSizeExt
     .type cusparseHpruneCsr2csr_bufferSizeExt, @function
 cusparseHpruneCsr2csr_bufferSizeExt:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1663,7 +1657,7 @@ cusparseHpruneCsr2csr_bufferSizeExt:
     .globl cusparseHpruneDense2csr
     .type cusparseHpruneDense2csr, @function
 cusparseHpruneDense2csr:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1671,7 +1665,7 @@ cusparseHpruneDense2csr:
     .globl cusparseHpruneDense2csrByPercentage
     .type cusparseHpruneDense2csrByPercentage, @function
 cusparseHpruneDense2csrByPercentage:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1679,7 +1673,7 @@ cusparseHpruneDense2csrByPercentage:
     .globl cusparseHpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseHpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1687,7 +1681,7 @@ cusparseHpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneDense2csrNnz
     .type cusparseHpruneDense2csrNnz, @function
 cusparseHpruneDense2csrNnz:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1695,7 +1689,7 @@ cusparseHpruneDense2csrNnz:
     .globl cusparseHpruneDense2csrNnzByPercentage
     .type cusparseHpruneDense2csrNnzByPercentage, @function
 cusparseHpruneDense2csrNnzByPercentage:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1703,7 +1697,7 @@ cusparseHpruneDense2csrNnzByPercentage:
     .globl cusparseHpruneDense2csr_bufferSizeExt
     .type cusparseHpruneDense2csr_bufferSizeExt, @function
 cusparseHpruneDense2csr_bufferSizeExt:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1716,7 +1710,7 @@ cusparseLoggerForceDisable:
     .globl cusparseLoggerOpenFile
     .type cusparseLoggerOpenFile, @function
 cusparseLoggerOpenFile:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1724,7 +1718,7 @@ cusparseLoggerOpenFile:
     .globl cusparseLoggerSetCallback
     .type cusparseLoggerSetCallback, @function
 cusparseLoggerSetCallback:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1732,7 +1726,7 @@ cusparseLoggerSetCallback:
     .globl cusparseLoggerSetFile
     .type cusparseLoggerSetFile, @function
 cusparseLoggerSetFile:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1750,7 +1744,7 @@ cusparseLoggerSetMask:
     .globl cusparseRot
     .type cusparseRot, @function
 cusparseRot:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1773,7 +1767,7 @@ cusparseSDDMM_preprocess:
     .globl cusparseSaxpyi
     .type cusparseSaxpyi, @function
 cusparseSaxpyi:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1791,7 +1785,7 @@ cusparseSbsric02:
     .globl cusparseSbsric02_analysis
     .type cusparseSbsric02_analysis, @function
 cusparseSbsric02_analysis:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1804,7 +1798,7 @@ cusparseSbsric02_bufferSize:
     .globl cusparseSbsric02_bufferSizeExt
     .type cusparseSbsric02_bufferSizeExt, @function
 cusparseSbsric02_bufferSizeExt:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1827,7 +1821,7 @@ cusparseSbsrilu02_bufferSize:
     .globl cusparseSbsrilu02_bufferSizeExt
     .type cusparseSbsrilu02_bufferSizeExt, @function
 cusparseSbsrilu02_bufferSizeExt:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1835,7 +1829,7 @@ cusparseSbsrilu02_bufferSizeExt:
     .globl cusparseSbsrilu02_numericBoost
     .type cusparseSbsrilu02_numericBoost, @function
 cusparseSbsrilu02_numericBoost:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1863,7 +1857,7 @@ cusparseSbsrsm2_bufferSize:
     .globl cusparseSbsrsm2_bufferSizeExt
     .type cusparseSbsrsm2_bufferSizeExt, @function
 cusparseSbsrsm2_bufferSizeExt:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1886,7 +1880,7 @@ cusparseSbsrsv2_bufferSize:
     .globl cusparseSbsrsv2_bufferSizeExt
     .type cusparseSbsrsv2_bufferSizeExt, @function
 cusparseSbsrsv2_bufferSizeExt:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1909,7 +1903,7 @@ cusparseScatter:
     .globl cusparseScsc2dense
     .type cusparseScsc2dense, @function
 cusparseScsc2dense:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1922,7 +1916,7 @@ cusparseScsr2bsr:
     .globl cusparseScsr2csr_compress
     .type cusparseScsr2csr_compress, @function
 cusparseScsr2csr_compress:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1935,7 +1929,7 @@ cusparseScsr2csru:
     .globl cusparseScsr2dense
     .type cusparseScsr2dense, @function
 cusparseScsr2dense:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1953,7 +1947,7 @@ cusparseScsr2gebsr_bufferSize:
     .globl cusparseScsr2gebsr_bufferSizeExt
     .type cusparseScsr2gebsr_bufferSizeExt, @function
 cusparseScsr2gebsr_bufferSizeExt:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1961,7 +1955,7 @@ cusparseScsr2gebsr_bufferSizeExt:
     .globl cusparseScsrcolor
     .type cusparseScsrcolor, @function
 cusparseScsrcolor:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1989,7 +1983,7 @@ cusparseScsrgemm2_bufferSizeExt:
     .globl cusparseScsric02
     .type cusparseScsric02, @function
 cusparseScsric02:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2007,7 +2001,7 @@ cusparseScsric02_bufferSize:
     .globl cusparseScsric02_bufferSizeExt
     .type cusparseScsric02_bufferSizeExt, @function
 cusparseScsric02_bufferSizeExt:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2015,7 +2009,7 @@ cusparseScsric02_bufferSizeExt:
     .globl cusparseScsrilu02
     .type cusparseScsrilu02, @function
 cusparseScsrilu02:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2033,7 +2027,7 @@ cusparseScsrilu02_bufferSize:
     .globl cusparseScsrilu02_bufferSizeExt
     .type cusparseScsrilu02_bufferSizeExt, @function
 cusparseScsrilu02_bufferSizeExt:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2041,7 +2035,7 @@ cusparseScsrilu02_bufferSizeExt:
     .globl cusparseScsrilu02_numericBoost
     .type cusparseScsrilu02_numericBoost, @function
 cusparseScsrilu02_numericBoost:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2054,7 +2048,7 @@ cusparseScsrsm2_analysis:
     .globl cusparseScsrsm2_bufferSizeExt
     .type cusparseScsrsm2_bufferSizeExt, @function
 cusparseScsrsm2_bufferSizeExt:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2077,7 +2071,7 @@ cusparseScsrsv2_bufferSize:
     .globl cusparseScsrsv2_bufferSizeExt
     .type cusparseScsrsv2_bufferSizeExt, @function
 cusparseScsrsv2_bufferSizeExt:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2100,7 +2094,7 @@ cusparseScsru2csr_bufferSizeExt:
     .globl cusparseSdense2csc
     .type cusparseSdense2csc, @function
 cusparseSdense2csc:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2108,7 +2102,7 @@ cusparseSdense2csc:
     .globl cusparseSdense2csr
     .type cusparseSdense2csr, @function
 cusparseSdense2csr:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2156,7 +2150,7 @@ cusparseSgebsr2csr:
     .globl cusparseSgebsr2gebsc
     .type cusparseSgebsr2gebsc, @function
 cusparseSgebsr2gebsc:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2169,7 +2163,7 @@ cusparseSgebsr2gebsc_bufferSize:
     .globl cusparseSgebsr2gebsc_bufferSizeExt
     .type cusparseSgebsr2gebsc_bufferSizeExt, @function
 cusparseSgebsr2gebsc_bufferSizeExt:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2187,7 +2181,7 @@ cusparseSgebsr2gebsr_bufferSize:
     .globl cusparseSgebsr2gebsr_bufferSizeExt
     .type cusparseSgebsr2gebsr_bufferSizeExt, @function
 cusparseSgebsr2gebsr_bufferSizeExt:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2195,7 +2189,7 @@ cusparseSgebsr2gebsr_bufferSizeExt:
     .globl cusparseSgemmi
     .type cusparseSgemmi, @function
 cusparseSgemmi:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2203,7 +2197,7 @@ cusparseSgemmi:
     .globl cusparseSgemvi
     .type cusparseSgemvi, @function
 cusparseSgemvi:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2211,7 +2205,7 @@ cusparseSgemvi:
     .globl cusparseSgemvi_bufferSize
     .type cusparseSgemvi_bufferSize, @function
 cusparseSgemvi_bufferSize:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2219,7 +2213,7 @@ cusparseSgemvi_bufferSize:
     .globl cusparseSgpsvInterleavedBatch
     .type cusparseSgpsvInterleavedBatch, @function
 cusparseSgpsvInterleavedBatch:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2227,7 +2221,7 @@ cusparseSgpsvInterleavedBatch:
     .globl cusparseSgpsvInterleavedBatch_bufferSizeExt
     .type cusparseSgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2235,7 +2229,7 @@ cusparseSgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseSgthr
     .type cusparseSgthr, @function
 cusparseSgthr:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2243,7 +2237,7 @@ cusparseSgthr:
     .globl cusparseSgthrz
     .type cusparseSgthrz, @function
 cusparseSgthrz:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2251,7 +2245,7 @@ cusparseSgthrz:
     .globl cusparseSgtsv2
     .type cusparseSgtsv2, @function
 cusparseSgtsv2:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2259,7 +2253,7 @@ cusparseSgtsv2:
     .globl cusparseSgtsv2StridedBatch
     .type cusparseSgtsv2StridedBatch, @function
 cusparseSgtsv2StridedBatch:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2267,7 +2261,7 @@ cusparseSgtsv2StridedBatch:
     .globl cusparseSgtsv2StridedBatch_bufferSizeExt
     .type cusparseSgtsv2StridedBatch_bufferSizeExt, @function
 cusparseSgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2275,7 +2269,7 @@ cusparseSgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseSgtsv2_bufferSizeExt
     .type cusparseSgtsv2_bufferSizeExt, @function
 cusparseSgtsv2_bufferSizeExt:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2283,7 +2277,7 @@ cusparseSgtsv2_bufferSizeExt:
     .globl cusparseSgtsv2_nopivot
     .type cusparseSgtsv2_nopivot, @function
 cusparseSgtsv2_nopivot:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2291,7 +2285,7 @@ cusparseSgtsv2_nopivot:
     .globl cusparseSgtsv2_nopivot_bufferSizeExt
     .type cusparseSgtsv2_nopivot_bufferSizeExt, @function
 cusparseSgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2299,7 +2293,7 @@ cusparseSgtsv2_nopivot_bufferSizeExt:
     .globl cusparseSgtsvInterleavedBatch
     .type cusparseSgtsvInterleavedBatch, @function
 cusparseSgtsvInterleavedBatch:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2307,7 +2301,7 @@ cusparseSgtsvInterleavedBatch:
     .globl cusparseSgtsvInterleavedBatch_bufferSizeExt
     .type cusparseSgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2315,7 +2309,7 @@ cusparseSgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseSnnz
     .type cusparseSnnz, @function
 cusparseSnnz:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2323,7 +2317,7 @@ cusparseSnnz:
     .globl cusparseSnnz_compress
     .type cusparseSnnz_compress, @function
 cusparseSnnz_compress:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2361,7 +2355,7 @@ cusparseSpGEMMreuse_compute:
     .globl cusparseSpGEMMreuse_copy
     .type cusparseSpGEMMreuse_copy, @function
 cusparseSpGEMMreuse_copy:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2369,7 +2363,7 @@ cusparseSpGEMMreuse_copy:
     .globl cusparseSpGEMMreuse_nnz
     .type cusparseSpGEMMreuse_nnz, @function
 cusparseSpGEMMreuse_nnz:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2392,7 +2386,7 @@ cusparseSpMMOp:
     .globl cusparseSpMMOp_createPlan
     .type cusparseSpMMOp_createPlan, @function
 cusparseSpMMOp_createPlan:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2430,7 +2424,7 @@ cusparseSpMatGetAttribute:
     .globl cusparseSpMatGetFormat
     .type cusparseSpMatGetFormat, @function
 cusparseSpMatGetFormat:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2438,7 +2432,7 @@ cusparseSpMatGetFormat:
     .globl cusparseSpMatGetIndexBase
     .type cusparseSpMatGetIndexBase, @function
 cusparseSpMatGetIndexBase:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2451,7 +2445,7 @@ cusparseSpMatGetSize:
     .globl cusparseSpMatGetStridedBatch
     .type cusparseSpMatGetStridedBatch, @function
 cusparseSpMatGetStridedBatch:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2529,7 +2523,7 @@ cusparseSpSV_solve:
     .globl cusparseSpVV
     .type cusparseSpVV, @function
 cusparseSpVV:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2537,7 +2531,7 @@ cusparseSpVV:
     .globl cusparseSpVV_bufferSize
     .type cusparseSpVV_bufferSize, @function
 cusparseSpVV_bufferSize:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2545,7 +2539,7 @@ cusparseSpVV_bufferSize:
     .globl cusparseSpVecGet
     .type cusparseSpVecGet, @function
 cusparseSpVecGet:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2553,7 +2547,7 @@ cusparseSpVecGet:
     .globl cusparseSpVecGetIndexBase
     .type cusparseSpVecGetIndexBase, @function
 cusparseSpVecGetIndexBase:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2581,7 +2575,7 @@ cusparseSparseToDense_bufferSize:
     .globl cusparseSpruneCsr2csr
     .type cusparseSpruneCsr2csr, @function
 cusparseSpruneCsr2csr:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2599,7 +2593,7 @@ cusparseSpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseSpruneCsr2csrNnz
     .type cusparseSpruneCsr2csrNnz, @function
 cusparseSpruneCsr2csrNnz:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2612,7 +2606,7 @@ cusparseSpruneCsr2csrNnzByPercentage:
     .globl cusparseSpruneCsr2csr_bufferSizeExt
     .type cusparseSpruneCsr2csr_bufferSizeExt, @function
 cusparseSpruneCsr2csr_bufferSizeExt:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2620,7 +2614,7 @@ cusparseSpruneCsr2csr_bufferSizeExt:
     .globl cusparseSpruneDense2csr
     .type cusparseSpruneDense2csr, @function
 cusparseSpruneDense2csr:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2628,7 +2622,7 @@ cusparseSpruneDense2csr:
     .globl cusparseSpruneDense2csrByPercentage
     .type cusparseSpruneDense2csrByPercentage, @function
 cusparseSpruneDense2csrByPercentage:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2636,7 +2630,7 @@ cusparseSpruneDense2csrByPercentage:
     .globl cusparseSpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseSpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseSpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2644,7 +2638,7 @@ cusparseSpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseSpruneDense2csrNnz
     .type cusparseSpruneDense2csrNnz, @function
 cusparseSpruneDense2csrNnz:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2652,7 +2646,7 @@ cusparseSpruneDense2csrNnz:
     .globl cusparseSpruneDense2csrNnzByPercentage
     .type cusparseSpruneDense2csrNnzByPercentage, @function
 cusparseSpruneDense2csrNnzByPercentage:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2660,7 +2654,7 @@ cusparseSpruneDense2csrNnzByPercentage:
     .globl cusparseSpruneDense2csr_bufferSizeExt
     .type cusparseSpruneDense2csr_bufferSizeExt, @function
 cusparseSpruneDense2csr_bufferSizeExt:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2668,7 +2662,7 @@ cusparseSpruneDense2csr_bufferSizeExt:
     .globl cusparseSroti
     .type cusparseSroti, @function
 cusparseSroti:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2676,7 +2670,7 @@ cusparseSroti:
     .globl cusparseSsctr
     .type cusparseSsctr, @function
 cusparseSsctr:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2724,7 +2718,7 @@ cusparseXcoosort_bufferSizeExt:
     .globl cusparseXcscsort
     .type cusparseXcscsort, @function
 cusparseXcscsort:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2732,7 +2726,7 @@ cusparseXcscsort:
     .globl cusparseXcscsort_bufferSizeExt
     .type cusparseXcscsort_bufferSizeExt, @function
 cusparseXcscsort_bufferSizeExt:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2805,7 +2799,7 @@ cusparseXgebsr2gebsrNnz:
     .globl cusparseZaxpyi
     .type cusparseZaxpyi, @function
 cusparseZaxpyi:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2823,7 +2817,7 @@ cusparseZbsric02:
     .globl cusparseZbsric02_analysis
     .type cusparseZbsric02_analysis, @function
 cusparseZbsric02_analysis:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2836,7 +2830,7 @@ cusparseZbsric02_bufferSize:
     .globl cusparseZbsric02_bufferSizeExt
     .type cusparseZbsric02_bufferSizeExt, @function
 cusparseZbsric02_bufferSizeExt:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2859,7 +2853,7 @@ cusparseZbsrilu02_bufferSize:
     .globl cusparseZbsrilu02_bufferSizeExt
     .type cusparseZbsrilu02_bufferSizeExt, @function
 cusparseZbsrilu02_bufferSizeExt:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2867,7 +2861,7 @@ cusparseZbsrilu02_bufferSizeExt:
     .globl cusparseZbsrilu02_numericBoost
     .type cusparseZbsrilu02_numericBoost, @function
 cusparseZbsrilu02_numericBoost:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2895,7 +2889,7 @@ cusparseZbsrsm2_bufferSize:
     .globl cusparseZbsrsm2_bufferSizeExt
     .type cusparseZbsrsm2_bufferSizeExt, @function
 cusparseZbsrsm2_bufferSizeExt:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2918,7 +2912,7 @@ cusparseZbsrsv2_bufferSize:
     .globl cusparseZbsrsv2_bufferSizeExt
     .type cusparseZbsrsv2_bufferSizeExt, @function
 cusparseZbsrsv2_bufferSizeExt:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2936,7 +2930,7 @@ cusparseZbsrxmv:
     .globl cusparseZcsc2dense
     .type cusparseZcsc2dense, @function
 cusparseZcsc2dense:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2949,7 +2943,7 @@ cusparseZcsr2bsr:
     .globl cusparseZcsr2csr_compress
     .type cusparseZcsr2csr_compress, @function
 cusparseZcsr2csr_compress:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2962,7 +2956,7 @@ cusparseZcsr2csru:
     .globl cusparseZcsr2dense
     .type cusparseZcsr2dense, @function
 cusparseZcsr2dense:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2980,7 +2974,7 @@ cusparseZcsr2gebsr_bufferSize:
     .globl cusparseZcsr2gebsr_bufferSizeExt
     .type cusparseZcsr2gebsr_bufferSizeExt, @function
 cusparseZcsr2gebsr_bufferSizeExt:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2988,7 +2982,7 @@ cusparseZcsr2gebsr_bufferSizeExt:
     .globl cusparseZcsrcolor
     .type cusparseZcsrcolor, @function
 cusparseZcsrcolor:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3016,7 +3010,7 @@ cusparseZcsrgemm2_bufferSizeExt:
     .globl cusparseZcsric02
     .type cusparseZcsric02, @function
 cusparseZcsric02:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3034,7 +3028,7 @@ cusparseZcsric02_bufferSize:
     .globl cusparseZcsric02_bufferSizeExt
     .type cusparseZcsric02_bufferSizeExt, @function
 cusparseZcsric02_bufferSizeExt:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3042,7 +3036,7 @@ cusparseZcsric02_bufferSizeExt:
     .globl cusparseZcsrilu02
     .type cusparseZcsrilu02, @function
 cusparseZcsrilu02:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3060,7 +3054,7 @@ cusparseZcsrilu02_bufferSize:
     .globl cusparseZcsrilu02_bufferSizeExt
     .type cusparseZcsrilu02_bufferSizeExt, @function
 cusparseZcsrilu02_bufferSizeExt:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3068,7 +3062,7 @@ cusparseZcsrilu02_bufferSizeExt:
     .globl cusparseZcsrilu02_numericBoost
     .type cusparseZcsrilu02_numericBoost, @function
 cusparseZcsrilu02_numericBoost:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3081,7 +3075,7 @@ cusparseZcsrsm2_analysis:
     .globl cusparseZcsrsm2_bufferSizeExt
     .type cusparseZcsrsm2_bufferSizeExt, @function
 cusparseZcsrsm2_bufferSizeExt:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3104,7 +3098,7 @@ cusparseZcsrsv2_bufferSize:
     .globl cusparseZcsrsv2_bufferSizeExt
     .type cusparseZcsrsv2_bufferSizeExt, @function
 cusparseZcsrsv2_bufferSizeExt:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3127,7 +3121,7 @@ cusparseZcsru2csr_bufferSizeExt:
     .globl cusparseZdense2csc
     .type cusparseZdense2csc, @function
 cusparseZdense2csc:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3135,7 +3129,7 @@ cusparseZdense2csc:
     .globl cusparseZdense2csr
     .type cusparseZdense2csr, @function
 cusparseZdense2csr:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3148,7 +3142,7 @@ cusparseZgebsr2csr:
     .globl cusparseZgebsr2gebsc
     .type cusparseZgebsr2gebsc, @function
 cusparseZgebsr2gebsc:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3161,7 +3155,7 @@ cusparseZgebsr2gebsc_bufferSize:
     .globl cusparseZgebsr2gebsc_bufferSizeExt
     .type cusparseZgebsr2gebsc_bufferSizeExt, @function
 cusparseZgebsr2gebsc_bufferSizeExt:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3179,7 +3173,7 @@ cusparseZgebsr2gebsr_bufferSize:
     .globl cusparseZgebsr2gebsr_bufferSizeExt
     .type cusparseZgebsr2gebsr_bufferSizeExt, @function
 cusparseZgebsr2gebsr_bufferSizeExt:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3187,7 +3181,7 @@ cusparseZgebsr2gebsr_bufferSizeExt:
     .globl cusparseZgemmi
     .type cusparseZgemmi, @function
 cusparseZgemmi:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3195,7 +3189,7 @@ cusparseZgemmi:
     .globl cusparseZgemvi
     .type cusparseZgemvi, @function
 cusparseZgemvi:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3203,7 +3197,7 @@ cusparseZgemvi:
     .globl cusparseZgemvi_bufferSize
     .type cusparseZgemvi_bufferSize, @function
 cusparseZgemvi_bufferSize:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3211,7 +3205,7 @@ cusparseZgemvi_bufferSize:
     .globl cusparseZgpsvInterleavedBatch
     .type cusparseZgpsvInterleavedBatch, @function
 cusparseZgpsvInterleavedBatch:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3219,7 +3213,7 @@ cusparseZgpsvInterleavedBatch:
     .globl cusparseZgpsvInterleavedBatch_bufferSizeExt
     .type cusparseZgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3227,7 +3221,7 @@ cusparseZgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseZgthr
     .type cusparseZgthr, @function
 cusparseZgthr:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3235,7 +3229,7 @@ cusparseZgthr:
     .globl cusparseZgthrz
     .type cusparseZgthrz, @function
 cusparseZgthrz:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3248,7 +3242,7 @@ cusparseZgtsv2:
     .globl cusparseZgtsv2StridedBatch
     .type cusparseZgtsv2StridedBatch, @function
 cusparseZgtsv2StridedBatch:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3256,7 +3250,7 @@ cusparseZgtsv2StridedBatch:
     .globl cusparseZgtsv2StridedBatch_bufferSizeExt
     .type cusparseZgtsv2StridedBatch_bufferSizeExt, @function
 cusparseZgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3264,7 +3258,7 @@ cusparseZgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseZgtsv2_bufferSizeExt
     .type cusparseZgtsv2_bufferSizeExt, @function
 cusparseZgtsv2_bufferSizeExt:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3277,7 +3271,7 @@ cusparseZgtsv2_nopivot:
     .globl cusparseZgtsv2_nopivot_bufferSizeExt
     .type cusparseZgtsv2_nopivot_bufferSizeExt, @function
 cusparseZgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3285,7 +3279,7 @@ cusparseZgtsv2_nopivot_bufferSizeExt:
     .globl cusparseZgtsvInterleavedBatch
     .type cusparseZgtsvInterleavedBatch, @function
 cusparseZgtsvInterleavedBatch:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3293,7 +3287,7 @@ cusparseZgtsvInterleavedBatch:
     .globl cusparseZgtsvInterleavedBatch_bufferSizeExt
     .type cusparseZgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3301,7 +3295,7 @@ cusparseZgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseZnnz
     .type cusparseZnnz, @function
 cusparseZnnz:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3309,7 +3303,7 @@ cusparseZnnz:
     .globl cusparseZnnz_compress
     .type cusparseZnnz_compress, @function
 cusparseZnnz_compress:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3317,7 +3311,7 @@ cusparseZnnz_compress:
     .globl cusparseZsctr
     .type cusparseZsctr, @function
 cusparseZsctr:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3544,247 +3538,243 @@ cusparseZsctr:
 .Lname109:
     .asciz "cusparseGetPointerMode"
 .Lname110:
-    .asciz "cusparseGetProperty"
-.Lname111:
-    .asciz "cusparseGetVersion"
-.Lname112:
     .asciz "cusparseHpruneCsr2csr"
-.Lname113:
+.Lname111:
     .asciz "cusparseHpruneCsr2csrByPercentage"
-.Lname114:
+.Lname112:
     .asciz "cusparseHpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname115:
+.Lname113:
     .asciz "cusparseHpruneCsr2csrNnz"
-.Lname116:
+.Lname114:
     .asciz "cusparseHpruneCsr2csrNnzByPercentage"
-.Lname117:
+.Lname115:
     .asciz "cusparseHpruneCsr2csr_bufferSizeExt"
-.Lname118:
+.Lname116:
     .asciz "cusparseHpruneDense2csr"
-.Lname119:
+.Lname117:
     .asciz "cusparseHpruneDense2csrByPercentage"
-.Lname120:
+.Lname118:
     .asciz "cusparseHpruneDense2csrByPercentage_bufferSizeExt"
-.Lname121:
+.Lname119:
     .asciz "cusparseHpruneDense2csrNnz"
-.Lname122:
+.Lname120:
     .asciz "cusparseHpruneDense2csrNnzByPercentage"
-.Lname123:
+.Lname121:
     .asciz "cusparseHpruneDense2csr_bufferSizeExt"
-.Lname124:
+.Lname122:
     .asciz "cusparseLoggerOpenFile"
-.Lname125:
+.Lname123:
     .asciz "cusparseLoggerSetCallback"
-.Lname126:
+.Lname124:
     .asciz "cusparseLoggerSetFile"
-.Lname127:
+.Lname125:
     .asciz "cusparseRot"
-.Lname128:
+.Lname126:
     .asciz "cusparseSaxpyi"
-.Lname129:
+.Lname127:
     .asciz "cusparseSbsric02_analysis"
-.Lname130:
+.Lname128:
     .asciz "cusparseSbsric02_bufferSizeExt"
-.Lname131:
+.Lname129:
     .asciz "cusparseSbsrilu02_bufferSizeExt"
-.Lname132:
+.Lname130:
     .asciz "cusparseSbsrilu02_numericBoost"
-.Lname133:
+.Lname131:
     .asciz "cusparseSbsrsm2_bufferSizeExt"
-.Lname134:
+.Lname132:
     .asciz "cusparseSbsrsv2_bufferSizeExt"
-.Lname135:
+.Lname133:
     .asciz "cusparseScsc2dense"
-.Lname136:
+.Lname134:
     .asciz "cusparseScsr2csr_compress"
-.Lname137:
+.Lname135:
     .asciz "cusparseScsr2dense"
-.Lname138:
+.Lname136:
     .asciz "cusparseScsr2gebsr_bufferSizeExt"
-.Lname139:
+.Lname137:
     .asciz "cusparseScsrcolor"
-.Lname140:
+.Lname138:
     .asciz "cusparseScsric02"
-.Lname141:
+.Lname139:
     .asciz "cusparseScsric02_bufferSizeExt"
-.Lname142:
+.Lname140:
     .asciz "cusparseScsrilu02"
-.Lname143:
+.Lname141:
     .asciz "cusparseScsrilu02_bufferSizeExt"
-.Lname144:
+.Lname142:
     .asciz "cusparseScsrilu02_numericBoost"
-.Lname145:
+.Lname143:
     .asciz "cusparseScsrsm2_bufferSizeExt"
-.Lname146:
+.Lname144:
     .asciz "cusparseScsrsv2_bufferSizeExt"
-.Lname147:
+.Lname145:
     .asciz "cusparseSdense2csc"
-.Lname148:
+.Lname146:
     .asciz "cusparseSdense2csr"
-.Lname149:
+.Lname147:
     .asciz "cusparseSgebsr2gebsc"
-.Lname150:
+.Lname148:
     .asciz "cusparseSgebsr2gebsc_bufferSizeExt"
-.Lname151:
+.Lname149:
     .asciz "cusparseSgebsr2gebsr_bufferSizeExt"
-.Lname152:
+.Lname150:
     .asciz "cusparseSgemmi"
-.Lname153:
+.Lname151:
     .asciz "cusparseSgemvi"
-.Lname154:
+.Lname152:
     .asciz "cusparseSgemvi_bufferSize"
-.Lname155:
+.Lname153:
     .asciz "cusparseSgpsvInterleavedBatch"
-.Lname156:
+.Lname154:
     .asciz "cusparseSgpsvInterleavedBatch_bufferSizeExt"
-.Lname157:
+.Lname155:
     .asciz "cusparseSgthr"
-.Lname158:
+.Lname156:
     .asciz "cusparseSgthrz"
-.Lname159:
+.Lname157:
     .asciz "cusparseSgtsv2"
-.Lname160:
+.Lname158:
     .asciz "cusparseSgtsv2StridedBatch"
-.Lname161:
+.Lname159:
     .asciz "cusparseSgtsv2StridedBatch_bufferSizeExt"
-.Lname162:
+.Lname160:
     .asciz "cusparseSgtsv2_bufferSizeExt"
-.Lname163:
+.Lname161:
     .asciz "cusparseSgtsv2_nopivot"
-.Lname164:
+.Lname162:
     .asciz "cusparseSgtsv2_nopivot_bufferSizeExt"
-.Lname165:
+.Lname163:
     .asciz "cusparseSgtsvInterleavedBatch"
-.Lname166:
+.Lname164:
     .asciz "cusparseSgtsvInterleavedBatch_bufferSizeExt"
-.Lname167:
+.Lname165:
     .asciz "cusparseSnnz"
-.Lname168:
+.Lname166:
     .asciz "cusparseSnnz_compress"
-.Lname169:
+.Lname167:
     .asciz "cusparseSpGEMMreuse_copy"
-.Lname170:
+.Lname168:
     .asciz "cusparseSpGEMMreuse_nnz"
-.Lname171:
+.Lname169:
     .asciz "cusparseSpMMOp_createPlan"
-.Lname172:
+.Lname170:
     .asciz "cusparseSpMatGetFormat"
-.Lname173:
+.Lname171:
     .asciz "cusparseSpMatGetIndexBase"
-.Lname174:
+.Lname172:
     .asciz "cusparseSpMatGetStridedBatch"
-.Lname175:
+.Lname173:
     .asciz "cusparseSpVV"
-.Lname176:
+.Lname174:
     .asciz "cusparseSpVV_bufferSize"
-.Lname177:
+.Lname175:
     .asciz "cusparseSpVecGet"
-.Lname178:
+.Lname176:
     .asciz "cusparseSpVecGetIndexBase"
-.Lname179:
+.Lname177:
     .asciz "cusparseSpruneCsr2csr"
-.Lname180:
+.Lname178:
     .asciz "cusparseSpruneCsr2csrNnz"
-.Lname181:
+.Lname179:
     .asciz "cusparseSpruneCsr2csr_bufferSizeExt"
-.Lname182:
+.Lname180:
     .asciz "cusparseSpruneDense2csr"
-.Lname183:
+.Lname181:
     .asciz "cusparseSpruneDense2csrByPercentage"
-.Lname184:
+.Lname182:
     .asciz "cusparseSpruneDense2csrByPercentage_bufferSizeExt"
-.Lname185:
+.Lname183:
     .asciz "cusparseSpruneDense2csrNnz"
-.Lname186:
+.Lname184:
     .asciz "cusparseSpruneDense2csrNnzByPercentage"
-.Lname187:
+.Lname185:
     .asciz "cusparseSpruneDense2csr_bufferSizeExt"
-.Lname188:
+.Lname186:
     .asciz "cusparseSroti"
-.Lname189:
+.Lname187:
     .asciz "cusparseSsctr"
-.Lname190:
+.Lname188:
     .asciz "cusparseXcscsort"
-.Lname191:
+.Lname189:
     .asciz "cusparseXcscsort_bufferSizeExt"
-.Lname192:
+.Lname190:
     .asciz "cusparseZaxpyi"
-.Lname193:
+.Lname191:
     .asciz "cusparseZbsric02_analysis"
-.Lname194:
+.Lname192:
     .asciz "cusparseZbsric02_bufferSizeExt"
-.Lname195:
+.Lname193:
     .asciz "cusparseZbsrilu02_bufferSizeExt"
-.Lname196:
+.Lname194:
     .asciz "cusparseZbsrilu02_numericBoost"
-.Lname197:
+.Lname195:
     .asciz "cusparseZbsrsm2_bufferSizeExt"
-.Lname198:
+.Lname196:
     .asciz "cusparseZbsrsv2_bufferSizeExt"
-.Lname199:
+.Lname197:
     .asciz "cusparseZcsc2dense"
-.Lname200:
+.Lname198:
     .asciz "cusparseZcsr2csr_compress"
-.Lname201:
+.Lname199:
     .asciz "cusparseZcsr2dense"
-.Lname202:
+.Lname200:
     .asciz "cusparseZcsr2gebsr_bufferSizeExt"
-.Lname203:
+.Lname201:
     .asciz "cusparseZcsrcolor"
-.Lname204:
+.Lname202:
     .asciz "cusparseZcsric02"
-.Lname205:
+.Lname203:
     .asciz "cusparseZcsric02_bufferSizeExt"
-.Lname206:
+.Lname204:
     .asciz "cusparseZcsrilu02"
-.Lname207:
+.Lname205:
     .asciz "cusparseZcsrilu02_bufferSizeExt"
-.Lname208:
+.Lname206:
     .asciz "cusparseZcsrilu02_numericBoost"
-.Lname209:
+.Lname207:
     .asciz "cusparseZcsrsm2_bufferSizeExt"
-.Lname210:
+.Lname208:
     .asciz "cusparseZcsrsv2_bufferSizeExt"
-.Lname211:
+.Lname209:
     .asciz "cusparseZdense2csc"
-.Lname212:
+.Lname210:
     .asciz "cusparseZdense2csr"
-.Lname213:
+.Lname211:
     .asciz "cusparseZgebsr2gebsc"
-.Lname214:
+.Lname212:
     .asciz "cusparseZgebsr2gebsc_bufferSizeExt"
-.Lname215:
+.Lname213:
     .asciz "cusparseZgebsr2gebsr_bufferSizeExt"
-.Lname216:
+.Lname214:
     .asciz "cusparseZgemmi"
-.Lname217:
+.Lname215:
     .asciz "cusparseZgemvi"
-.Lname218:
+.Lname216:
     .asciz "cusparseZgemvi_bufferSize"
-.Lname219:
+.Lname217:
     .asciz "cusparseZgpsvInterleavedBatch"
-.Lname220:
+.Lname218:
     .asciz "cusparseZgpsvInterleavedBatch_bufferSizeExt"
-.Lname221:
+.Lname219:
     .asciz "cusparseZgthr"
-.Lname222:
+.Lname220:
     .asciz "cusparseZgthrz"
-.Lname223:
+.Lname221:
     .asciz "cusparseZgtsv2StridedBatch"
-.Lname224:
+.Lname222:
     .asciz "cusparseZgtsv2StridedBatch_bufferSizeExt"
-.Lname225:
+.Lname223:
     .asciz "cusparseZgtsv2_bufferSizeExt"
-.Lname226:
+.Lname224:
     .asciz "cusparseZgtsv2_nopivot_bufferSizeExt"
-.Lname227:
+.Lname225:
     .asciz "cusparseZgtsvInterleavedBatch"
-.Lname228:
+.Lname226:
     .asciz "cusparseZgtsvInterleavedBatch_bufferSizeExt"
-.Lname229:
+.Lname227:
     .asciz "cusparseZnnz"
-.Lname230:
+.Lname228:
     .asciz "cusparseZnnz_compress"
-.Lname231:
+.Lname229:
     .asciz "cusparseZsctr"
     .section .note.GNU-stack,"",@progbits

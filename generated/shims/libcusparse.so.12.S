@@ -1409,10 +1409,7 @@ cusparseGetPointerMode:
     .globl cusparseGetProperty
     .type cusparseGetProperty, @function
 cusparseGetProperty:
-    leaq .Lname95(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseGetProperty@PLT
     .size cusparseGetProperty, .-cusparseGetProperty
     .globl cusparseGetStream
     .type cusparseGetStream, @function
@@ -1422,15 +1419,12 @@ cusparseGetStream:
     .globl cusparseGetVersion
     .type cusparseGetVersion, @function
 cusparseGetVersion:
-    leaq .Lname96(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseGetVersion@PLT
     .size cusparseGetVersion, .-cusparseGetVersion
     .globl cusparseHpruneCsr2csr
     .type cusparseHpruneCsr2csr, @function
 cusparseHpruneCsr2csr:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1438,7 +1432,7 @@ cusparseHpruneCsr2csr:
     .globl cusparseHpruneCsr2csrByPercentage
     .type cusparseHpruneCsr2csrByPercentage, @function
 cusparseHpruneCsr2csrByPercentage:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1446,7 +1440,7 @@ cusparseHpruneCsr2csrByPercentage:
     .globl cusparseHpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseHpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1454,7 +1448,7 @@ cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneCsr2csrNnz
     .type cusparseHpruneCsr2csrNnz, @function
 cusparseHpruneCsr2csrNnz:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1462,7 +1456,7 @@ cusparseHpruneCsr2csrNnz:
     .globl cusparseHpruneCsr2csrNnzByPercentage
     .type cusparseHpruneCsr2csrNnzByPercentage, @function
 cusparseHpruneCsr2csrNnzByPercentage:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1470,7 +1464,7 @@ cusparseHpruneCsr2csrNnzByPercentage:
     .globl cusparseHpruneCsr2csr_bufferSizeExt
     .type cusparseHpruneCsr2csr_bufferSizeExt, @function
 cusparseHpruneCsr2csr_bufferSizeExt:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1478,7 +1472,7 @@ cusparseHpruneCsr2csr_bufferSizeExt:
     .globl cusparseHpruneDense2csr
     .type cusparseHpruneDense2csr, @function
 cusparseHpruneDense2csr:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1486,7 +1480,7 @@ cusparseHpruneDense2csr:
     .globl cusparseHpruneDense2csrByPercentage
     .type cusparseHpruneDense2csrByPercentage, @function
 cusparseHpruneDense2csrByPercentage:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1494,7 +1488,7 @@ cusparseHpruneDense2csrByPercentage:
     .globl cusparseHpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseHpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1502,7 +1496,7 @@ cusparseHpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneDense2csrNnz
     .type cusparseHpruneDense2csrNnz, @function
 cusparseHpruneDense2csrNnz:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1510,7 +1504,7 @@ cusparseHpruneDense2csrNnz:
     .globl cusparseHpruneDense2csrNnzByPercentage
     .type cusparseHpruneDense2csrNnzByPercentage, @function
 cusparseHpruneDense2csrNnzByPercentage:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1518,7 +1512,7 @@ cusparseHpruneDense2csrNnzByPercentage:
     .globl cusparseHpruneDense2csr_bufferSizeExt
     .type cusparseHpruneDense2csr_bufferSizeExt, @function
 cusparseHpruneDense2csr_bufferSizeExt:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1531,7 +1525,7 @@ cusparseLoggerForceDisable:
     .globl cusparseLoggerOpenFile
     .type cusparseLoggerOpenFile, @function
 cusparseLoggerOpenFile:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1539,7 +1533,7 @@ cusparseLoggerOpenFile:
     .globl cusparseLoggerSetCallback
     .type cusparseLoggerSetCallback, @function
 cusparseLoggerSetCallback:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1547,7 +1541,7 @@ cusparseLoggerSetCallback:
     .globl cusparseLoggerSetFile
     .type cusparseLoggerSetFile, @function
 cusparseLoggerSetFile:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1565,7 +1559,7 @@ cusparseLoggerSetMask:
     .globl cusparseRot
     .type cusparseRot, @function
 cusparseRot:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1598,7 +1592,7 @@ cusparseSbsric02:
     .globl cusparseSbsric02_analysis
     .type cusparseSbsric02_analysis, @function
 cusparseSbsric02_analysis:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1611,7 +1605,7 @@ cusparseSbsric02_bufferSize:
     .globl cusparseSbsric02_bufferSizeExt
     .type cusparseSbsric02_bufferSizeExt, @function
 cusparseSbsric02_bufferSizeExt:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1634,7 +1628,7 @@ cusparseSbsrilu02_bufferSize:
     .globl cusparseSbsrilu02_bufferSizeExt
     .type cusparseSbsrilu02_bufferSizeExt, @function
 cusparseSbsrilu02_bufferSizeExt:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1642,7 +1636,7 @@ cusparseSbsrilu02_bufferSizeExt:
     .globl cusparseSbsrilu02_numericBoost
     .type cusparseSbsrilu02_numericBoost, @function
 cusparseSbsrilu02_numericBoost:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1670,7 +1664,7 @@ cusparseSbsrsm2_bufferSize:
     .globl cusparseSbsrsm2_bufferSizeExt
     .type cusparseSbsrsm2_bufferSizeExt, @function
 cusparseSbsrsm2_bufferSizeExt:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1693,7 +1687,7 @@ cusparseSbsrsv2_bufferSize:
     .globl cusparseSbsrsv2_bufferSizeExt
     .type cusparseSbsrsv2_bufferSizeExt, @function
 cusparseSbsrsv2_bufferSizeExt:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1721,7 +1715,7 @@ cusparseScsr2bsr:
     .globl cusparseScsr2csr_compress
     .type cusparseScsr2csr_compress, @function
 cusparseScsr2csr_compress:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1744,7 +1738,7 @@ cusparseScsr2gebsr_bufferSize:
     .globl cusparseScsr2gebsr_bufferSizeExt
     .type cusparseScsr2gebsr_bufferSizeExt, @function
 cusparseScsr2gebsr_bufferSizeExt:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1752,7 +1746,7 @@ cusparseScsr2gebsr_bufferSizeExt:
     .globl cusparseScsrcolor
     .type cusparseScsrcolor, @function
 cusparseScsrcolor:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1770,7 +1764,7 @@ cusparseScsrgeam2_bufferSizeExt:
     .globl cusparseScsric02
     .type cusparseScsric02, @function
 cusparseScsric02:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1788,7 +1782,7 @@ cusparseScsric02_bufferSize:
     .globl cusparseScsric02_bufferSizeExt
     .type cusparseScsric02_bufferSizeExt, @function
 cusparseScsric02_bufferSizeExt:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1796,7 +1790,7 @@ cusparseScsric02_bufferSizeExt:
     .globl cusparseScsrilu02
     .type cusparseScsrilu02, @function
 cusparseScsrilu02:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1814,7 +1808,7 @@ cusparseScsrilu02_bufferSize:
     .globl cusparseScsrilu02_bufferSizeExt
     .type cusparseScsrilu02_bufferSizeExt, @function
 cusparseScsrilu02_bufferSizeExt:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1822,7 +1816,7 @@ cusparseScsrilu02_bufferSizeExt:
     .globl cusparseScsrilu02_numericBoost
     .type cusparseScsrilu02_numericBoost, @function
 cusparseScsrilu02_numericBoost:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1875,7 +1869,7 @@ cusparseSgebsr2csr:
     .globl cusparseSgebsr2gebsc
     .type cusparseSgebsr2gebsc, @function
 cusparseSgebsr2gebsc:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1888,7 +1882,7 @@ cusparseSgebsr2gebsc_bufferSize:
     .globl cusparseSgebsr2gebsc_bufferSizeExt
     .type cusparseSgebsr2gebsc_bufferSizeExt, @function
 cusparseSgebsr2gebsc_bufferSizeExt:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1906,7 +1900,7 @@ cusparseSgebsr2gebsr_bufferSize:
     .globl cusparseSgebsr2gebsr_bufferSizeExt
     .type cusparseSgebsr2gebsr_bufferSizeExt, @function
 cusparseSgebsr2gebsr_bufferSizeExt:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1914,7 +1908,7 @@ cusparseSgebsr2gebsr_bufferSizeExt:
     .globl cusparseSgemvi
     .type cusparseSgemvi, @function
 cusparseSgemvi:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1922,7 +1916,7 @@ cusparseSgemvi:
     .globl cusparseSgemvi_bufferSize
     .type cusparseSgemvi_bufferSize, @function
 cusparseSgemvi_bufferSize:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1930,7 +1924,7 @@ cusparseSgemvi_bufferSize:
     .globl cusparseSgpsvInterleavedBatch
     .type cusparseSgpsvInterleavedBatch, @function
 cusparseSgpsvInterleavedBatch:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1938,7 +1932,7 @@ cusparseSgpsvInterleavedBatch:
     .globl cusparseSgpsvInterleavedBatch_bufferSizeExt
     .type cusparseSgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1946,7 +1940,7 @@ cusparseSgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseSgtsv2
     .type cusparseSgtsv2, @function
 cusparseSgtsv2:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1954,7 +1948,7 @@ cusparseSgtsv2:
     .globl cusparseSgtsv2StridedBatch
     .type cusparseSgtsv2StridedBatch, @function
 cusparseSgtsv2StridedBatch:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1962,7 +1956,7 @@ cusparseSgtsv2StridedBatch:
     .globl cusparseSgtsv2StridedBatch_bufferSizeExt
     .type cusparseSgtsv2StridedBatch_bufferSizeExt, @function
 cusparseSgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1970,7 +1964,7 @@ cusparseSgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseSgtsv2_bufferSizeExt
     .type cusparseSgtsv2_bufferSizeExt, @function
 cusparseSgtsv2_bufferSizeExt:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1978,7 +1972,7 @@ cusparseSgtsv2_bufferSizeExt:
     .globl cusparseSgtsv2_nopivot
     .type cusparseSgtsv2_nopivot, @function
 cusparseSgtsv2_nopivot:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1986,7 +1980,7 @@ cusparseSgtsv2_nopivot:
     .globl cusparseSgtsv2_nopivot_bufferSizeExt
     .type cusparseSgtsv2_nopivot_bufferSizeExt, @function
 cusparseSgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1994,7 +1988,7 @@ cusparseSgtsv2_nopivot_bufferSizeExt:
     .globl cusparseSgtsvInterleavedBatch
     .type cusparseSgtsvInterleavedBatch, @function
 cusparseSgtsvInterleavedBatch:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2002,7 +1996,7 @@ cusparseSgtsvInterleavedBatch:
     .globl cusparseSgtsvInterleavedBatch_bufferSizeExt
     .type cusparseSgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2010,7 +2004,7 @@ cusparseSgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseSnnz
     .type cusparseSnnz, @function
 cusparseSnnz:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2018,7 +2012,7 @@ cusparseSnnz:
     .globl cusparseSnnz_compress
     .type cusparseSnnz_compress, @function
 cusparseSnnz_compress:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2046,7 +2040,7 @@ cusparseSpGEMM_destroyDescr:
     .globl cusparseSpGEMM_estimateMemory
     .type cusparseSpGEMM_estimateMemory, @function
 cusparseSpGEMM_estimateMemory:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2054,7 +2048,7 @@ cusparseSpGEMM_estimateMemory:
     .globl cusparseSpGEMM_getNumProducts
     .type cusparseSpGEMM_getNumProducts, @function
 cusparseSpGEMM_getNumProducts:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2072,7 +2066,7 @@ cusparseSpGEMMreuse_compute:
     .globl cusparseSpGEMMreuse_copy
     .type cusparseSpGEMMreuse_copy, @function
 cusparseSpGEMMreuse_copy:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2080,7 +2074,7 @@ cusparseSpGEMMreuse_copy:
     .globl cusparseSpGEMMreuse_nnz
     .type cusparseSpGEMMreuse_nnz, @function
 cusparseSpGEMMreuse_nnz:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2103,7 +2097,7 @@ cusparseSpMMOp:
     .globl cusparseSpMMOp_createPlan
     .type cusparseSpMMOp_createPlan, @function
 cusparseSpMMOp_createPlan:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2131,7 +2125,7 @@ cusparseSpMV:
     .globl cusparseSpMVOp
     .type cusparseSpMVOp, @function
 cusparseSpMVOp:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2139,7 +2133,7 @@ cusparseSpMVOp:
     .globl cusparseSpMVOp_bufferSize
     .type cusparseSpMVOp_bufferSize, @function
 cusparseSpMVOp_bufferSize:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2147,7 +2141,7 @@ cusparseSpMVOp_bufferSize:
     .globl cusparseSpMVOp_createDescr
     .type cusparseSpMVOp_createDescr, @function
 cusparseSpMVOp_createDescr:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2155,7 +2149,7 @@ cusparseSpMVOp_createDescr:
     .globl cusparseSpMVOp_createPlan
     .type cusparseSpMVOp_createPlan, @function
 cusparseSpMVOp_createPlan:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2163,7 +2157,7 @@ cusparseSpMVOp_createPlan:
     .globl cusparseSpMVOp_destroyDescr
     .type cusparseSpMVOp_destroyDescr, @function
 cusparseSpMVOp_destroyDescr:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2171,7 +2165,7 @@ cusparseSpMVOp_destroyDescr:
     .globl cusparseSpMVOp_destroyPlan
     .type cusparseSpMVOp_destroyPlan, @function
 cusparseSpMVOp_destroyPlan:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2179,7 +2173,7 @@ cusparseSpMVOp_destroyPlan:
     .globl cusparseSpMVOp_setGlobalUserData
     .type cusparseSpMVOp_setGlobalUserData, @function
 cusparseSpMVOp_setGlobalUserData:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2202,7 +2196,7 @@ cusparseSpMatGetAttribute:
     .globl cusparseSpMatGetFormat
     .type cusparseSpMatGetFormat, @function
 cusparseSpMatGetFormat:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2210,7 +2204,7 @@ cusparseSpMatGetFormat:
     .globl cusparseSpMatGetIndexBase
     .type cusparseSpMatGetIndexBase, @function
 cusparseSpMatGetIndexBase:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2223,7 +2217,7 @@ cusparseSpMatGetSize:
     .globl cusparseSpMatGetStridedBatch
     .type cusparseSpMatGetStridedBatch, @function
 cusparseSpMatGetStridedBatch:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2271,7 +2265,7 @@ cusparseSpSM_solve:
     .globl cusparseSpSM_updateMatrix
     .type cusparseSpSM_updateMatrix, @function
 cusparseSpSM_updateMatrix:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2304,7 +2298,7 @@ cusparseSpSV_solve:
     .globl cusparseSpSV_updateMatrix
     .type cusparseSpSV_updateMatrix, @function
 cusparseSpSV_updateMatrix:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2312,7 +2306,7 @@ cusparseSpSV_updateMatrix:
     .globl cusparseSpVV
     .type cusparseSpVV, @function
 cusparseSpVV:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2320,7 +2314,7 @@ cusparseSpVV:
     .globl cusparseSpVV_bufferSize
     .type cusparseSpVV_bufferSize, @function
 cusparseSpVV_bufferSize:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2328,7 +2322,7 @@ cusparseSpVV_bufferSize:
     .globl cusparseSpVecGet
     .type cusparseSpVecGet, @function
 cusparseSpVecGet:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2336,7 +2330,7 @@ cusparseSpVecGet:
     .globl cusparseSpVecGetIndexBase
     .type cusparseSpVecGetIndexBase, @function
 cusparseSpVecGetIndexBase:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2364,7 +2358,7 @@ cusparseSparseToDense_bufferSize:
     .globl cusparseSpruneCsr2csr
     .type cusparseSpruneCsr2csr, @function
 cusparseSpruneCsr2csr:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2382,7 +2376,7 @@ cusparseSpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseSpruneCsr2csrNnz
     .type cusparseSpruneCsr2csrNnz, @function
 cusparseSpruneCsr2csrNnz:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2395,7 +2389,7 @@ cusparseSpruneCsr2csrNnzByPercentage:
     .globl cusparseSpruneCsr2csr_bufferSizeExt
     .type cusparseSpruneCsr2csr_bufferSizeExt, @function
 cusparseSpruneCsr2csr_bufferSizeExt:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2403,7 +2397,7 @@ cusparseSpruneCsr2csr_bufferSizeExt:
     .globl cusparseSpruneDense2csr
     .type cusparseSpruneDense2csr, @function
 cusparseSpruneDense2csr:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2411,7 +2405,7 @@ cusparseSpruneDense2csr:
     .globl cusparseSpruneDense2csrByPercentage
     .type cusparseSpruneDense2csrByPercentage, @function
 cusparseSpruneDense2csrByPercentage:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2419,7 +2413,7 @@ cusparseSpruneDense2csrByPercentage:
     .globl cusparseSpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseSpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseSpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2427,7 +2421,7 @@ cusparseSpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseSpruneDense2csrNnz
     .type cusparseSpruneDense2csrNnz, @function
 cusparseSpruneDense2csrNnz:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2435,7 +2429,7 @@ cusparseSpruneDense2csrNnz:
     .globl cusparseSpruneDense2csrNnzByPercentage
     .type cusparseSpruneDense2csrNnzByPercentage, @function
 cusparseSpruneDense2csrNnzByPercentage:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2443,7 +2437,7 @@ cusparseSpruneDense2csrNnzByPercentage:
     .globl cusparseSpruneDense2csr_bufferSizeExt
     .type cusparseSpruneDense2csr_bufferSizeExt, @function
 cusparseSpruneDense2csr_bufferSizeExt:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2491,7 +2485,7 @@ cusparseXcoosort_bufferSizeExt:
     .globl cusparseXcscsort
     .type cusparseXcscsort, @function
 cusparseXcscsort:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2499,7 +2493,7 @@ cusparseXcscsort:
     .globl cusparseXcscsort_bufferSizeExt
     .type cusparseXcscsort_bufferSizeExt, @function
 cusparseXcscsort_bufferSizeExt:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2567,7 +2561,7 @@ cusparseZbsric02:
     .globl cusparseZbsric02_analysis
     .type cusparseZbsric02_analysis, @function
 cusparseZbsric02_analysis:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2580,7 +2574,7 @@ cusparseZbsric02_bufferSize:
     .globl cusparseZbsric02_bufferSizeExt
     .type cusparseZbsric02_bufferSizeExt, @function
 cusparseZbsric02_bufferSizeExt:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2603,7 +2597,7 @@ cusparseZbsrilu02_bufferSize:
     .globl cusparseZbsrilu02_bufferSizeExt
     .type cusparseZbsrilu02_bufferSizeExt, @function
 cusparseZbsrilu02_bufferSizeExt:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2611,7 +2605,7 @@ cusparseZbsrilu02_bufferSizeExt:
     .globl cusparseZbsrilu02_numericBoost
     .type cusparseZbsrilu02_numericBoost, @function
 cusparseZbsrilu02_numericBoost:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2639,7 +2633,7 @@ cusparseZbsrsm2_bufferSize:
     .globl cusparseZbsrsm2_bufferSizeExt
     .type cusparseZbsrsm2_bufferSizeExt, @function
 cusparseZbsrsm2_bufferSizeExt:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2662,7 +2656,7 @@ cusparseZbsrsv2_bufferSize:
     .globl cusparseZbsrsv2_bufferSizeExt
     .type cusparseZbsrsv2_bufferSizeExt, @function
 cusparseZbsrsv2_bufferSizeExt:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2685,7 +2679,7 @@ cusparseZcsr2bsr:
     .globl cusparseZcsr2csr_compress
     .type cusparseZcsr2csr_compress, @function
 cusparseZcsr2csr_compress:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2708,7 +2702,7 @@ cusparseZcsr2gebsr_bufferSize:
     .globl cusparseZcsr2gebsr_bufferSizeExt
     .type cusparseZcsr2gebsr_bufferSizeExt, @function
 cusparseZcsr2gebsr_bufferSizeExt:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2716,7 +2710,7 @@ cusparseZcsr2gebsr_bufferSizeExt:
     .globl cusparseZcsrcolor
     .type cusparseZcsrcolor, @function
 cusparseZcsrcolor:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2734,7 +2728,7 @@ cusparseZcsrgeam2_bufferSizeExt:
     .globl cusparseZcsric02
     .type cusparseZcsric02, @function
 cusparseZcsric02:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2752,7 +2746,7 @@ cusparseZcsric02_bufferSize:
     .globl cusparseZcsric02_bufferSizeExt
     .type cusparseZcsric02_bufferSizeExt, @function
 cusparseZcsric02_bufferSizeExt:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2760,7 +2754,7 @@ cusparseZcsric02_bufferSizeExt:
     .globl cusparseZcsrilu02
     .type cusparseZcsrilu02, @function
 cusparseZcsrilu02:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2778,7 +2772,7 @@ cusparseZcsrilu02_bufferSize:
     .globl cusparseZcsrilu02_bufferSizeExt
     .type cusparseZcsrilu02_bufferSizeExt, @function
 cusparseZcsrilu02_bufferSizeExt:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2786,7 +2780,7 @@ cusparseZcsrilu02_bufferSizeExt:
     .globl cusparseZcsrilu02_numericBoost
     .type cusparseZcsrilu02_numericBoost, @function
 cusparseZcsrilu02_numericBoost:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2809,7 +2803,7 @@ cusparseZgebsr2csr:
     .globl cusparseZgebsr2gebsc
     .type cusparseZgebsr2gebsc, @function
 cusparseZgebsr2gebsc:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2822,7 +2816,7 @@ cusparseZgebsr2gebsc_bufferSize:
     .globl cusparseZgebsr2gebsc_bufferSizeExt
     .type cusparseZgebsr2gebsc_bufferSizeExt, @function
 cusparseZgebsr2gebsc_bufferSizeExt:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2840,7 +2834,7 @@ cusparseZgebsr2gebsr_bufferSize:
     .globl cusparseZgebsr2gebsr_bufferSizeExt
     .type cusparseZgebsr2gebsr_bufferSizeExt, @function
 cusparseZgebsr2gebsr_bufferSizeExt:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2848,7 +2842,7 @@ cusparseZgebsr2gebsr_bufferSizeExt:
     .globl cusparseZgemvi
     .type cusparseZgemvi, @function
 cusparseZgemvi:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2856,7 +2850,7 @@ cusparseZgemvi:
     .globl cusparseZgemvi_bufferSize
     .type cusparseZgemvi_bufferSize, @function
 cusparseZgemvi_bufferSize:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2864,7 +2858,7 @@ cusparseZgemvi_bufferSize:
     .globl cusparseZgpsvInterleavedBatch
     .type cusparseZgpsvInterleavedBatch, @function
 cusparseZgpsvInterleavedBatch:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2872,7 +2866,7 @@ cusparseZgpsvInterleavedBatch:
     .globl cusparseZgpsvInterleavedBatch_bufferSizeExt
     .type cusparseZgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2885,7 +2879,7 @@ cusparseZgtsv2:
     .globl cusparseZgtsv2StridedBatch
     .type cusparseZgtsv2StridedBatch, @function
 cusparseZgtsv2StridedBatch:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2893,7 +2887,7 @@ cusparseZgtsv2StridedBatch:
     .globl cusparseZgtsv2StridedBatch_bufferSizeExt
     .type cusparseZgtsv2StridedBatch_bufferSizeExt, @function
 cusparseZgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2901,7 +2895,7 @@ cusparseZgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseZgtsv2_bufferSizeExt
     .type cusparseZgtsv2_bufferSizeExt, @function
 cusparseZgtsv2_bufferSizeExt:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2914,7 +2908,7 @@ cusparseZgtsv2_nopivot:
     .globl cusparseZgtsv2_nopivot_bufferSizeExt
     .type cusparseZgtsv2_nopivot_bufferSizeExt, @function
 cusparseZgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2922,7 +2916,7 @@ cusparseZgtsv2_nopivot_bufferSizeExt:
     .globl cusparseZgtsvInterleavedBatch
     .type cusparseZgtsvInterleavedBatch, @function
 cusparseZgtsvInterleavedBatch:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2930,7 +2924,7 @@ cusparseZgtsvInterleavedBatch:
     .globl cusparseZgtsvInterleavedBatch_bufferSizeExt
     .type cusparseZgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2938,7 +2932,7 @@ cusparseZgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseZnnz
     .type cusparseZnnz, @function
 cusparseZnnz:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2946,7 +2940,7 @@ cusparseZnnz:
     .globl cusparseZnnz_compress
     .type cusparseZnnz_compress, @function
 cusparseZnnz_compress:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3143,223 +3137,219 @@ cusparseZnnz_compress:
 .Lname94:
     .asciz "cusparseGetPointerMode"
 .Lname95:
-    .asciz "cusparseGetProperty"
-.Lname96:
-    .asciz "cusparseGetVersion"
-.Lname97:
     .asciz "cusparseHpruneCsr2csr"
-.Lname98:
+.Lname96:
     .asciz "cusparseHpruneCsr2csrByPercentage"
-.Lname99:
+.Lname97:
     .asciz "cusparseHpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname100:
+.Lname98:
     .asciz "cusparseHpruneCsr2csrNnz"
-.Lname101:
+.Lname99:
     .asciz "cusparseHpruneCsr2csrNnzByPercentage"
-.Lname102:
+.Lname100:
     .asciz "cusparseHpruneCsr2csr_bufferSizeExt"
-.Lname103:
+.Lname101:
     .asciz "cusparseHpruneDense2csr"
-.Lname104:
+.Lname102:
     .asciz "cusparseHpruneDense2csrByPercentage"
-.Lname105:
+.Lname103:
     .asciz "cusparseHpruneDense2csrByPercentage_bufferSizeExt"
-.Lname106:
+.Lname104:
     .asciz "cusparseHpruneDense2csrNnz"
-.Lname107:
+.Lname105:
     .asciz "cusparseHpruneDense2csrNnzByPercentage"
-.Lname108:
+.Lname106:
     .asciz "cusparseHpruneDense2csr_bufferSizeExt"
-.Lname109:
+.Lname107:
     .asciz "cusparseLoggerOpenFile"
-.Lname110:
+.Lname108:
     .asciz "cusparseLoggerSetCallback"
-.Lname111:
+.Lname109:
     .asciz "cusparseLoggerSetFile"
-.Lname112:
+.Lname110:
     .asciz "cusparseRot"
-.Lname113:
+.Lname111:
     .asciz "cusparseSbsric02_analysis"
-.Lname114:
+.Lname112:
     .asciz "cusparseSbsric02_bufferSizeExt"
-.Lname115:
+.Lname113:
     .asciz "cusparseSbsrilu02_bufferSizeExt"
-.Lname116:
+.Lname114:
     .asciz "cusparseSbsrilu02_numericBoost"
-.Lname117:
+.Lname115:
     .asciz "cusparseSbsrsm2_bufferSizeExt"
-.Lname118:
+.Lname116:
     .asciz "cusparseSbsrsv2_bufferSizeExt"
-.Lname119:
+.Lname117:
     .asciz "cusparseScsr2csr_compress"
-.Lname120:
+.Lname118:
     .asciz "cusparseScsr2gebsr_bufferSizeExt"
-.Lname121:
+.Lname119:
     .asciz "cusparseScsrcolor"
-.Lname122:
+.Lname120:
     .asciz "cusparseScsric02"
-.Lname123:
+.Lname121:
     .asciz "cusparseScsric02_bufferSizeExt"
-.Lname124:
+.Lname122:
     .asciz "cusparseScsrilu02"
-.Lname125:
+.Lname123:
     .asciz "cusparseScsrilu02_bufferSizeExt"
-.Lname126:
+.Lname124:
     .asciz "cusparseScsrilu02_numericBoost"
-.Lname127:
+.Lname125:
     .asciz "cusparseSgebsr2gebsc"
-.Lname128:
+.Lname126:
     .asciz "cusparseSgebsr2gebsc_bufferSizeExt"
-.Lname129:
+.Lname127:
     .asciz "cusparseSgebsr2gebsr_bufferSizeExt"
-.Lname130:
+.Lname128:
     .asciz "cusparseSgemvi"
-.Lname131:
+.Lname129:
     .asciz "cusparseSgemvi_bufferSize"
-.Lname132:
+.Lname130:
     .asciz "cusparseSgpsvInterleavedBatch"
-.Lname133:
+.Lname131:
     .asciz "cusparseSgpsvInterleavedBatch_bufferSizeExt"
-.Lname134:
+.Lname132:
     .asciz "cusparseSgtsv2"
-.Lname135:
+.Lname133:
     .asciz "cusparseSgtsv2StridedBatch"
-.Lname136:
+.Lname134:
     .asciz "cusparseSgtsv2StridedBatch_bufferSizeExt"
-.Lname137:
+.Lname135:
     .asciz "cusparseSgtsv2_bufferSizeExt"
-.Lname138:
+.Lname136:
     .asciz "cusparseSgtsv2_nopivot"
-.Lname139:
+.Lname137:
     .asciz "cusparseSgtsv2_nopivot_bufferSizeExt"
-.Lname140:
+.Lname138:
     .asciz "cusparseSgtsvInterleavedBatch"
-.Lname141:
+.Lname139:
     .asciz "cusparseSgtsvInterleavedBatch_bufferSizeExt"
-.Lname142:
+.Lname140:
     .asciz "cusparseSnnz"
-.Lname143:
+.Lname141:
     .asciz "cusparseSnnz_compress"
-.Lname144:
+.Lname142:
     .asciz "cusparseSpGEMM_estimateMemory"
-.Lname145:
+.Lname143:
     .asciz "cusparseSpGEMM_getNumProducts"
-.Lname146:
+.Lname144:
     .asciz "cusparseSpGEMMreuse_copy"
-.Lname147:
+.Lname145:
     .asciz "cusparseSpGEMMreuse_nnz"
-.Lname148:
+.Lname146:
     .asciz "cusparseSpMMOp_createPlan"
-.Lname149:
+.Lname147:
     .asciz "cusparseSpMVOp"
-.Lname150:
+.Lname148:
     .asciz "cusparseSpMVOp_bufferSize"
-.Lname151:
+.Lname149:
     .asciz "cusparseSpMVOp_createDescr"
-.Lname152:
+.Lname150:
     .asciz "cusparseSpMVOp_createPlan"
-.Lname153:
+.Lname151:
     .asciz "cusparseSpMVOp_destroyDescr"
-.Lname154:
+.Lname152:
     .asciz "cusparseSpMVOp_destroyPlan"
-.Lname155:
+.Lname153:
     .asciz "cusparseSpMVOp_setGlobalUserData"
-.Lname156:
+.Lname154:
     .asciz "cusparseSpMatGetFormat"
-.Lname157:
+.Lname155:
     .asciz "cusparseSpMatGetIndexBase"
-.Lname158:
+.Lname156:
     .asciz "cusparseSpMatGetStridedBatch"
-.Lname159:
+.Lname157:
     .asciz "cusparseSpSM_updateMatrix"
-.Lname160:
+.Lname158:
     .asciz "cusparseSpSV_updateMatrix"
-.Lname161:
+.Lname159:
     .asciz "cusparseSpVV"
-.Lname162:
+.Lname160:
     .asciz "cusparseSpVV_bufferSize"
-.Lname163:
+.Lname161:
     .asciz "cusparseSpVecGet"
-.Lname164:
+.Lname162:
     .asciz "cusparseSpVecGetIndexBase"
-.Lname165:
+.Lname163:
     .asciz "cusparseSpruneCsr2csr"
-.Lname166:
+.Lname164:
     .asciz "cusparseSpruneCsr2csrNnz"
-.Lname167:
+.Lname165:
     .asciz "cusparseSpruneCsr2csr_bufferSizeExt"
-.Lname168:
+.Lname166:
     .asciz "cusparseSpruneDense2csr"
-.Lname169:
+.Lname167:
     .asciz "cusparseSpruneDense2csrByPercentage"
-.Lname170:
+.Lname168:
     .asciz "cusparseSpruneDense2csrByPercentage_bufferSizeExt"
-.Lname171:
+.Lname169:
     .asciz "cusparseSpruneDense2csrNnz"
-.Lname172:
+.Lname170:
     .asciz "cusparseSpruneDense2csrNnzByPercentage"
-.Lname173:
+.Lname171:
     .asciz "cusparseSpruneDense2csr_bufferSizeExt"
-.Lname174:
+.Lname172:
     .asciz "cusparseXcscsort"
-.Lname175:
+.Lname173:
     .asciz "cusparseXcscsort_bufferSizeExt"
-.Lname176:
+.Lname174:
     .asciz "cusparseZbsric02_analysis"
-.Lname177:
+.Lname175:
     .asciz "cusparseZbsric02_bufferSizeExt"
-.Lname178:
+.Lname176:
     .asciz "cusparseZbsrilu02_bufferSizeExt"
-.Lname179:
+.Lname177:
     .asciz "cusparseZbsrilu02_numericBoost"
-.Lname180:
+.Lname178:
     .asciz "cusparseZbsrsm2_bufferSizeExt"
-.Lname181:
+.Lname179:
     .asciz "cusparseZbsrsv2_bufferSizeExt"
-.Lname182:
+.Lname180:
     .asciz "cusparseZcsr2csr_compress"
-.Lname183:
+.Lname181:
     .asciz "cusparseZcsr2gebsr_bufferSizeExt"
-.Lname184:
+.Lname182:
     .asciz "cusparseZcsrcolor"
-.Lname185:
+.Lname183:
     .asciz "cusparseZcsric02"
-.Lname186:
+.Lname184:
     .asciz "cusparseZcsric02_bufferSizeExt"
-.Lname187:
+.Lname185:
     .asciz "cusparseZcsrilu02"
-.Lname188:
+.Lname186:
     .asciz "cusparseZcsrilu02_bufferSizeExt"
-.Lname189:
+.Lname187:
     .asciz "cusparseZcsrilu02_numericBoost"
-.Lname190:
+.Lname188:
     .asciz "cusparseZgebsr2gebsc"
-.Lname191:
+.Lname189:
     .asciz "cusparseZgebsr2gebsc_bufferSizeExt"
-.Lname192:
+.Lname190:
     .asciz "cusparseZgebsr2gebsr_bufferSizeExt"
-.Lname193:
+.Lname191:
     .asciz "cusparseZgemvi"
-.Lname194:
+.Lname192:
     .asciz "cusparseZgemvi_bufferSize"
-.Lname195:
+.Lname193:
     .asciz "cusparseZgpsvInterleavedBatch"
-.Lname196:
+.Lname194:
     .asciz "cusparseZgpsvInterleavedBatch_bufferSizeExt"
-.Lname197:
+.Lname195:
     .asciz "cusparseZgtsv2StridedBatch"
-.Lname198:
+.Lname196:
     .asciz "cusparseZgtsv2StridedBatch_bufferSizeExt"
-.Lname199:
+.Lname197:
     .asciz "cusparseZgtsv2_bufferSizeExt"
-.Lname200:
+.Lname198:
     .asciz "cusparseZgtsv2_nopivot_bufferSizeExt"
-.Lname201:
+.Lname199:
     .asciz "cusparseZgtsvInterleavedBatch"
-.Lname202:
+.Lname200:
     .asciz "cusparseZgtsvInterleavedBatch_bufferSizeExt"
-.Lname203:
+.Lname201:
     .asciz "cusparseZnnz"
-.Lname204:
+.Lname202:
     .asciz "cusparseZnnz_compress"
     .section .note.GNU-stack,"",@progbits

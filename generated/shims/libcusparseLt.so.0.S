@@ -27,15 +27,12 @@ cusparseLtGetErrorString:
     .globl cusparseLtGetProperty
     .type cusparseLtGetProperty, @function
 cusparseLtGetProperty:
-    leaq .Lname1(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtGetProperty@PLT
     .size cusparseLtGetProperty, .-cusparseLtGetProperty
     .globl cusparseLtGetVersion
     .type cusparseLtGetVersion, @function
 cusparseLtGetVersion:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -43,7 +40,7 @@ cusparseLtGetVersion:
     .globl cusparseLtInit
     .type cusparseLtInit, @function
 cusparseLtInit:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -51,7 +48,7 @@ cusparseLtInit:
     .globl cusparseLtMatDescGetAttribute
     .type cusparseLtMatDescGetAttribute, @function
 cusparseLtMatDescGetAttribute:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -59,7 +56,7 @@ cusparseLtMatDescGetAttribute:
     .globl cusparseLtMatDescSetAttribute
     .type cusparseLtMatDescSetAttribute, @function
 cusparseLtMatDescSetAttribute:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -72,7 +69,7 @@ cusparseLtMatDescriptorDestroy:
     .globl cusparseLtMatmul
     .type cusparseLtMatmul, @function
 cusparseLtMatmul:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -80,7 +77,7 @@ cusparseLtMatmul:
     .globl cusparseLtMatmulAlgGetAttribute
     .type cusparseLtMatmulAlgGetAttribute, @function
 cusparseLtMatmulAlgGetAttribute:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -93,7 +90,7 @@ cusparseLtMatmulAlgSelectionDestroy:
     .globl cusparseLtMatmulAlgSelectionInit
     .type cusparseLtMatmulAlgSelectionInit, @function
 cusparseLtMatmulAlgSelectionInit:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -101,7 +98,7 @@ cusparseLtMatmulAlgSelectionInit:
     .globl cusparseLtMatmulAlgSetAttribute
     .type cusparseLtMatmulAlgSetAttribute, @function
 cusparseLtMatmulAlgSetAttribute:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -109,7 +106,7 @@ cusparseLtMatmulAlgSetAttribute:
     .globl cusparseLtMatmulDescGetAttribute
     .type cusparseLtMatmulDescGetAttribute, @function
 cusparseLtMatmulDescGetAttribute:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -117,7 +114,7 @@ cusparseLtMatmulDescGetAttribute:
     .globl cusparseLtMatmulDescSetAttribute
     .type cusparseLtMatmulDescSetAttribute, @function
 cusparseLtMatmulDescSetAttribute:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -125,7 +122,7 @@ cusparseLtMatmulDescSetAttribute:
     .globl cusparseLtMatmulDescriptorInit
     .type cusparseLtMatmulDescriptorInit, @function
 cusparseLtMatmulDescriptorInit:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -133,7 +130,7 @@ cusparseLtMatmulDescriptorInit:
     .globl cusparseLtMatmulGetWorkspace
     .type cusparseLtMatmulGetWorkspace, @function
 cusparseLtMatmulGetWorkspace:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -146,7 +143,7 @@ cusparseLtMatmulPlanDestroy:
     .globl cusparseLtMatmulPlanInit
     .type cusparseLtMatmulPlanInit, @function
 cusparseLtMatmulPlanInit:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -154,7 +151,7 @@ cusparseLtMatmulPlanInit:
     .globl cusparseLtMatmulSearch
     .type cusparseLtMatmulSearch, @function
 cusparseLtMatmulSearch:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -162,7 +159,7 @@ cusparseLtMatmulSearch:
     .globl cusparseLtSpMMACompress
     .type cusparseLtSpMMACompress, @function
 cusparseLtSpMMACompress:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -170,7 +167,7 @@ cusparseLtSpMMACompress:
     .globl cusparseLtSpMMACompress2
     .type cusparseLtSpMMACompress2, @function
 cusparseLtSpMMACompress2:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -178,7 +175,7 @@ cusparseLtSpMMACompress2:
     .globl cusparseLtSpMMACompressedSize
     .type cusparseLtSpMMACompressedSize, @function
 cusparseLtSpMMACompressedSize:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -186,7 +183,7 @@ cusparseLtSpMMACompressedSize:
     .globl cusparseLtSpMMACompressedSize2
     .type cusparseLtSpMMACompressedSize2, @function
 cusparseLtSpMMACompressedSize2:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -194,7 +191,7 @@ cusparseLtSpMMACompressedSize2:
     .globl cusparseLtSpMMAPrune
     .type cusparseLtSpMMAPrune, @function
 cusparseLtSpMMAPrune:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -202,7 +199,7 @@ cusparseLtSpMMAPrune:
     .globl cusparseLtSpMMAPrune2
     .type cusparseLtSpMMAPrune2, @function
 cusparseLtSpMMAPrune2:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -210,7 +207,7 @@ cusparseLtSpMMAPrune2:
     .globl cusparseLtSpMMAPruneCheck
     .type cusparseLtSpMMAPruneCheck, @function
 cusparseLtSpMMAPruneCheck:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -218,7 +215,7 @@ cusparseLtSpMMAPruneCheck:
     .globl cusparseLtSpMMAPruneCheck2
     .type cusparseLtSpMMAPruneCheck2, @function
 cusparseLtSpMMAPruneCheck2:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -226,7 +223,7 @@ cusparseLtSpMMAPruneCheck2:
     .globl cusparseLtStructuredDescriptorInit
     .type cusparseLtStructuredDescriptorInit, @function
 cusparseLtStructuredDescriptorInit:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -235,51 +232,49 @@ cusparseLtStructuredDescriptorInit:
 .Lname0:
     .asciz "cusparseLtDenseDescriptorInit"
 .Lname1:
-    .asciz "cusparseLtGetProperty"
-.Lname2:
     .asciz "cusparseLtGetVersion"
-.Lname3:
+.Lname2:
     .asciz "cusparseLtInit"
-.Lname4:
+.Lname3:
     .asciz "cusparseLtMatDescGetAttribute"
-.Lname5:
+.Lname4:
     .asciz "cusparseLtMatDescSetAttribute"
-.Lname6:
+.Lname5:
     .asciz "cusparseLtMatmul"
-.Lname7:
+.Lname6:
     .asciz "cusparseLtMatmulAlgGetAttribute"
-.Lname8:
+.Lname7:
     .asciz "cusparseLtMatmulAlgSelectionInit"
-.Lname9:
+.Lname8:
     .asciz "cusparseLtMatmulAlgSetAttribute"
-.Lname10:
+.Lname9:
     .asciz "cusparseLtMatmulDescGetAttribute"
-.Lname11:
+.Lname10:
     .asciz "cusparseLtMatmulDescSetAttribute"
-.Lname12:
+.Lname11:
     .asciz "cusparseLtMatmulDescriptorInit"
-.Lname13:
+.Lname12:
     .asciz "cusparseLtMatmulGetWorkspace"
-.Lname14:
+.Lname13:
     .asciz "cusparseLtMatmulPlanInit"
-.Lname15:
+.Lname14:
     .asciz "cusparseLtMatmulSearch"
-.Lname16:
+.Lname15:
     .asciz "cusparseLtSpMMACompress"
-.Lname17:
+.Lname16:
     .asciz "cusparseLtSpMMACompress2"
-.Lname18:
+.Lname17:
     .asciz "cusparseLtSpMMACompressedSize"
-.Lname19:
+.Lname18:
     .asciz "cusparseLtSpMMACompressedSize2"
-.Lname20:
+.Lname19:
     .asciz "cusparseLtSpMMAPrune"
-.Lname21:
+.Lname20:
     .asciz "cusparseLtSpMMAPrune2"
-.Lname22:
+.Lname21:
     .asciz "cusparseLtSpMMAPruneCheck"
-.Lname23:
+.Lname22:
     .asciz "cusparseLtSpMMAPruneCheck2"
-.Lname24:
+.Lname23:
     .asciz "cusparseLtStructuredDescriptorInit"
     .section .note.GNU-stack,"",@progbits

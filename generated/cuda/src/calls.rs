@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 7530115535230978305u64;
+pub const SCHEMA_HASH: u64 = 7239252962647889872u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2557usize] = [
+pub static FUNCTIONS: [&str; 2566usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -272,7 +272,10 @@ pub static FUNCTIONS: [&str; 2557usize] = [
     "cublasGetError",
     "cublasGetMathMode",
     "cublasGetPointerMode_v2",
+    "cublasGetProperty",
     "cublasGetStream_v2",
+    "cublasGetVersion",
+    "cublasGetVersion_v2",
     "cublasIamaxEx",
     "cublasIamaxEx_64",
     "cublasIaminEx",
@@ -607,6 +610,7 @@ pub static FUNCTIONS: [&str; 2557usize] = [
     "cublasLtEmulationDescDestroy",
     "cublasLtEmulationDescInit_internal",
     "cublasLtGetCudartVersion",
+    "cublasLtGetProperty",
     "cublasLtGetVersion",
     "cublasLtHeuristicsCacheSetCapacity",
     "cublasLtLoggerForceDisable",
@@ -1463,6 +1467,8 @@ pub static FUNCTIONS: [&str; 2557usize] = [
     "cusolverDnZunmqr_bufferSize",
     "cusolverDnZunmtr",
     "cusolverDnZunmtr_bufferSize",
+    "cusolverGetProperty",
+    "cusolverGetVersion",
     "cusolverRfAnalyze",
     "cusolverRfBatchAnalyze",
     "cusolverRfBatchRefactor",
@@ -1630,7 +1636,9 @@ pub static FUNCTIONS: [&str; 2557usize] = [
     "cusparseGetMatFillMode",
     "cusparseGetMatIndexBase",
     "cusparseGetMatType",
+    "cusparseGetProperty",
     "cusparseGetStream",
+    "cusparseGetVersion",
     "cusparseLoggerForceDisable",
     "cusparseLoggerSetLevel",
     "cusparseLoggerSetMask",
@@ -1783,6 +1791,7 @@ pub static FUNCTIONS: [&str; 2557usize] = [
     "cusparseZgtsv2",
     "cusparseZgtsv2_nopivot",
     "cusparseLtDestroy",
+    "cusparseLtGetProperty",
     "cusparseLtMatDescriptorDestroy",
     "cusparseLtMatmulAlgSelectionDestroy",
     "cusparseLtMatmulPlanDestroy",
@@ -2566,7 +2575,7 @@ pub static FUNCTIONS: [&str; 2557usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2557usize] = [
+pub static LIBRARY_OF: [&str; 2566usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -3160,6 +3169,10 @@ pub static LIBRARY_OF: [&str; 2557usize] = [
     "cublas",
     "cublas",
     "cublas",
+    "cublas",
+    "cublas",
+    "cublas",
+    "cublaslt",
     "cublaslt",
     "cublaslt",
     "cublaslt",
@@ -4039,6 +4052,8 @@ pub static LIBRARY_OF: [&str; 2557usize] = [
     "cusolver",
     "cusolver",
     "cusolver",
+    "cusolver",
+    "cusolver",
     "cusparse",
     "cusparse",
     "cusparse",
@@ -4342,6 +4357,9 @@ pub static LIBRARY_OF: [&str; 2557usize] = [
     "cusparse",
     "cusparse",
     "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparselt",
     "cusparselt",
     "cusparselt",
     "cusparselt",
@@ -6297,7 +6315,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublas::cublasGetError,
     &cublas::cublasGetMathMode__call,
     &cublas::cublasGetPointerMode_v2,
+    &cublas::cublasGetProperty,
     &cublas::cublasGetStream_v2,
+    &cublas::cublasGetVersion,
+    &cublas::cublasGetVersion_v2,
     &cublas::cublasIamaxEx,
     &cublas::cublasIamaxEx_64,
     &cublas::cublasIaminEx,
@@ -6632,6 +6653,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublaslt::cublasLtEmulationDescDestroy,
     &cublaslt::cublasLtEmulationDescInit_internal,
     &cublaslt::cublasLtGetCudartVersion,
+    &cublaslt::cublasLtGetProperty,
     &cublaslt::cublasLtGetVersion,
     &cublaslt::cublasLtHeuristicsCacheSetCapacity,
     &cublaslt::cublasLtLoggerForceDisable,
@@ -7473,7 +7495,9 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseGetMatFillMode,
     &cusparse::cusparseGetMatIndexBase,
     &cusparse::cusparseGetMatType,
+    &cusparse::cusparseGetProperty,
     &cusparse::cusparseGetStream,
+    &cusparse::cusparseGetVersion,
     &cusparse::cusparseLoggerForceDisable,
     &cusparse::cusparseLoggerSetLevel,
     &cusparse::cusparseLoggerSetMask,
@@ -7878,6 +7902,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusolver::cusolverDnZunmqr_bufferSize,
     &cusolver::cusolverDnZunmtr,
     &cusolver::cusolverDnZunmtr_bufferSize,
+    &cusolver::cusolverGetProperty,
+    &cusolver::cusolverGetVersion,
     &cusolver::cusolverRfAnalyze,
     &cusolver::cusolverRfBatchAnalyze,
     &cusolver::cusolverRfBatchRefactor,
@@ -7991,6 +8017,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparselt::cusparseLtDestroy__cu126,
     &cusparselt::cusparseLtDestroy__cu128,
     &cusparselt::cusparseLtDestroy__cu130,
+    &cusparselt::cusparseLtGetProperty,
     &cusparselt::cusparseLtMatDescriptorDestroy__cu126,
     &cusparselt::cusparseLtMatDescriptorDestroy__cu128,
     &cusparselt::cusparseLtMatDescriptorDestroy__cu130,
@@ -23172,9 +23199,40 @@ pub mod cublas {
         },
         only_waits: false,
     };
-    pub static cublasGetStream_v2: CallDesc = CallDesc {
+    pub static cublasGetProperty: CallDesc = CallDesc {
         wire: 1170u32,
         call: 1058u32,
+        name: "cublasGetProperty",
+        form: None,
+        library: "cublas",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasGetStream_v2: CallDesc = CallDesc {
+        wire: 1171u32,
+        call: 1059u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -23200,9 +23258,67 @@ pub mod cublas {
         },
         only_waits: false,
     };
+    pub static cublasGetVersion: CallDesc = CallDesc {
+        wire: 1172u32,
+        call: 1060u32,
+        name: "cublasGetVersion",
+        form: None,
+        library: "cublas",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasGetVersion_v2: CallDesc = CallDesc {
+        wire: 1173u32,
+        call: 1061u32,
+        name: "cublasGetVersion_v2",
+        form: None,
+        library: "cublas",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1059u32,
+        wire: 1174u32,
+        call: 1062u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -23244,8 +23360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1060u32,
+        wire: 1175u32,
+        call: 1063u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -23287,8 +23403,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1061u32,
+        wire: 1176u32,
+        call: 1064u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -23330,8 +23446,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1062u32,
+        wire: 1177u32,
+        call: 1065u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -23373,8 +23489,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1063u32,
+        wire: 1178u32,
+        call: 1066u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -23405,8 +23521,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1064u32,
+        wire: 1179u32,
+        call: 1067u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -23444,8 +23560,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1065u32,
+        wire: 1180u32,
+        call: 1068u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -23483,8 +23599,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1066u32,
+        wire: 1181u32,
+        call: 1069u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -23515,8 +23631,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1067u32,
+        wire: 1182u32,
+        call: 1070u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -23554,8 +23670,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1068u32,
+        wire: 1183u32,
+        call: 1071u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -23593,8 +23709,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1069u32,
+        wire: 1184u32,
+        call: 1072u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -23625,8 +23741,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1070u32,
+        wire: 1185u32,
+        call: 1073u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -23664,8 +23780,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1071u32,
+        wire: 1186u32,
+        call: 1074u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -23703,8 +23819,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1072u32,
+        wire: 1187u32,
+        call: 1075u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -23735,8 +23851,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1073u32,
+        wire: 1188u32,
+        call: 1076u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -23774,8 +23890,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1074u32,
+        wire: 1189u32,
+        call: 1077u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -23813,8 +23929,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1075u32,
+        wire: 1190u32,
+        call: 1078u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -23832,8 +23948,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1076u32,
+        wire: 1191u32,
+        call: 1079u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -23864,8 +23980,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1077u32,
+        wire: 1192u32,
+        call: 1080u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -23903,8 +24019,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1078u32,
+        wire: 1193u32,
+        call: 1081u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -23942,8 +24058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1079u32,
+        wire: 1194u32,
+        call: 1082u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -23974,8 +24090,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1080u32,
+        wire: 1195u32,
+        call: 1083u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -24013,8 +24129,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1081u32,
+        wire: 1196u32,
+        call: 1084u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -24052,8 +24168,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1082u32,
+        wire: 1197u32,
+        call: 1085u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -24084,8 +24200,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1083u32,
+        wire: 1198u32,
+        call: 1086u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -24123,8 +24239,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1084u32,
+        wire: 1199u32,
+        call: 1087u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -24162,8 +24278,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1085u32,
+        wire: 1200u32,
+        call: 1088u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -24194,8 +24310,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1086u32,
+        wire: 1201u32,
+        call: 1089u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -24233,8 +24349,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1087u32,
+        wire: 1202u32,
+        call: 1090u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -24272,8 +24388,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1088u32,
+        wire: 1203u32,
+        call: 1091u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -24338,8 +24454,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1089u32,
+        wire: 1204u32,
+        call: 1092u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -24404,8 +24520,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1090u32,
+        wire: 1205u32,
+        call: 1093u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -24436,8 +24552,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1091u32,
+        wire: 1206u32,
+        call: 1094u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -24475,8 +24591,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1092u32,
+        wire: 1207u32,
+        call: 1095u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -24514,8 +24630,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1093u32,
+        wire: 1208u32,
+        call: 1096u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -24552,8 +24668,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1094u32,
+        wire: 1209u32,
+        call: 1097u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -24596,8 +24712,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1095u32,
+        wire: 1210u32,
+        call: 1098u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -24640,8 +24756,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1096u32,
+        wire: 1211u32,
+        call: 1099u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -24691,8 +24807,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1097u32,
+        wire: 1212u32,
+        call: 1100u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -24742,8 +24858,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1098u32,
+        wire: 1213u32,
+        call: 1101u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -24774,8 +24890,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1099u32,
+        wire: 1214u32,
+        call: 1102u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -24813,8 +24929,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1100u32,
+        wire: 1215u32,
+        call: 1103u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -24852,8 +24968,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1101u32,
+        wire: 1216u32,
+        call: 1104u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -24884,8 +25000,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1102u32,
+        wire: 1217u32,
+        call: 1105u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -24923,8 +25039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1103u32,
+        wire: 1218u32,
+        call: 1106u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -24962,8 +25078,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1104u32,
+        wire: 1219u32,
+        call: 1107u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -24996,8 +25112,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1105u32,
+        wire: 1220u32,
+        call: 1108u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -25034,8 +25150,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1106u32,
+        wire: 1221u32,
+        call: 1109u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -25072,8 +25188,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1107u32,
+        wire: 1222u32,
+        call: 1110u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -25123,8 +25239,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1108u32,
+        wire: 1223u32,
+        call: 1111u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -25174,8 +25290,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1109u32,
+        wire: 1224u32,
+        call: 1112u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -25211,8 +25327,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1110u32,
+        wire: 1225u32,
+        call: 1113u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -25255,8 +25371,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1111u32,
+        wire: 1226u32,
+        call: 1114u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -25299,8 +25415,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1112u32,
+        wire: 1227u32,
+        call: 1115u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -25327,8 +25443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1113u32,
+        wire: 1228u32,
+        call: 1116u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -25355,8 +25471,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1114u32,
+        wire: 1229u32,
+        call: 1117u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -25383,8 +25499,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1115u32,
+        wire: 1230u32,
+        call: 1118u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -25411,8 +25527,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1116u32,
+        wire: 1231u32,
+        call: 1119u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -25439,8 +25555,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1117u32,
+        wire: 1232u32,
+        call: 1120u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -25467,8 +25583,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1118u32,
+        wire: 1233u32,
+        call: 1121u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -25491,8 +25607,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1119u32,
+        wire: 1234u32,
+        call: 1122u32,
         name: "cublasSetMathMode",
         form: Some(Form::Call),
         library: "cublas",
@@ -25519,8 +25635,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1120u32,
+        wire: 1235u32,
+        call: 1123u32,
         name: "cublasSetPointerMode_v2",
         form: Some(Form::Call),
         library: "cublas",
@@ -25547,8 +25663,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1121u32,
+        wire: 1236u32,
+        call: 1124u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -25575,8 +25691,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1122u32,
+        wire: 1237u32,
+        call: 1125u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -25603,8 +25719,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1123u32,
+        wire: 1238u32,
+        call: 1126u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -25632,8 +25748,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1124u32,
+        wire: 1239u32,
+        call: 1127u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -25695,8 +25811,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1125u32,
+        wire: 1240u32,
+        call: 1128u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -25766,8 +25882,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1126u32,
+        wire: 1241u32,
+        call: 1129u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -25837,8 +25953,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1127u32,
+        wire: 1242u32,
+        call: 1130u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -25904,8 +26020,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1128u32,
+        wire: 1243u32,
+        call: 1131u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -25971,8 +26087,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1129u32,
+        wire: 1244u32,
+        call: 1132u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -26033,8 +26149,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1130u32,
+        wire: 1245u32,
+        call: 1133u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -26096,8 +26212,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1131u32,
+        wire: 1246u32,
+        call: 1134u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -26171,8 +26287,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1132u32,
+        wire: 1247u32,
+        call: 1135u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -26246,8 +26362,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1133u32,
+        wire: 1248u32,
+        call: 1136u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -26329,8 +26445,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1134u32,
+        wire: 1249u32,
+        call: 1137u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -26412,8 +26528,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1135u32,
+        wire: 1250u32,
+        call: 1138u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -26499,8 +26615,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1136u32,
+        wire: 1251u32,
+        call: 1139u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -26586,8 +26702,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1137u32,
+        wire: 1252u32,
+        call: 1140u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -26657,8 +26773,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1138u32,
+        wire: 1253u32,
+        call: 1141u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -26728,8 +26844,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1139u32,
+        wire: 1254u32,
+        call: 1142u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -26783,8 +26899,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1140u32,
+        wire: 1255u32,
+        call: 1143u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -26862,8 +26978,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1141u32,
+        wire: 1256u32,
+        call: 1144u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -26941,8 +27057,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1142u32,
+        wire: 1257u32,
+        call: 1145u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -27004,8 +27120,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1143u32,
+        wire: 1258u32,
+        call: 1146u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -27067,8 +27183,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1144u32,
+        wire: 1259u32,
+        call: 1147u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -27116,8 +27232,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1145u32,
+        wire: 1260u32,
+        call: 1148u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -27163,8 +27279,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1146u32,
+        wire: 1261u32,
+        call: 1149u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -27216,8 +27332,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1147u32,
+        wire: 1262u32,
+        call: 1150u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -27269,8 +27385,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1148u32,
+        wire: 1263u32,
+        call: 1151u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -27308,8 +27424,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1149u32,
+        wire: 1264u32,
+        call: 1152u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -27358,8 +27474,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1150u32,
+        wire: 1265u32,
+        call: 1153u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -27416,8 +27532,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1151u32,
+        wire: 1266u32,
+        call: 1154u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -27435,8 +27551,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1152u32,
+        wire: 1267u32,
+        call: 1155u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -27467,8 +27583,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1153u32,
+        wire: 1268u32,
+        call: 1156u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -27506,8 +27622,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1154u32,
+        wire: 1269u32,
+        call: 1157u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -27545,8 +27661,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1155u32,
+        wire: 1270u32,
+        call: 1158u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -27587,8 +27703,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1156u32,
+        wire: 1271u32,
+        call: 1159u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -27637,8 +27753,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1157u32,
+        wire: 1272u32,
+        call: 1160u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -27687,8 +27803,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1158u32,
+        wire: 1273u32,
+        call: 1161u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -27735,8 +27851,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotm_v2: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1159u32,
+        wire: 1274u32,
+        call: 1162u32,
         name: "cublasSrotm_v2",
         form: None,
         library: "cublas",
@@ -27779,8 +27895,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotmg_v2: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1160u32,
+        wire: 1275u32,
+        call: 1163u32,
         name: "cublasSrotmg_v2",
         form: None,
         library: "cublas",
@@ -27833,8 +27949,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1161u32,
+        wire: 1276u32,
+        call: 1164u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -27888,8 +28004,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1162u32,
+        wire: 1277u32,
+        call: 1165u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -27951,8 +28067,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1163u32,
+        wire: 1278u32,
+        call: 1166u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -28014,8 +28130,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1164u32,
+        wire: 1279u32,
+        call: 1167u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -28047,8 +28163,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1165u32,
+        wire: 1280u32,
+        call: 1168u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -28086,8 +28202,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1166u32,
+        wire: 1281u32,
+        call: 1169u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -28125,8 +28241,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1167u32,
+        wire: 1282u32,
+        call: 1170u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -28159,8 +28275,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1168u32,
+        wire: 1283u32,
+        call: 1171u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -28197,8 +28313,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1169u32,
+        wire: 1284u32,
+        call: 1172u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -28235,8 +28351,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1170u32,
+        wire: 1285u32,
+        call: 1173u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -28294,8 +28410,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1171u32,
+        wire: 1286u32,
+        call: 1174u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -28361,8 +28477,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1172u32,
+        wire: 1287u32,
+        call: 1175u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -28428,8 +28544,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1173u32,
+        wire: 1288u32,
+        call: 1176u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -28479,8 +28595,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1174u32,
+        wire: 1289u32,
+        call: 1177u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -28538,8 +28654,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1175u32,
+        wire: 1290u32,
+        call: 1178u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -28597,8 +28713,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1176u32,
+        wire: 1291u32,
+        call: 1179u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -28639,8 +28755,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1177u32,
+        wire: 1292u32,
+        call: 1180u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -28686,8 +28802,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1178u32,
+        wire: 1293u32,
+        call: 1181u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -28739,8 +28855,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1179u32,
+        wire: 1294u32,
+        call: 1182u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -28792,8 +28908,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1180u32,
+        wire: 1295u32,
+        call: 1183u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -28851,8 +28967,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1181u32,
+        wire: 1296u32,
+        call: 1184u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -28918,8 +29034,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1182u32,
+        wire: 1297u32,
+        call: 1185u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -28985,8 +29101,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1183u32,
+        wire: 1298u32,
+        call: 1186u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -29033,8 +29149,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1184u32,
+        wire: 1299u32,
+        call: 1187u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -29081,8 +29197,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1185u32,
+        wire: 1300u32,
+        call: 1188u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -29135,8 +29251,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1186u32,
+        wire: 1301u32,
+        call: 1189u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -29197,8 +29313,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1187u32,
+        wire: 1302u32,
+        call: 1190u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -29259,8 +29375,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1188u32,
+        wire: 1303u32,
+        call: 1191u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -29326,8 +29442,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1189u32,
+        wire: 1304u32,
+        call: 1192u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -29393,8 +29509,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1190u32,
+        wire: 1305u32,
+        call: 1193u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -29443,8 +29559,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1191u32,
+        wire: 1306u32,
+        call: 1194u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -29497,8 +29613,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1192u32,
+        wire: 1307u32,
+        call: 1195u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -29551,8 +29667,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1193u32,
+        wire: 1308u32,
+        call: 1196u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -29601,8 +29717,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1194u32,
+        wire: 1309u32,
+        call: 1197u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -29655,8 +29771,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1195u32,
+        wire: 1310u32,
+        call: 1198u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -29709,8 +29825,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1196u32,
+        wire: 1311u32,
+        call: 1199u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -29767,8 +29883,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1197u32,
+        wire: 1312u32,
+        call: 1200u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -29836,8 +29952,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1198u32,
+        wire: 1313u32,
+        call: 1201u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -29905,8 +30021,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1199u32,
+        wire: 1314u32,
+        call: 1202u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -29951,8 +30067,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1200u32,
+        wire: 1315u32,
+        call: 1203u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -30001,8 +30117,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1201u32,
+        wire: 1316u32,
+        call: 1204u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -30051,8 +30167,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1202u32,
+        wire: 1317u32,
+        call: 1205u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -30109,8 +30225,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1203u32,
+        wire: 1318u32,
+        call: 1206u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -30177,8 +30293,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1204u32,
+        wire: 1319u32,
+        call: 1207u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -30245,8 +30361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1205u32,
+        wire: 1320u32,
+        call: 1208u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -30309,8 +30425,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1206u32,
+        wire: 1321u32,
+        call: 1209u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -30373,8 +30489,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1207u32,
+        wire: 1322u32,
+        call: 1210u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -30419,8 +30535,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1208u32,
+        wire: 1323u32,
+        call: 1211u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -30469,8 +30585,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1209u32,
+        wire: 1324u32,
+        call: 1212u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -30519,8 +30635,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1210u32,
+        wire: 1325u32,
+        call: 1213u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -30565,8 +30681,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1211u32,
+        wire: 1326u32,
+        call: 1214u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -30611,8 +30727,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1212u32,
+        wire: 1327u32,
+        call: 1215u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -30694,8 +30810,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1213u32,
+        wire: 1328u32,
+        call: 1216u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -30719,8 +30835,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1214u32,
+        wire: 1329u32,
+        call: 1217u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -30790,8 +30906,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1215u32,
+        wire: 1330u32,
+        call: 1218u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -30857,8 +30973,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1216u32,
+        wire: 1331u32,
+        call: 1219u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -30924,8 +31040,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1217u32,
+        wire: 1332u32,
+        call: 1220u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -30986,8 +31102,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1218u32,
+        wire: 1333u32,
+        call: 1221u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -31053,8 +31169,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1219u32,
+        wire: 1334u32,
+        call: 1222u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -31077,8 +31193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1220u32,
+        wire: 1335u32,
+        call: 1223u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -31146,8 +31262,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1221u32,
+        wire: 1336u32,
+        call: 1224u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -31213,8 +31329,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1222u32,
+        wire: 1337u32,
+        call: 1225u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -31280,8 +31396,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1223u32,
+        wire: 1338u32,
+        call: 1226u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -31342,8 +31458,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1224u32,
+        wire: 1339u32,
+        call: 1227u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -31409,8 +31525,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1225u32,
+        wire: 1340u32,
+        call: 1228u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -31478,8 +31594,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1226u32,
+        wire: 1341u32,
+        call: 1229u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -31542,8 +31658,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1227u32,
+        wire: 1342u32,
+        call: 1230u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -31566,8 +31682,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1228u32,
+        wire: 1343u32,
+        call: 1231u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -31637,8 +31753,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1229u32,
+        wire: 1344u32,
+        call: 1232u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -31704,8 +31820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1230u32,
+        wire: 1345u32,
+        call: 1233u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -31771,8 +31887,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1231u32,
+        wire: 1346u32,
+        call: 1234u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -31833,8 +31949,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1232u32,
+        wire: 1347u32,
+        call: 1235u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -31900,8 +32016,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1233u32,
+        wire: 1348u32,
+        call: 1236u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -31969,8 +32085,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1234u32,
+        wire: 1349u32,
+        call: 1237u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -32033,8 +32149,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1235u32,
+        wire: 1350u32,
+        call: 1238u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -32064,8 +32180,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1236u32,
+        wire: 1351u32,
+        call: 1239u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -32092,8 +32208,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1237u32,
+        wire: 1352u32,
+        call: 1240u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -32128,8 +32244,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1238u32,
+        wire: 1353u32,
+        call: 1241u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -32156,8 +32272,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1239u32,
+        wire: 1354u32,
+        call: 1242u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -32227,8 +32343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1240u32,
+        wire: 1355u32,
+        call: 1243u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -32294,8 +32410,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1241u32,
+        wire: 1356u32,
+        call: 1244u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -32361,8 +32477,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1242u32,
+        wire: 1357u32,
+        call: 1245u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -32423,8 +32539,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1243u32,
+        wire: 1358u32,
+        call: 1246u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -32490,8 +32606,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1244u32,
+        wire: 1359u32,
+        call: 1247u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -32559,8 +32675,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1245u32,
+        wire: 1360u32,
+        call: 1248u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -32623,8 +32739,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1246u32,
+        wire: 1361u32,
+        call: 1249u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -32694,8 +32810,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1247u32,
+        wire: 1362u32,
+        call: 1250u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -32761,8 +32877,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1248u32,
+        wire: 1363u32,
+        call: 1251u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -32828,8 +32944,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1249u32,
+        wire: 1364u32,
+        call: 1252u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -32890,8 +33006,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1250u32,
+        wire: 1365u32,
+        call: 1253u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -32957,8 +33073,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1251u32,
+        wire: 1366u32,
+        call: 1254u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -33026,8 +33142,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1252u32,
+        wire: 1367u32,
+        call: 1255u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -33093,8 +33209,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1253u32,
+        wire: 1368u32,
+        call: 1256u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -33160,8 +33276,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1254u32,
+        wire: 1369u32,
+        call: 1257u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -33222,8 +33338,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1255u32,
+        wire: 1370u32,
+        call: 1258u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -33289,8 +33405,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1256u32,
+        wire: 1371u32,
+        call: 1259u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -33358,8 +33474,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1257u32,
+        wire: 1372u32,
+        call: 1260u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -33422,8 +33538,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1258u32,
+        wire: 1373u32,
+        call: 1261u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -33457,8 +33573,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1259u32,
+        wire: 1374u32,
+        call: 1262u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -33501,8 +33617,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1260u32,
+        wire: 1375u32,
+        call: 1263u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -33545,8 +33661,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1261u32,
+        wire: 1376u32,
+        call: 1264u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -33579,8 +33695,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1262u32,
+        wire: 1377u32,
+        call: 1265u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -33617,8 +33733,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1263u32,
+        wire: 1378u32,
+        call: 1266u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -33655,8 +33771,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1264u32,
+        wire: 1379u32,
+        call: 1267u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -33706,8 +33822,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1265u32,
+        wire: 1380u32,
+        call: 1268u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -33757,8 +33873,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1266u32,
+        wire: 1381u32,
+        call: 1269u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -33801,8 +33917,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1267u32,
+        wire: 1382u32,
+        call: 1270u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -33845,8 +33961,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1268u32,
+        wire: 1383u32,
+        call: 1271u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -33889,8 +34005,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1269u32,
+        wire: 1384u32,
+        call: 1272u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -33933,8 +34049,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1270u32,
+        wire: 1385u32,
+        call: 1273u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -33975,8 +34091,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1271u32,
+        wire: 1386u32,
+        call: 1274u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -34025,8 +34141,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1272u32,
+        wire: 1387u32,
+        call: 1275u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -34075,8 +34191,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1273u32,
+        wire: 1388u32,
+        call: 1276u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -34108,8 +34224,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1274u32,
+        wire: 1389u32,
+        call: 1277u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -34147,8 +34263,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1275u32,
+        wire: 1390u32,
+        call: 1278u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -34186,8 +34302,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1276u32,
+        wire: 1391u32,
+        call: 1279u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -34243,8 +34359,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1277u32,
+        wire: 1392u32,
+        call: 1280u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -34314,8 +34430,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1278u32,
+        wire: 1393u32,
+        call: 1281u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -34385,8 +34501,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1279u32,
+        wire: 1394u32,
+        call: 1282u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -34452,8 +34568,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1280u32,
+        wire: 1395u32,
+        call: 1283u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -34519,8 +34635,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1281u32,
+        wire: 1396u32,
+        call: 1284u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -34581,8 +34697,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1282u32,
+        wire: 1397u32,
+        call: 1285u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -34638,8 +34754,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1283u32,
+        wire: 1398u32,
+        call: 1286u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -34709,8 +34825,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1284u32,
+        wire: 1399u32,
+        call: 1287u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -34780,8 +34896,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1285u32,
+        wire: 1400u32,
+        call: 1288u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -34855,8 +34971,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1286u32,
+        wire: 1401u32,
+        call: 1289u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -34930,8 +35046,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1287u32,
+        wire: 1402u32,
+        call: 1290u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -35017,8 +35133,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1288u32,
+        wire: 1403u32,
+        call: 1291u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -35104,8 +35220,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1289u32,
+        wire: 1404u32,
+        call: 1292u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -35175,8 +35291,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1290u32,
+        wire: 1405u32,
+        call: 1293u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -35246,8 +35362,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1291u32,
+        wire: 1406u32,
+        call: 1294u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -35295,8 +35411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1292u32,
+        wire: 1407u32,
+        call: 1295u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -35374,8 +35490,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1293u32,
+        wire: 1408u32,
+        call: 1296u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -35453,8 +35569,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1294u32,
+        wire: 1409u32,
+        call: 1297u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -35516,8 +35632,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1295u32,
+        wire: 1410u32,
+        call: 1298u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -35579,8 +35695,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1296u32,
+        wire: 1411u32,
+        call: 1299u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -35628,8 +35744,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1297u32,
+        wire: 1412u32,
+        call: 1300u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -35672,8 +35788,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1298u32,
+        wire: 1413u32,
+        call: 1301u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -35725,8 +35841,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1299u32,
+        wire: 1414u32,
+        call: 1302u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -35778,8 +35894,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1300u32,
+        wire: 1415u32,
+        call: 1303u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -35822,8 +35938,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1301u32,
+        wire: 1416u32,
+        call: 1304u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -35875,8 +35991,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1302u32,
+        wire: 1417u32,
+        call: 1305u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -35928,8 +36044,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1303u32,
+        wire: 1418u32,
+        call: 1306u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -35967,8 +36083,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1304u32,
+        wire: 1419u32,
+        call: 1307u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -36017,8 +36133,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1305u32,
+        wire: 1420u32,
+        call: 1308u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -36075,8 +36191,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1306u32,
+        wire: 1421u32,
+        call: 1309u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -36124,8 +36240,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1307u32,
+        wire: 1422u32,
+        call: 1310u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -36187,8 +36303,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1308u32,
+        wire: 1423u32,
+        call: 1311u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -36250,8 +36366,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1309u32,
+        wire: 1424u32,
+        call: 1312u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -36303,8 +36419,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1310u32,
+        wire: 1425u32,
+        call: 1313u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -36370,8 +36486,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1311u32,
+        wire: 1426u32,
+        call: 1314u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -36437,8 +36553,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1312u32,
+        wire: 1427u32,
+        call: 1315u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -36482,8 +36598,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1313u32,
+        wire: 1428u32,
+        call: 1316u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -36541,8 +36657,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1314u32,
+        wire: 1429u32,
+        call: 1317u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -36600,8 +36716,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1315u32,
+        wire: 1430u32,
+        call: 1318u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -36642,8 +36758,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1316u32,
+        wire: 1431u32,
+        call: 1319u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -36686,8 +36802,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1317u32,
+        wire: 1432u32,
+        call: 1320u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -36739,8 +36855,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1318u32,
+        wire: 1433u32,
+        call: 1321u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -36792,8 +36908,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1319u32,
+        wire: 1434u32,
+        call: 1322u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -36848,8 +36964,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1320u32,
+        wire: 1435u32,
+        call: 1323u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -36915,8 +37031,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1321u32,
+        wire: 1436u32,
+        call: 1324u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -36982,8 +37098,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1322u32,
+        wire: 1437u32,
+        call: 1325u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -37030,8 +37146,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1323u32,
+        wire: 1438u32,
+        call: 1326u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -37078,8 +37194,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1324u32,
+        wire: 1439u32,
+        call: 1327u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -37132,8 +37248,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1325u32,
+        wire: 1440u32,
+        call: 1328u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -37194,8 +37310,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1326u32,
+        wire: 1441u32,
+        call: 1329u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -37256,8 +37372,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1327u32,
+        wire: 1442u32,
+        call: 1330u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -37323,8 +37439,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1328u32,
+        wire: 1443u32,
+        call: 1331u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -37390,8 +37506,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1329u32,
+        wire: 1444u32,
+        call: 1332u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -37437,8 +37553,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1330u32,
+        wire: 1445u32,
+        call: 1333u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -37498,8 +37614,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1331u32,
+        wire: 1446u32,
+        call: 1334u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -37559,8 +37675,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1332u32,
+        wire: 1447u32,
+        call: 1335u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -37598,8 +37714,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1333u32,
+        wire: 1448u32,
+        call: 1336u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -37648,8 +37764,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1334u32,
+        wire: 1449u32,
+        call: 1337u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -37698,8 +37814,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1335u32,
+        wire: 1450u32,
+        call: 1338u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -37746,8 +37862,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1336u32,
+        wire: 1451u32,
+        call: 1339u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -37776,8 +37892,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1337u32,
+        wire: 1452u32,
+        call: 1340u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -37815,8 +37931,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1338u32,
+        wire: 1453u32,
+        call: 1341u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -37854,8 +37970,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1339u32,
+        wire: 1454u32,
+        call: 1342u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -37888,8 +38004,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1340u32,
+        wire: 1455u32,
+        call: 1343u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -37926,8 +38042,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1341u32,
+        wire: 1456u32,
+        call: 1344u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -37964,8 +38080,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1342u32,
+        wire: 1457u32,
+        call: 1345u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -38017,8 +38133,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1343u32,
+        wire: 1458u32,
+        call: 1346u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -38084,8 +38200,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1344u32,
+        wire: 1459u32,
+        call: 1347u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -38151,8 +38267,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1345u32,
+        wire: 1460u32,
+        call: 1348u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -38210,8 +38326,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1346u32,
+        wire: 1461u32,
+        call: 1349u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -38269,8 +38385,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1347u32,
+        wire: 1462u32,
+        call: 1350u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -38322,8 +38438,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1348u32,
+        wire: 1463u32,
+        call: 1351u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -38375,8 +38491,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1349u32,
+        wire: 1464u32,
+        call: 1352u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -38428,8 +38544,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1350u32,
+        wire: 1465u32,
+        call: 1353u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -38495,8 +38611,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1351u32,
+        wire: 1466u32,
+        call: 1354u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -38562,8 +38678,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1352u32,
+        wire: 1467u32,
+        call: 1355u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -38610,8 +38726,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1353u32,
+        wire: 1468u32,
+        call: 1356u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -38658,8 +38774,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1354u32,
+        wire: 1469u32,
+        call: 1357u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -38706,8 +38822,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1355u32,
+        wire: 1470u32,
+        call: 1358u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -38768,8 +38884,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1356u32,
+        wire: 1471u32,
+        call: 1359u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -38830,8 +38946,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1357u32,
+        wire: 1472u32,
+        call: 1360u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -38897,8 +39013,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1358u32,
+        wire: 1473u32,
+        call: 1361u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -38964,8 +39080,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1359u32,
+        wire: 1474u32,
+        call: 1362u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -39014,8 +39130,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1360u32,
+        wire: 1475u32,
+        call: 1363u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -39068,8 +39184,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1361u32,
+        wire: 1476u32,
+        call: 1364u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -39122,8 +39238,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1362u32,
+        wire: 1477u32,
+        call: 1365u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -39172,8 +39288,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1363u32,
+        wire: 1478u32,
+        call: 1366u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -39226,8 +39342,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1364u32,
+        wire: 1479u32,
+        call: 1367u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -39280,8 +39396,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1365u32,
+        wire: 1480u32,
+        call: 1368u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -39328,8 +39444,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1366u32,
+        wire: 1481u32,
+        call: 1369u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -39380,8 +39496,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1367u32,
+        wire: 1482u32,
+        call: 1370u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -39432,8 +39548,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1368u32,
+        wire: 1483u32,
+        call: 1371u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -39480,8 +39596,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1369u32,
+        wire: 1484u32,
+        call: 1372u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -39532,8 +39648,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1370u32,
+        wire: 1485u32,
+        call: 1373u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -39584,8 +39700,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1371u32,
+        wire: 1486u32,
+        call: 1374u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -39628,8 +39744,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1372u32,
+        wire: 1487u32,
+        call: 1375u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -39683,8 +39799,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1373u32,
+        wire: 1488u32,
+        call: 1376u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -39752,8 +39868,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1374u32,
+        wire: 1489u32,
+        call: 1377u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -39821,8 +39937,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1375u32,
+        wire: 1490u32,
+        call: 1378u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -39867,8 +39983,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1376u32,
+        wire: 1491u32,
+        call: 1379u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -39917,8 +40033,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1377u32,
+        wire: 1492u32,
+        call: 1380u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -39967,8 +40083,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1378u32,
+        wire: 1493u32,
+        call: 1381u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -40022,8 +40138,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1379u32,
+        wire: 1494u32,
+        call: 1382u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -40090,8 +40206,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1380u32,
+        wire: 1495u32,
+        call: 1383u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -40158,8 +40274,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1381u32,
+        wire: 1496u32,
+        call: 1384u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -40222,8 +40338,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1382u32,
+        wire: 1497u32,
+        call: 1385u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -40286,8 +40402,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1383u32,
+        wire: 1498u32,
+        call: 1386u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -40332,8 +40448,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1384u32,
+        wire: 1499u32,
+        call: 1387u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -40382,8 +40498,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1385u32,
+        wire: 1500u32,
+        call: 1388u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -40447,8 +40563,8 @@ pub mod cublaslt {
     );
     static LEN_cublasLtMatrixLayoutSetAttribute__call_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1386u32,
+        wire: 1501u32,
+        call: 1389u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -40471,8 +40587,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1387u32,
+        wire: 1502u32,
+        call: 1390u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -40495,8 +40611,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1388u32,
+        wire: 1503u32,
+        call: 1391u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -40522,8 +40638,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1389u32,
+        wire: 1504u32,
+        call: 1392u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -40546,8 +40662,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1390u32,
+        wire: 1505u32,
+        call: 1393u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -40570,8 +40686,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1391u32,
+        wire: 1506u32,
+        call: 1394u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -40598,8 +40714,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1392u32,
+        wire: 1507u32,
+        call: 1395u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -40619,9 +40735,40 @@ pub mod cublaslt {
         },
         only_waits: false,
     };
+    pub static cublasLtGetProperty: CallDesc = CallDesc {
+        wire: 1508u32,
+        call: 1396u32,
+        name: "cublasLtGetProperty",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1393u32,
+        wire: 1509u32,
+        call: 1397u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -40642,8 +40789,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1394u32,
+        wire: 1510u32,
+        call: 1398u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -40666,8 +40813,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1395u32,
+        wire: 1511u32,
+        call: 1399u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -40685,8 +40832,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1396u32,
+        wire: 1512u32,
+        call: 1400u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -40709,8 +40856,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1397u32,
+        wire: 1513u32,
+        call: 1401u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -40733,8 +40880,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1398u32,
+        wire: 1514u32,
+        call: 1402u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -40809,8 +40956,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1398u32,
+        wire: 1515u32,
+        call: 1402u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -40885,8 +41032,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1399u32,
+        wire: 1516u32,
+        call: 1403u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -40951,8 +41098,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1399u32,
+        wire: 1517u32,
+        call: 1403u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41017,8 +41164,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1399u32,
+        wire: 1518u32,
+        call: 1403u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41083,8 +41230,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1400u32,
+        wire: 1519u32,
+        call: 1404u32,
         name: "cublasLtMatmulDescCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41115,8 +41262,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1400u32,
+        wire: 1520u32,
+        call: 1404u32,
         name: "cublasLtMatmulDescCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41147,8 +41294,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1401u32,
+        wire: 1521u32,
+        call: 1405u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41171,8 +41318,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1401u32,
+        wire: 1522u32,
+        call: 1405u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41195,8 +41342,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1402u32,
+        wire: 1523u32,
+        call: 1406u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -41231,8 +41378,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1402u32,
+        wire: 1524u32,
+        call: 1406u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -41267,8 +41414,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1403u32,
+        wire: 1525u32,
+        call: 1407u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41306,8 +41453,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1403u32,
+        wire: 1526u32,
+        call: 1407u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41345,8 +41492,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1404u32,
+        wire: 1527u32,
+        call: 1408u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41369,8 +41516,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1404u32,
+        wire: 1528u32,
+        call: 1408u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41393,8 +41540,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1405u32,
+        wire: 1529u32,
+        call: 1409u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41417,8 +41564,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1405u32,
+        wire: 1530u32,
+        call: 1409u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41441,8 +41588,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1406u32,
+        wire: 1531u32,
+        call: 1410u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -41469,8 +41616,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1406u32,
+        wire: 1532u32,
+        call: 1410u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -41497,8 +41644,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1407u32,
+        wire: 1533u32,
+        call: 1411u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41536,8 +41683,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1407u32,
+        wire: 1534u32,
+        call: 1411u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41575,8 +41722,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1408u32,
+        wire: 1535u32,
+        call: 1412u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41615,8 +41762,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1409u32,
+        wire: 1536u32,
+        call: 1413u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41639,8 +41786,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1410u32,
+        wire: 1537u32,
+        call: 1414u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -41683,8 +41830,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1411u32,
+        wire: 1538u32,
+        call: 1415u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41722,8 +41869,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1412u32,
+        wire: 1539u32,
+        call: 1416u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -41750,8 +41897,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1413u32,
+        wire: 1540u32,
+        call: 1417u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -41774,8 +41921,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1414u32,
+        wire: 1541u32,
+        call: 1418u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -55618,8 +55765,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1415u32,
+        wire: 1542u32,
+        call: 1419u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -55680,8 +55827,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1415u32,
+        wire: 1543u32,
+        call: 1419u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -55742,8 +55889,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1416u32,
+        wire: 1544u32,
+        call: 1420u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -55794,8 +55941,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1416u32,
+        wire: 1545u32,
+        call: 1420u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -55846,8 +55993,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1417u32,
+        wire: 1546u32,
+        call: 1421u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -55865,8 +56012,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1418u32,
+        wire: 1547u32,
+        call: 1422u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -55884,8 +56031,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1419u32,
+        wire: 1548u32,
+        call: 1423u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -55903,8 +56050,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1420u32,
+        wire: 1549u32,
+        call: 1424u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -55931,8 +56078,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1420u32,
+        wire: 1550u32,
+        call: 1424u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Named),
         library: "cudnn",
@@ -55959,8 +56106,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1420u32,
+        wire: 1551u32,
+        call: 1424u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -55987,8 +56134,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1420u32,
+        wire: 1552u32,
+        call: 1424u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Named),
         library: "cudnn",
@@ -56015,8 +56162,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1421u32,
+        wire: 1553u32,
+        call: 1425u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56039,8 +56186,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1421u32,
+        wire: 1554u32,
+        call: 1425u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56063,8 +56210,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1422u32,
+        wire: 1555u32,
+        call: 1426u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -56095,8 +56242,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1422u32,
+        wire: 1556u32,
+        call: 1426u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -56127,8 +56274,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1423u32,
+        wire: 1557u32,
+        call: 1427u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Async),
         library: "cudnn",
@@ -56151,8 +56298,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1423u32,
+        wire: 1558u32,
+        call: 1427u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56175,8 +56322,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1423u32,
+        wire: 1559u32,
+        call: 1427u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Async),
         library: "cudnn",
@@ -56199,8 +56346,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1423u32,
+        wire: 1560u32,
+        call: 1427u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56223,8 +56370,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1424u32,
+        wire: 1561u32,
+        call: 1428u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56273,8 +56420,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1424u32,
+        wire: 1562u32,
+        call: 1428u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -56320,8 +56467,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1424u32,
+        wire: 1563u32,
+        call: 1428u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Refill),
         library: "cudnn",
@@ -56361,8 +56508,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1424u32,
+        wire: 1564u32,
+        call: 1428u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56411,8 +56558,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1424u32,
+        wire: 1565u32,
+        call: 1428u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -56458,8 +56605,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1424u32,
+        wire: 1566u32,
+        call: 1428u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Refill),
         library: "cudnn",
@@ -56499,8 +56646,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1425u32,
+        wire: 1567u32,
+        call: 1429u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -56523,8 +56670,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1425u32,
+        wire: 1568u32,
+        call: 1429u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -56547,8 +56694,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1426u32,
+        wire: 1569u32,
+        call: 1430u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -56583,8 +56730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1427u32,
+        wire: 1570u32,
+        call: 1431u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56626,8 +56773,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1427u32,
+        wire: 1571u32,
+        call: 1431u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -56666,8 +56813,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1427u32,
+        wire: 1572u32,
+        call: 1431u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::HostValues),
         library: "cudnn",
@@ -56709,8 +56856,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1427u32,
+        wire: 1573u32,
+        call: 1431u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56752,8 +56899,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1427u32,
+        wire: 1574u32,
+        call: 1431u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -56792,8 +56939,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1427u32,
+        wire: 1575u32,
+        call: 1431u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::HostValues),
         library: "cudnn",
@@ -56835,8 +56982,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1428u32,
+        wire: 1576u32,
+        call: 1432u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -56871,8 +57018,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1429u32,
+        wire: 1577u32,
+        call: 1433u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -56984,8 +57131,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1429u32,
+        wire: 1578u32,
+        call: 1433u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -57097,8 +57244,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1430u32,
+        wire: 1579u32,
+        call: 1434u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -57161,8 +57308,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1430u32,
+        wire: 1580u32,
+        call: 1434u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -57225,8 +57372,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1431u32,
+        wire: 1581u32,
+        call: 1435u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -57295,8 +57442,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1431u32,
+        wire: 1582u32,
+        call: 1435u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -57365,8 +57512,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1432u32,
+        wire: 1583u32,
+        call: 1436u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -57458,8 +57605,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1432u32,
+        wire: 1584u32,
+        call: 1436u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -57551,8 +57698,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1433u32,
+        wire: 1585u32,
+        call: 1437u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -57583,8 +57730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1433u32,
+        wire: 1586u32,
+        call: 1437u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -57615,8 +57762,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1434u32,
+        wire: 1587u32,
+        call: 1438u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -57666,8 +57813,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1434u32,
+        wire: 1588u32,
+        call: 1438u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -57717,8 +57864,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1435u32,
+        wire: 1589u32,
+        call: 1439u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -57736,8 +57883,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1436u32,
+        wire: 1590u32,
+        call: 1440u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -57755,8 +57902,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1437u32,
+        wire: 1591u32,
+        call: 1441u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -57774,8 +57921,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1438u32,
+        wire: 1592u32,
+        call: 1442u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -57840,8 +57987,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1438u32,
+        wire: 1593u32,
+        call: 1442u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -57906,8 +58053,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1439u32,
+        wire: 1594u32,
+        call: 1443u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -57972,8 +58119,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1439u32,
+        wire: 1595u32,
+        call: 1443u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -58038,8 +58185,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1440u32,
+        wire: 1596u32,
+        call: 1444u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -58118,8 +58265,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1440u32,
+        wire: 1597u32,
+        call: 1444u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -58198,8 +58345,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1441u32,
+        wire: 1598u32,
+        call: 1445u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -58264,8 +58411,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1441u32,
+        wire: 1599u32,
+        call: 1445u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -58330,8 +58477,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1442u32,
+        wire: 1600u32,
+        call: 1446u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -58358,8 +58505,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1443u32,
+        wire: 1601u32,
+        call: 1447u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -58382,8 +58529,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1443u32,
+        wire: 1602u32,
+        call: 1447u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -58406,8 +58553,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1444u32,
+        wire: 1603u32,
+        call: 1448u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -58430,8 +58577,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1444u32,
+        wire: 1604u32,
+        call: 1448u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -58454,8 +58601,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1445u32,
+        wire: 1605u32,
+        call: 1449u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -58478,8 +58625,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1446u32,
+        wire: 1606u32,
+        call: 1450u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -58506,8 +58653,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1447u32,
+        wire: 1607u32,
+        call: 1451u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58530,8 +58677,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1447u32,
+        wire: 1608u32,
+        call: 1451u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58554,8 +58701,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1448u32,
+        wire: 1609u32,
+        call: 1452u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58578,8 +58725,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1448u32,
+        wire: 1610u32,
+        call: 1452u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58602,8 +58749,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1449u32,
+        wire: 1611u32,
+        call: 1453u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -58626,8 +58773,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1449u32,
+        wire: 1612u32,
+        call: 1453u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -58650,8 +58797,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1450u32,
+        wire: 1613u32,
+        call: 1454u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58674,8 +58821,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1450u32,
+        wire: 1614u32,
+        call: 1454u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58698,8 +58845,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1451u32,
+        wire: 1615u32,
+        call: 1455u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -58722,8 +58869,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1451u32,
+        wire: 1616u32,
+        call: 1455u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -58746,8 +58893,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1452u32,
+        wire: 1617u32,
+        call: 1456u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -58774,8 +58921,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1452u32,
+        wire: 1618u32,
+        call: 1456u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -58802,8 +58949,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1453u32,
+        wire: 1619u32,
+        call: 1457u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -58830,8 +58977,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1453u32,
+        wire: 1620u32,
+        call: 1457u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -58858,8 +59005,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1454u32,
+        wire: 1621u32,
+        call: 1458u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -58886,8 +59033,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1454u32,
+        wire: 1622u32,
+        call: 1458u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -58914,8 +59061,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1455u32,
+        wire: 1623u32,
+        call: 1459u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -58938,8 +59085,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1455u32,
+        wire: 1624u32,
+        call: 1459u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -58962,8 +59109,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1456u32,
+        wire: 1625u32,
+        call: 1460u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58986,8 +59133,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1456u32,
+        wire: 1626u32,
+        call: 1460u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59010,8 +59157,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1457u32,
+        wire: 1627u32,
+        call: 1461u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -59046,8 +59193,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1458u32,
+        wire: 1628u32,
+        call: 1462u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -59070,8 +59217,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1458u32,
+        wire: 1629u32,
+        call: 1462u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -59094,8 +59241,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1459u32,
+        wire: 1630u32,
+        call: 1463u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59118,8 +59265,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1459u32,
+        wire: 1631u32,
+        call: 1463u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59142,8 +59289,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1460u32,
+        wire: 1632u32,
+        call: 1464u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -59166,8 +59313,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1460u32,
+        wire: 1633u32,
+        call: 1464u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -59190,8 +59337,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1461u32,
+        wire: 1634u32,
+        call: 1465u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59214,8 +59361,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1461u32,
+        wire: 1635u32,
+        call: 1465u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59238,8 +59385,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1462u32,
+        wire: 1636u32,
+        call: 1466u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59262,8 +59409,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1462u32,
+        wire: 1637u32,
+        call: 1466u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59286,8 +59433,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1463u32,
+        wire: 1638u32,
+        call: 1467u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -59310,8 +59457,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1463u32,
+        wire: 1639u32,
+        call: 1467u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -59334,8 +59481,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1464u32,
+        wire: 1640u32,
+        call: 1468u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59358,8 +59505,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1464u32,
+        wire: 1641u32,
+        call: 1468u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59382,8 +59529,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1465u32,
+        wire: 1642u32,
+        call: 1469u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -59406,8 +59553,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1465u32,
+        wire: 1643u32,
+        call: 1469u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -59430,8 +59577,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1466u32,
+        wire: 1644u32,
+        call: 1470u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59462,8 +59609,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1466u32,
+        wire: 1645u32,
+        call: 1470u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59494,8 +59641,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1467u32,
+        wire: 1646u32,
+        call: 1471u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59534,8 +59681,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1467u32,
+        wire: 1647u32,
+        call: 1471u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59574,8 +59721,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1468u32,
+        wire: 1648u32,
+        call: 1472u32,
         name: "cudnnDestroy",
         form: Some(Form::Call),
         library: "cudnn",
@@ -59598,8 +59745,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1468u32,
+        wire: 1649u32,
+        call: 1472u32,
         name: "cudnnDestroy",
         form: Some(Form::Call),
         library: "cudnn",
@@ -59622,8 +59769,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1469u32,
+        wire: 1650u32,
+        call: 1473u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59646,8 +59793,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1469u32,
+        wire: 1651u32,
+        call: 1473u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59670,8 +59817,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1470u32,
+        wire: 1652u32,
+        call: 1474u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59694,8 +59841,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1471u32,
+        wire: 1653u32,
+        call: 1475u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -59722,8 +59869,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1472u32,
+        wire: 1654u32,
+        call: 1476u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -59746,8 +59893,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1472u32,
+        wire: 1655u32,
+        call: 1476u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -59770,8 +59917,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1473u32,
+        wire: 1656u32,
+        call: 1477u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59794,8 +59941,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1473u32,
+        wire: 1657u32,
+        call: 1477u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59818,8 +59965,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1474u32,
+        wire: 1658u32,
+        call: 1478u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -59842,8 +59989,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1474u32,
+        wire: 1659u32,
+        call: 1478u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -59866,8 +60013,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1475u32,
+        wire: 1660u32,
+        call: 1479u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59890,8 +60037,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1475u32,
+        wire: 1661u32,
+        call: 1479u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59914,8 +60061,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1476u32,
+        wire: 1662u32,
+        call: 1480u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -59938,8 +60085,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1476u32,
+        wire: 1663u32,
+        call: 1480u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -59962,8 +60109,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1477u32,
+        wire: 1664u32,
+        call: 1481u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -59986,8 +60133,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1477u32,
+        wire: 1665u32,
+        call: 1481u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -60010,8 +60157,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1478u32,
+        wire: 1666u32,
+        call: 1482u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -60034,8 +60181,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1478u32,
+        wire: 1667u32,
+        call: 1482u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -60058,8 +60205,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1479u32,
+        wire: 1668u32,
+        call: 1483u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -60082,8 +60229,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1479u32,
+        wire: 1669u32,
+        call: 1483u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -60106,8 +60253,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1480u32,
+        wire: 1670u32,
+        call: 1484u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -60130,8 +60277,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1480u32,
+        wire: 1671u32,
+        call: 1484u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -60154,8 +60301,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1481u32,
+        wire: 1672u32,
+        call: 1485u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60178,8 +60325,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1481u32,
+        wire: 1673u32,
+        call: 1485u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60202,8 +60349,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1482u32,
+        wire: 1674u32,
+        call: 1486u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -60226,8 +60373,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1483u32,
+        wire: 1675u32,
+        call: 1487u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -60250,8 +60397,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1483u32,
+        wire: 1676u32,
+        call: 1487u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -60274,8 +60421,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1484u32,
+        wire: 1677u32,
+        call: 1488u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60298,8 +60445,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1484u32,
+        wire: 1678u32,
+        call: 1488u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60322,8 +60469,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1485u32,
+        wire: 1679u32,
+        call: 1489u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -60346,8 +60493,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1485u32,
+        wire: 1680u32,
+        call: 1489u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -60370,8 +60517,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1486u32,
+        wire: 1681u32,
+        call: 1490u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60394,8 +60541,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1486u32,
+        wire: 1682u32,
+        call: 1490u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60418,8 +60565,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1487u32,
+        wire: 1683u32,
+        call: 1491u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60442,8 +60589,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1487u32,
+        wire: 1684u32,
+        call: 1491u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60466,8 +60613,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1488u32,
+        wire: 1685u32,
+        call: 1492u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -60490,8 +60637,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1488u32,
+        wire: 1686u32,
+        call: 1492u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -60514,8 +60661,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1489u32,
+        wire: 1687u32,
+        call: 1493u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60538,8 +60685,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1489u32,
+        wire: 1688u32,
+        call: 1493u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60562,8 +60709,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1490u32,
+        wire: 1689u32,
+        call: 1494u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60586,8 +60733,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1490u32,
+        wire: 1690u32,
+        call: 1494u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60610,8 +60757,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1491u32,
+        wire: 1691u32,
+        call: 1495u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -60653,8 +60800,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1491u32,
+        wire: 1692u32,
+        call: 1495u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -60696,8 +60843,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1492u32,
+        wire: 1693u32,
+        call: 1496u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -60739,8 +60886,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1492u32,
+        wire: 1694u32,
+        call: 1496u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -60782,8 +60929,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1493u32,
+        wire: 1695u32,
+        call: 1497u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -60813,8 +60960,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1493u32,
+        wire: 1696u32,
+        call: 1497u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -60844,8 +60991,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1494u32,
+        wire: 1697u32,
+        call: 1498u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -60875,8 +61022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1494u32,
+        wire: 1698u32,
+        call: 1498u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -60906,8 +61053,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1495u32,
+        wire: 1699u32,
+        call: 1499u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -60972,8 +61119,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1495u32,
+        wire: 1700u32,
+        call: 1499u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61038,8 +61185,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1496u32,
+        wire: 1701u32,
+        call: 1500u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61104,8 +61251,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1496u32,
+        wire: 1702u32,
+        call: 1500u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61170,8 +61317,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1497u32,
+        wire: 1703u32,
+        call: 1501u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61236,8 +61383,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1497u32,
+        wire: 1704u32,
+        call: 1501u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61302,8 +61449,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1498u32,
+        wire: 1705u32,
+        call: 1502u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -61334,8 +61481,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1498u32,
+        wire: 1706u32,
+        call: 1502u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -61366,8 +61513,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1499u32,
+        wire: 1707u32,
+        call: 1503u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -61411,8 +61558,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1499u32,
+        wire: 1708u32,
+        call: 1503u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -61456,8 +61603,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1500u32,
+        wire: 1709u32,
+        call: 1504u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -61487,8 +61634,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1500u32,
+        wire: 1710u32,
+        call: 1504u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -61518,8 +61665,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1501u32,
+        wire: 1711u32,
+        call: 1505u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -61567,8 +61714,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1502u32,
+        wire: 1712u32,
+        call: 1506u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -61602,8 +61749,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1503u32,
+        wire: 1713u32,
+        call: 1507u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61669,8 +61816,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1503u32,
+        wire: 1714u32,
+        call: 1507u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61736,8 +61883,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1504u32,
+        wire: 1715u32,
+        call: 1508u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61795,8 +61942,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1504u32,
+        wire: 1716u32,
+        call: 1508u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61854,8 +62001,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1505u32,
+        wire: 1717u32,
+        call: 1509u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -61901,8 +62048,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1505u32,
+        wire: 1718u32,
+        call: 1509u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -61948,8 +62095,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1506u32,
+        wire: 1719u32,
+        call: 1510u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -61979,8 +62126,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1506u32,
+        wire: 1720u32,
+        call: 1510u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62010,8 +62157,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1507u32,
+        wire: 1721u32,
+        call: 1511u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -62055,8 +62202,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1507u32,
+        wire: 1722u32,
+        call: 1511u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -62100,8 +62247,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1508u32,
+        wire: 1723u32,
+        call: 1512u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -62147,8 +62294,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1508u32,
+        wire: 1724u32,
+        call: 1512u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -62194,8 +62341,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1509u32,
+        wire: 1725u32,
+        call: 1513u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -62274,8 +62421,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1509u32,
+        wire: 1726u32,
+        call: 1513u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -62354,8 +62501,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1510u32,
+        wire: 1727u32,
+        call: 1514u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -62408,8 +62555,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1510u32,
+        wire: 1728u32,
+        call: 1514u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -62462,8 +62609,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1511u32,
+        wire: 1729u32,
+        call: 1515u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -62493,8 +62640,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1511u32,
+        wire: 1730u32,
+        call: 1515u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -62524,8 +62671,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1512u32,
+        wire: 1731u32,
+        call: 1516u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -62582,8 +62729,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1512u32,
+        wire: 1732u32,
+        call: 1516u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -62640,8 +62787,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1513u32,
+        wire: 1733u32,
+        call: 1517u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62691,8 +62838,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1513u32,
+        wire: 1734u32,
+        call: 1517u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62742,8 +62889,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1514u32,
+        wire: 1735u32,
+        call: 1518u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -62773,8 +62920,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1514u32,
+        wire: 1736u32,
+        call: 1518u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -62804,8 +62951,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1515u32,
+        wire: 1737u32,
+        call: 1519u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -62862,8 +63009,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1515u32,
+        wire: 1738u32,
+        call: 1519u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -62920,8 +63067,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1516u32,
+        wire: 1739u32,
+        call: 1520u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62971,8 +63118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1516u32,
+        wire: 1740u32,
+        call: 1520u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63022,8 +63169,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1517u32,
+        wire: 1741u32,
+        call: 1521u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63053,8 +63200,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1517u32,
+        wire: 1742u32,
+        call: 1521u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63084,8 +63231,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1518u32,
+        wire: 1743u32,
+        call: 1522u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63142,8 +63289,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1518u32,
+        wire: 1744u32,
+        call: 1522u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63200,8 +63347,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1519u32,
+        wire: 1745u32,
+        call: 1523u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63251,8 +63398,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1519u32,
+        wire: 1746u32,
+        call: 1523u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63302,8 +63449,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1520u32,
+        wire: 1747u32,
+        call: 1524u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -63333,8 +63480,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1520u32,
+        wire: 1748u32,
+        call: 1524u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -63364,8 +63511,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1521u32,
+        wire: 1749u32,
+        call: 1525u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -63395,8 +63542,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1521u32,
+        wire: 1750u32,
+        call: 1525u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -63426,8 +63573,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1522u32,
+        wire: 1751u32,
+        call: 1526u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -63469,8 +63616,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1522u32,
+        wire: 1752u32,
+        call: 1526u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -63512,8 +63659,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1523u32,
+        wire: 1753u32,
+        call: 1527u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -63543,8 +63690,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1523u32,
+        wire: 1754u32,
+        call: 1527u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -63574,8 +63721,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1524u32,
+        wire: 1755u32,
+        call: 1528u32,
         name: "cudnnGetCudartVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -63596,8 +63743,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1524u32,
+        wire: 1756u32,
+        call: 1528u32,
         name: "cudnnGetCudartVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -63618,8 +63765,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1525u32,
+        wire: 1757u32,
+        call: 1529u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -63661,8 +63808,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1525u32,
+        wire: 1758u32,
+        call: 1529u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -63704,8 +63851,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1526u32,
+        wire: 1759u32,
+        call: 1530u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -63764,8 +63911,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1526u32,
+        wire: 1760u32,
+        call: 1530u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -63824,8 +63971,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1527u32,
+        wire: 1761u32,
+        call: 1531u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -63880,8 +64027,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1527u32,
+        wire: 1762u32,
+        call: 1531u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -63936,8 +64083,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1528u32,
+        wire: 1763u32,
+        call: 1532u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -63967,8 +64114,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1528u32,
+        wire: 1764u32,
+        call: 1532u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -63998,8 +64145,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1529u32,
+        wire: 1765u32,
+        call: 1533u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -64074,8 +64221,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1529u32,
+        wire: 1766u32,
+        call: 1533u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -64150,8 +64297,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1530u32,
+        wire: 1767u32,
+        call: 1534u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -64202,8 +64349,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1530u32,
+        wire: 1768u32,
+        call: 1534u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -64254,8 +64401,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1531u32,
+        wire: 1769u32,
+        call: 1535u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -64285,8 +64432,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1532u32,
+        wire: 1770u32,
+        call: 1536u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -64307,8 +64454,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1532u32,
+        wire: 1771u32,
+        call: 1536u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -64329,8 +64476,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1533u32,
+        wire: 1772u32,
+        call: 1537u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64408,8 +64555,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1533u32,
+        wire: 1773u32,
+        call: 1537u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64487,8 +64634,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1534u32,
+        wire: 1774u32,
+        call: 1538u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64558,8 +64705,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1534u32,
+        wire: 1775u32,
+        call: 1538u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64629,8 +64776,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1535u32,
+        wire: 1776u32,
+        call: 1539u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -64684,8 +64831,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1535u32,
+        wire: 1777u32,
+        call: 1539u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -64739,8 +64886,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1536u32,
+        wire: 1778u32,
+        call: 1540u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -64784,8 +64931,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1536u32,
+        wire: 1779u32,
+        call: 1540u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -64829,8 +64976,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1537u32,
+        wire: 1780u32,
+        call: 1541u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -64909,8 +65056,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1537u32,
+        wire: 1781u32,
+        call: 1541u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -64989,8 +65136,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1538u32,
+        wire: 1782u32,
+        call: 1542u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65039,8 +65186,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1538u32,
+        wire: 1783u32,
+        call: 1542u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65089,8 +65236,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1539u32,
+        wire: 1784u32,
+        call: 1543u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65159,8 +65306,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1539u32,
+        wire: 1785u32,
+        call: 1543u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65229,8 +65376,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1540u32,
+        wire: 1786u32,
+        call: 1544u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65268,8 +65415,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1540u32,
+        wire: 1787u32,
+        call: 1544u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65307,8 +65454,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1541u32,
+        wire: 1788u32,
+        call: 1545u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -65338,8 +65485,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1541u32,
+        wire: 1789u32,
+        call: 1545u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -65369,8 +65516,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1542u32,
+        wire: 1790u32,
+        call: 1546u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -65404,8 +65551,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1543u32,
+        wire: 1791u32,
+        call: 1547u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -65439,8 +65586,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1544u32,
+        wire: 1792u32,
+        call: 1548u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -65470,8 +65617,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1545u32,
+        wire: 1793u32,
+        call: 1549u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -65505,8 +65652,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1546u32,
+        wire: 1794u32,
+        call: 1550u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -65540,8 +65687,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1547u32,
+        wire: 1795u32,
+        call: 1551u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -65571,8 +65718,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1548u32,
+        wire: 1796u32,
+        call: 1552u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -65602,8 +65749,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1549u32,
+        wire: 1797u32,
+        call: 1553u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -65645,8 +65792,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1550u32,
+        wire: 1798u32,
+        call: 1554u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -65695,8 +65842,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1550u32,
+        wire: 1799u32,
+        call: 1554u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -65745,8 +65892,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1551u32,
+        wire: 1800u32,
+        call: 1555u32,
         name: "cudnnGetRNNWeightParams",
         form: Some(Form::Call),
         library: "cudnn",
@@ -65808,8 +65955,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1551u32,
+        wire: 1801u32,
+        call: 1555u32,
         name: "cudnnGetRNNWeightParams",
         form: Some(Form::Call),
         library: "cudnn",
@@ -65871,8 +66018,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1552u32,
+        wire: 1802u32,
+        call: 1556u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -65906,8 +66053,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1552u32,
+        wire: 1803u32,
+        call: 1556u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -65941,8 +66088,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1553u32,
+        wire: 1804u32,
+        call: 1557u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -66000,8 +66147,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1553u32,
+        wire: 1805u32,
+        call: 1557u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -66059,8 +66206,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1554u32,
+        wire: 1806u32,
+        call: 1558u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -66102,8 +66249,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1554u32,
+        wire: 1807u32,
+        call: 1558u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -66145,8 +66292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1555u32,
+        wire: 1808u32,
+        call: 1559u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -66188,8 +66335,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1555u32,
+        wire: 1809u32,
+        call: 1559u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -66231,8 +66378,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1556u32,
+        wire: 1810u32,
+        call: 1560u32,
         name: "cudnnGetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66259,8 +66406,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1556u32,
+        wire: 1811u32,
+        call: 1560u32,
         name: "cudnnGetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66287,8 +66434,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1557u32,
+        wire: 1812u32,
+        call: 1561u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -66368,8 +66515,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1557u32,
+        wire: 1813u32,
+        call: 1561u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -66449,8 +66596,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1558u32,
+        wire: 1814u32,
+        call: 1562u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66505,8 +66652,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1558u32,
+        wire: 1815u32,
+        call: 1562u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66561,8 +66708,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1559u32,
+        wire: 1816u32,
+        call: 1563u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -66592,8 +66739,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1559u32,
+        wire: 1817u32,
+        call: 1563u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -66623,8 +66770,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1560u32,
+        wire: 1818u32,
+        call: 1564u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -66686,8 +66833,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1560u32,
+        wire: 1819u32,
+        call: 1564u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -66749,8 +66896,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1561u32,
+        wire: 1820u32,
+        call: 1565u32,
         name: "cudnnGetVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66771,8 +66918,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1561u32,
+        wire: 1821u32,
+        call: 1565u32,
         name: "cudnnGetVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66793,8 +66940,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1562u32,
+        wire: 1822u32,
+        call: 1566u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -66812,8 +66959,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1563u32,
+        wire: 1823u32,
+        call: 1567u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -66851,8 +66998,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1563u32,
+        wire: 1824u32,
+        call: 1567u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -66890,8 +67037,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1564u32,
+        wire: 1825u32,
+        call: 1568u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -66956,8 +67103,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1564u32,
+        wire: 1826u32,
+        call: 1568u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -67022,8 +67169,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1565u32,
+        wire: 1827u32,
+        call: 1569u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -67078,8 +67225,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1565u32,
+        wire: 1828u32,
+        call: 1569u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -67134,8 +67281,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1566u32,
+        wire: 1829u32,
+        call: 1570u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -67173,8 +67320,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1566u32,
+        wire: 1830u32,
+        call: 1570u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -67212,8 +67359,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1567u32,
+        wire: 1831u32,
+        call: 1571u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -67231,8 +67378,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1568u32,
+        wire: 1832u32,
+        call: 1572u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -67250,8 +67397,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1569u32,
+        wire: 1833u32,
+        call: 1573u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -67269,8 +67416,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1570u32,
+        wire: 1834u32,
+        call: 1574u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -67331,8 +67478,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1570u32,
+        wire: 1835u32,
+        call: 1574u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -67393,8 +67540,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1571u32,
+        wire: 1836u32,
+        call: 1575u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -67445,8 +67592,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1571u32,
+        wire: 1837u32,
+        call: 1575u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -67497,8 +67644,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1572u32,
+        wire: 1838u32,
+        call: 1576u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -67536,8 +67683,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1572u32,
+        wire: 1839u32,
+        call: 1576u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -67575,8 +67722,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1573u32,
+        wire: 1840u32,
+        call: 1577u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -67644,8 +67791,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1573u32,
+        wire: 1841u32,
+        call: 1577u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -67713,8 +67860,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1574u32,
+        wire: 1842u32,
+        call: 1578u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -67771,8 +67918,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1575u32,
+        wire: 1843u32,
+        call: 1579u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -67834,8 +67981,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1575u32,
+        wire: 1844u32,
+        call: 1579u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -67897,8 +68044,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1576u32,
+        wire: 1845u32,
+        call: 1580u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -67967,8 +68114,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1576u32,
+        wire: 1846u32,
+        call: 1580u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -68037,8 +68184,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1577u32,
+        wire: 1847u32,
+        call: 1581u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -68093,8 +68240,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1578u32,
+        wire: 1848u32,
+        call: 1582u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -68145,8 +68292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1578u32,
+        wire: 1849u32,
+        call: 1582u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -68197,8 +68344,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1579u32,
+        wire: 1850u32,
+        call: 1583u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -68242,8 +68389,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1580u32,
+        wire: 1851u32,
+        call: 1584u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -68286,8 +68433,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1581u32,
+        wire: 1852u32,
+        call: 1585u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -68326,8 +68473,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1581u32,
+        wire: 1853u32,
+        call: 1585u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -68366,8 +68513,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1582u32,
+        wire: 1854u32,
+        call: 1586u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -68402,8 +68549,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1583u32,
+        wire: 1855u32,
+        call: 1587u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -68443,8 +68590,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1583u32,
+        wire: 1856u32,
+        call: 1587u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -68484,8 +68631,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1584u32,
+        wire: 1857u32,
+        call: 1588u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -68520,8 +68667,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1584u32,
+        wire: 1858u32,
+        call: 1588u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -68556,8 +68703,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1585u32,
+        wire: 1859u32,
+        call: 1589u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -68592,8 +68739,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1585u32,
+        wire: 1860u32,
+        call: 1589u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -68628,8 +68775,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1586u32,
+        wire: 1861u32,
+        call: 1590u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -68656,8 +68803,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1586u32,
+        wire: 1862u32,
+        call: 1590u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -68684,8 +68831,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1587u32,
+        wire: 1863u32,
+        call: 1591u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -68709,8 +68856,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1588u32,
+        wire: 1864u32,
+        call: 1592u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -68749,8 +68896,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1589u32,
+        wire: 1865u32,
+        call: 1593u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -68849,8 +68996,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1589u32,
+        wire: 1866u32,
+        call: 1593u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -68949,8 +69096,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1590u32,
+        wire: 1867u32,
+        call: 1594u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -68977,8 +69124,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1590u32,
+        wire: 1868u32,
+        call: 1594u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -69005,8 +69152,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1591u32,
+        wire: 1869u32,
+        call: 1595u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -69041,8 +69188,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1591u32,
+        wire: 1870u32,
+        call: 1595u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -69077,8 +69224,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1592u32,
+        wire: 1871u32,
+        call: 1596u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -69117,8 +69264,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1592u32,
+        wire: 1872u32,
+        call: 1596u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -69157,8 +69304,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1593u32,
+        wire: 1873u32,
+        call: 1597u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -69197,8 +69344,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1594u32,
+        wire: 1874u32,
+        call: 1598u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -69253,8 +69400,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1594u32,
+        wire: 1875u32,
+        call: 1598u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -69309,8 +69456,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1595u32,
+        wire: 1876u32,
+        call: 1599u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -69337,8 +69484,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1595u32,
+        wire: 1877u32,
+        call: 1599u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -69365,8 +69512,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1596u32,
+        wire: 1878u32,
+        call: 1600u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -69393,8 +69540,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1596u32,
+        wire: 1879u32,
+        call: 1600u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -69421,8 +69568,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1597u32,
+        wire: 1880u32,
+        call: 1601u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -69478,8 +69625,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1597u32,
+        wire: 1881u32,
+        call: 1601u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -69535,8 +69682,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1598u32,
+        wire: 1882u32,
+        call: 1602u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -69563,8 +69710,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1598u32,
+        wire: 1883u32,
+        call: 1602u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -69591,8 +69738,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1599u32,
+        wire: 1884u32,
+        call: 1603u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -69632,8 +69779,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1599u32,
+        wire: 1885u32,
+        call: 1603u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -69673,8 +69820,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1600u32,
+        wire: 1886u32,
+        call: 1604u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -69721,8 +69868,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1600u32,
+        wire: 1887u32,
+        call: 1604u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -69769,8 +69916,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1601u32,
+        wire: 1888u32,
+        call: 1605u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -69812,8 +69959,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1601u32,
+        wire: 1889u32,
+        call: 1605u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -69855,8 +70002,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1602u32,
+        wire: 1890u32,
+        call: 1606u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -69895,8 +70042,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1602u32,
+        wire: 1891u32,
+        call: 1606u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -69935,8 +70082,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1603u32,
+        wire: 1892u32,
+        call: 1607u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -69971,8 +70118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1603u32,
+        wire: 1893u32,
+        call: 1607u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70007,8 +70154,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1604u32,
+        wire: 1894u32,
+        call: 1608u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -70035,8 +70182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1605u32,
+        wire: 1895u32,
+        call: 1609u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70091,8 +70238,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1605u32,
+        wire: 1896u32,
+        call: 1609u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70147,8 +70294,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1606u32,
+        wire: 1897u32,
+        call: 1610u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -70179,8 +70326,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1607u32,
+        wire: 1898u32,
+        call: 1611u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -70207,8 +70354,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1608u32,
+        wire: 1899u32,
+        call: 1612u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -70265,8 +70412,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1608u32,
+        wire: 1900u32,
+        call: 1612u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -70323,8 +70470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1609u32,
+        wire: 1901u32,
+        call: 1613u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -70383,8 +70530,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1610u32,
+        wire: 1902u32,
+        call: 1614u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -70463,8 +70610,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1610u32,
+        wire: 1903u32,
+        call: 1614u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -70543,8 +70690,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1611u32,
+        wire: 1904u32,
+        call: 1615u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -70571,8 +70718,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1612u32,
+        wire: 1905u32,
+        call: 1616u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -70599,8 +70746,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1613u32,
+        wire: 1906u32,
+        call: 1617u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -70635,8 +70782,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1614u32,
+        wire: 1907u32,
+        call: 1618u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70679,8 +70826,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1614u32,
+        wire: 1908u32,
+        call: 1618u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70723,8 +70870,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1615u32,
+        wire: 1909u32,
+        call: 1619u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70766,8 +70913,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1615u32,
+        wire: 1910u32,
+        call: 1619u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70809,8 +70956,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1616u32,
+        wire: 1911u32,
+        call: 1620u32,
         name: "cudnnSetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -70837,8 +70984,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1616u32,
+        wire: 1912u32,
+        call: 1620u32,
         name: "cudnnSetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -70865,8 +71012,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1617u32,
+        wire: 1913u32,
+        call: 1621u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -70913,8 +71060,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1617u32,
+        wire: 1914u32,
+        call: 1621u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -70961,8 +71108,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1618u32,
+        wire: 1915u32,
+        call: 1622u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -71021,8 +71168,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1618u32,
+        wire: 1916u32,
+        call: 1622u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -71081,8 +71228,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1619u32,
+        wire: 1917u32,
+        call: 1623u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71127,8 +71274,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1619u32,
+        wire: 1918u32,
+        call: 1623u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71173,8 +71320,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1620u32,
+        wire: 1919u32,
+        call: 1624u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -71234,8 +71381,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1620u32,
+        wire: 1920u32,
+        call: 1624u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -71295,8 +71442,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1621u32,
+        wire: 1921u32,
+        call: 1625u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -71351,8 +71498,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1621u32,
+        wire: 1922u32,
+        call: 1625u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -71407,8 +71554,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1622u32,
+        wire: 1923u32,
+        call: 1626u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -71437,8 +71584,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1622u32,
+        wire: 1924u32,
+        call: 1626u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -71467,8 +71614,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1623u32,
+        wire: 1925u32,
+        call: 1627u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -71497,8 +71644,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1623u32,
+        wire: 1926u32,
+        call: 1627u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -71527,8 +71674,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1624u32,
+        wire: 1927u32,
+        call: 1628u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -71600,8 +71747,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1624u32,
+        wire: 1928u32,
+        call: 1628u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -71673,8 +71820,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1625u32,
+        wire: 1929u32,
+        call: 1629u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -71726,8 +71873,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1625u32,
+        wire: 1930u32,
+        call: 1629u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -71779,8 +71926,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1626u32,
+        wire: 1931u32,
+        call: 1630u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -71827,8 +71974,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1626u32,
+        wire: 1932u32,
+        call: 1630u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -71902,8 +72049,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_22: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_23: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1828u32,
+        wire: 2134u32,
+        call: 1832u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -71929,8 +72076,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1829u32,
+        wire: 2135u32,
+        call: 1833u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -71953,8 +72100,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate1d: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1830u32,
+        wire: 2136u32,
+        call: 1834u32,
         name: "cufftEstimate1d",
         form: None,
         library: "cufft",
@@ -71992,8 +72139,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate2d: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1831u32,
+        wire: 2137u32,
+        call: 1835u32,
         name: "cufftEstimate2d",
         form: None,
         library: "cufft",
@@ -72031,8 +72178,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate3d: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1832u32,
+        wire: 2138u32,
+        call: 1836u32,
         name: "cufftEstimate3d",
         form: None,
         library: "cufft",
@@ -72074,8 +72221,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimateMany: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1833u32,
+        wire: 2139u32,
+        call: 1837u32,
         name: "cufftEstimateMany",
         form: None,
         library: "cufft",
@@ -72150,8 +72297,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2C: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1834u32,
+        wire: 2140u32,
+        call: 1838u32,
         name: "cufftExecC2C",
         form: None,
         library: "cufft",
@@ -72180,8 +72327,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2R: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1835u32,
+        wire: 2141u32,
+        call: 1839u32,
         name: "cufftExecC2R",
         form: None,
         library: "cufft",
@@ -72206,8 +72353,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecD2Z: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1836u32,
+        wire: 2142u32,
+        call: 1840u32,
         name: "cufftExecD2Z",
         form: None,
         library: "cufft",
@@ -72232,8 +72379,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecR2C: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1837u32,
+        wire: 2143u32,
+        call: 1841u32,
         name: "cufftExecR2C",
         form: None,
         library: "cufft",
@@ -72258,8 +72405,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2D: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1838u32,
+        wire: 2144u32,
+        call: 1842u32,
         name: "cufftExecZ2D",
         form: None,
         library: "cufft",
@@ -72284,8 +72431,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2Z: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1839u32,
+        wire: 2145u32,
+        call: 1843u32,
         name: "cufftExecZ2Z",
         form: None,
         library: "cufft",
@@ -72314,8 +72461,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1840u32,
+        wire: 2146u32,
+        call: 1844u32,
         name: "cufftGetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -72349,8 +72496,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetProperty: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1841u32,
+        wire: 2147u32,
+        call: 1845u32,
         name: "cufftGetProperty",
         form: None,
         library: "cufft",
@@ -72380,8 +72527,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1842u32,
+        wire: 2148u32,
+        call: 1846u32,
         name: "cufftGetSize",
         form: None,
         library: "cufft",
@@ -72411,8 +72558,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize1d: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1843u32,
+        wire: 2149u32,
+        call: 1847u32,
         name: "cufftGetSize1d",
         form: None,
         library: "cufft",
@@ -72454,8 +72601,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize2d: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1844u32,
+        wire: 2150u32,
+        call: 1848u32,
         name: "cufftGetSize2d",
         form: None,
         library: "cufft",
@@ -72497,8 +72644,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize3d: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1845u32,
+        wire: 2151u32,
+        call: 1849u32,
         name: "cufftGetSize3d",
         form: None,
         library: "cufft",
@@ -72544,8 +72691,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1846u32,
+        wire: 2152u32,
+        call: 1850u32,
         name: "cufftGetSizeMany",
         form: None,
         library: "cufft",
@@ -72624,8 +72771,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany64: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1847u32,
+        wire: 2153u32,
+        call: 1851u32,
         name: "cufftGetSizeMany64",
         form: None,
         library: "cufft",
@@ -72704,8 +72851,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetVersion: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1848u32,
+        wire: 2154u32,
+        call: 1852u32,
         name: "cufftGetVersion",
         form: None,
         library: "cufft",
@@ -72731,8 +72878,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan1d: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1849u32,
+        wire: 2155u32,
+        call: 1853u32,
         name: "cufftMakePlan1d",
         form: None,
         library: "cufft",
@@ -72774,8 +72921,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan2d: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1850u32,
+        wire: 2156u32,
+        call: 1854u32,
         name: "cufftMakePlan2d",
         form: None,
         library: "cufft",
@@ -72817,8 +72964,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan3d: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1851u32,
+        wire: 2157u32,
+        call: 1855u32,
         name: "cufftMakePlan3d",
         form: None,
         library: "cufft",
@@ -72864,8 +73011,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1852u32,
+        wire: 2158u32,
+        call: 1856u32,
         name: "cufftMakePlanMany",
         form: None,
         library: "cufft",
@@ -72944,8 +73091,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany64: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1853u32,
+        wire: 2159u32,
+        call: 1857u32,
         name: "cufftMakePlanMany64",
         form: None,
         library: "cufft",
@@ -73024,8 +73171,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan1d: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1854u32,
+        wire: 2160u32,
+        call: 1858u32,
         name: "cufftPlan1d",
         form: None,
         library: "cufft",
@@ -73063,8 +73210,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan2d: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1855u32,
+        wire: 2161u32,
+        call: 1859u32,
         name: "cufftPlan2d",
         form: None,
         library: "cufft",
@@ -73102,8 +73249,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan3d: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1856u32,
+        wire: 2162u32,
+        call: 1860u32,
         name: "cufftPlan3d",
         form: None,
         library: "cufft",
@@ -73145,8 +73292,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlanMany: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1857u32,
+        wire: 2163u32,
+        call: 1861u32,
         name: "cufftPlanMany",
         form: None,
         library: "cufft",
@@ -73221,8 +73368,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1858u32,
+        wire: 2164u32,
+        call: 1862u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -73249,8 +73396,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1859u32,
+        wire: 2165u32,
+        call: 1863u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -73277,8 +73424,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1860u32,
+        wire: 2166u32,
+        call: 1864u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -73309,8 +73456,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1861u32,
+        wire: 2167u32,
+        call: 1865u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -73337,8 +73484,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1862u32,
+        wire: 2168u32,
+        call: 1866u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -73362,8 +73509,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1863u32,
+        wire: 2169u32,
+        call: 1867u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -73390,8 +73537,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1864u32,
+        wire: 2170u32,
+        call: 1868u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -73420,8 +73567,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtGetSizeMany: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1865u32,
+        wire: 2171u32,
+        call: 1869u32,
         name: "cufftXtGetSizeMany",
         form: None,
         library: "cufft",
@@ -73508,8 +73655,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1866u32,
+        wire: 2172u32,
+        call: 1870u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -73596,8 +73743,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1867u32,
+        wire: 2173u32,
+        call: 1871u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -73628,8 +73775,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1868u32,
+        wire: 2174u32,
+        call: 1872u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -73669,8 +73816,8 @@ pub mod cufft {
 pub mod cupti {
     use chidori_protocol::desc::*;
     pub static cuptiGetVersion: CallDesc = CallDesc {
-        wire: 2871u32,
-        call: 2556u32,
+        wire: 2880u32,
+        call: 2565u32,
         name: "cuptiGetVersion",
         form: None,
         library: "cupti",
@@ -73699,8 +73846,8 @@ pub mod cupti {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1869u32,
+        wire: 2175u32,
+        call: 1873u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -73727,8 +73874,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1870u32,
+        wire: 2176u32,
+        call: 1874u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -73755,8 +73902,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1871u32,
+        wire: 2177u32,
+        call: 1875u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -73779,8 +73926,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1872u32,
+        wire: 2178u32,
+        call: 1876u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -73803,8 +73950,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerate: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1873u32,
+        wire: 2179u32,
+        call: 1877u32,
         name: "curandGenerate",
         form: None,
         library: "curand",
@@ -73832,8 +73979,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomial: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1874u32,
+        wire: 2180u32,
+        call: 1878u32,
         name: "curandGenerateBinomial",
         form: None,
         library: "curand",
@@ -73869,8 +74016,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomialMethod: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1875u32,
+        wire: 2181u32,
+        call: 1879u32,
         name: "curandGenerateBinomialMethod",
         form: None,
         library: "curand",
@@ -73910,8 +74057,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormal: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1876u32,
+        wire: 2182u32,
+        call: 1880u32,
         name: "curandGenerateLogNormal",
         form: None,
         library: "curand",
@@ -73947,8 +74094,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormalDouble: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1877u32,
+        wire: 2183u32,
+        call: 1881u32,
         name: "curandGenerateLogNormalDouble",
         form: None,
         library: "curand",
@@ -73984,8 +74131,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLongLong: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1878u32,
+        wire: 2184u32,
+        call: 1882u32,
         name: "curandGenerateLongLong",
         form: None,
         library: "curand",
@@ -74013,8 +74160,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormal: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1879u32,
+        wire: 2185u32,
+        call: 1883u32,
         name: "curandGenerateNormal",
         form: None,
         library: "curand",
@@ -74050,8 +74197,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormalDouble: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1880u32,
+        wire: 2186u32,
+        call: 1884u32,
         name: "curandGenerateNormalDouble",
         form: None,
         library: "curand",
@@ -74087,8 +74234,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoisson: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1881u32,
+        wire: 2187u32,
+        call: 1885u32,
         name: "curandGeneratePoisson",
         form: None,
         library: "curand",
@@ -74120,8 +74267,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoissonMethod: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1882u32,
+        wire: 2188u32,
+        call: 1886u32,
         name: "curandGeneratePoissonMethod",
         form: None,
         library: "curand",
@@ -74157,8 +74304,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1883u32,
+        wire: 2189u32,
+        call: 1887u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -74181,8 +74328,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniform: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1884u32,
+        wire: 2190u32,
+        call: 1888u32,
         name: "curandGenerateUniform",
         form: None,
         library: "curand",
@@ -74210,8 +74357,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniformDouble: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1885u32,
+        wire: 2191u32,
+        call: 1889u32,
         name: "curandGenerateUniformDouble",
         form: None,
         library: "curand",
@@ -74239,8 +74386,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetProperty: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1886u32,
+        wire: 2192u32,
+        call: 1890u32,
         name: "curandGetProperty",
         form: None,
         library: "curand",
@@ -74270,8 +74417,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetVersion: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1887u32,
+        wire: 2193u32,
+        call: 1891u32,
         name: "curandGetVersion",
         form: None,
         library: "curand",
@@ -74297,8 +74444,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1888u32,
+        wire: 2194u32,
+        call: 1892u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -74325,8 +74472,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1889u32,
+        wire: 2195u32,
+        call: 1893u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -74353,8 +74500,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1890u32,
+        wire: 2196u32,
+        call: 1894u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -74381,8 +74528,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1891u32,
+        wire: 2197u32,
+        call: 1895u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -74409,8 +74556,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1892u32,
+        wire: 2198u32,
+        call: 1896u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -74449,8 +74596,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2196u32,
+        wire: 2504u32,
+        call: 2202u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74488,8 +74635,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2197u32,
+        wire: 2505u32,
+        call: 2203u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -74532,8 +74679,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2198u32,
+        wire: 2506u32,
+        call: 2204u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -74576,8 +74723,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2199u32,
+        wire: 2507u32,
+        call: 2205u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -74639,8 +74786,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2200u32,
+        wire: 2508u32,
+        call: 2206u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74678,8 +74825,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2201u32,
+        wire: 2509u32,
+        call: 2207u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -74767,8 +74914,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2202u32,
+        wire: 2510u32,
+        call: 2208u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -74850,8 +74997,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2203u32,
+        wire: 2511u32,
+        call: 2209u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -74916,8 +75063,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2204u32,
+        wire: 2512u32,
+        call: 2210u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -74982,8 +75129,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2205u32,
+        wire: 2513u32,
+        call: 2211u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75049,8 +75196,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2206u32,
+        wire: 2514u32,
+        call: 2212u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75116,8 +75263,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2207u32,
+        wire: 2515u32,
+        call: 2213u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -75156,8 +75303,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2208u32,
+        wire: 2516u32,
+        call: 2214u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75200,8 +75347,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2209u32,
+        wire: 2517u32,
+        call: 2215u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -75248,8 +75395,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2210u32,
+        wire: 2518u32,
+        call: 2216u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -75296,8 +75443,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2211u32,
+        wire: 2519u32,
+        call: 2217u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75345,8 +75492,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2212u32,
+        wire: 2520u32,
+        call: 2218u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -75397,8 +75544,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2213u32,
+        wire: 2521u32,
+        call: 2219u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -75453,8 +75600,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2214u32,
+        wire: 2522u32,
+        call: 2220u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75510,8 +75657,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2215u32,
+        wire: 2523u32,
+        call: 2221u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75563,8 +75710,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2216u32,
+        wire: 2524u32,
+        call: 2222u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -75620,8 +75767,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2217u32,
+        wire: 2525u32,
+        call: 2223u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75678,8 +75825,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2218u32,
+        wire: 2526u32,
+        call: 2224u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -75739,8 +75886,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2219u32,
+        wire: 2527u32,
+        call: 2225u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75801,8 +75948,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2220u32,
+        wire: 2528u32,
+        call: 2226u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -75847,8 +75994,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2221u32,
+        wire: 2529u32,
+        call: 2227u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -75890,8 +76037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2222u32,
+        wire: 2530u32,
+        call: 2228u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -75934,8 +76081,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2223u32,
+        wire: 2531u32,
+        call: 2229u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -75977,8 +76124,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2224u32,
+        wire: 2532u32,
+        call: 2230u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -76019,8 +76166,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2225u32,
+        wire: 2533u32,
+        call: 2231u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76063,8 +76210,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2226u32,
+        wire: 2534u32,
+        call: 2232u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -76106,8 +76253,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2227u32,
+        wire: 2535u32,
+        call: 2233u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76150,8 +76297,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2228u32,
+        wire: 2536u32,
+        call: 2234u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -76197,8 +76344,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2229u32,
+        wire: 2537u32,
+        call: 2235u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -76248,8 +76395,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2230u32,
+        wire: 2538u32,
+        call: 2236u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -76272,8 +76419,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2231u32,
+        wire: 2539u32,
+        call: 2237u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -76296,8 +76443,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2232u32,
+        wire: 2540u32,
+        call: 2238u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -76320,8 +76467,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2233u32,
+        wire: 2541u32,
+        call: 2239u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -76344,8 +76491,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2234u32,
+        wire: 2542u32,
+        call: 2240u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -76388,8 +76535,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2235u32,
+        wire: 2543u32,
+        call: 2241u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76428,8 +76575,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2236u32,
+        wire: 2544u32,
+        call: 2242u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -76472,8 +76619,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2237u32,
+        wire: 2545u32,
+        call: 2243u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76517,8 +76664,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2238u32,
+        wire: 2546u32,
+        call: 2244u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -76569,8 +76716,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2239u32,
+        wire: 2547u32,
+        call: 2245u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76622,8 +76769,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2240u32,
+        wire: 2548u32,
+        call: 2246u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -76670,8 +76817,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2241u32,
+        wire: 2549u32,
+        call: 2247u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76719,8 +76866,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2242u32,
+        wire: 2550u32,
+        call: 2248u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -76763,8 +76910,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2243u32,
+        wire: 2551u32,
+        call: 2249u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76808,8 +76955,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2244u32,
+        wire: 2552u32,
+        call: 2250u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -76869,8 +77016,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2245u32,
+        wire: 2553u32,
+        call: 2251u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76931,8 +77078,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2246u32,
+        wire: 2554u32,
+        call: 2252u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -76992,8 +77139,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2247u32,
+        wire: 2555u32,
+        call: 2253u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77054,8 +77201,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2248u32,
+        wire: 2556u32,
+        call: 2254u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -77078,8 +77225,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2249u32,
+        wire: 2557u32,
+        call: 2255u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77102,8 +77249,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2250u32,
+        wire: 2558u32,
+        call: 2256u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -77126,8 +77273,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2251u32,
+        wire: 2559u32,
+        call: 2257u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -77150,8 +77297,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2252u32,
+        wire: 2560u32,
+        call: 2258u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77189,8 +77336,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2253u32,
+        wire: 2561u32,
+        call: 2259u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -77233,8 +77380,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2254u32,
+        wire: 2562u32,
+        call: 2260u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77277,8 +77424,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2255u32,
+        wire: 2563u32,
+        call: 2261u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -77340,8 +77487,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2256u32,
+        wire: 2564u32,
+        call: 2262u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77379,8 +77526,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2257u32,
+        wire: 2565u32,
+        call: 2263u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -77468,8 +77615,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2258u32,
+        wire: 2566u32,
+        call: 2264u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77551,8 +77698,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2259u32,
+        wire: 2567u32,
+        call: 2265u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -77617,8 +77764,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2260u32,
+        wire: 2568u32,
+        call: 2266u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -77683,8 +77830,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2261u32,
+        wire: 2569u32,
+        call: 2267u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77750,8 +77897,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2262u32,
+        wire: 2570u32,
+        call: 2268u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -77817,8 +77964,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2263u32,
+        wire: 2571u32,
+        call: 2269u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -77857,8 +78004,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2264u32,
+        wire: 2572u32,
+        call: 2270u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77901,8 +78048,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2265u32,
+        wire: 2573u32,
+        call: 2271u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -77949,8 +78096,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2266u32,
+        wire: 2574u32,
+        call: 2272u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -77995,8 +78142,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2267u32,
+        wire: 2575u32,
+        call: 2273u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -78038,8 +78185,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2268u32,
+        wire: 2576u32,
+        call: 2274u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78082,8 +78229,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2269u32,
+        wire: 2577u32,
+        call: 2275u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -78134,8 +78281,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2270u32,
+        wire: 2578u32,
+        call: 2276u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78187,8 +78334,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2271u32,
+        wire: 2579u32,
+        call: 2277u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -78235,8 +78382,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2272u32,
+        wire: 2580u32,
+        call: 2278u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78284,8 +78431,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2273u32,
+        wire: 2581u32,
+        call: 2279u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -78328,8 +78475,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2274u32,
+        wire: 2582u32,
+        call: 2280u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78373,8 +78520,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2275u32,
+        wire: 2583u32,
+        call: 2281u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -78434,8 +78581,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2276u32,
+        wire: 2584u32,
+        call: 2282u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78496,8 +78643,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2277u32,
+        wire: 2585u32,
+        call: 2283u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -78557,8 +78704,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2278u32,
+        wire: 2586u32,
+        call: 2284u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78619,8 +78766,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2279u32,
+        wire: 2587u32,
+        call: 2285u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -78662,8 +78809,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2280u32,
+        wire: 2588u32,
+        call: 2286u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -78704,8 +78851,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2281u32,
+        wire: 2589u32,
+        call: 2287u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78748,8 +78895,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2282u32,
+        wire: 2590u32,
+        call: 2288u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -78791,8 +78938,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2283u32,
+        wire: 2591u32,
+        call: 2289u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -78835,8 +78982,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2284u32,
+        wire: 2592u32,
+        call: 2290u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -78882,8 +79029,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2285u32,
+        wire: 2593u32,
+        call: 2291u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -78933,8 +79080,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2286u32,
+        wire: 2594u32,
+        call: 2292u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -78981,8 +79128,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2287u32,
+        wire: 2595u32,
+        call: 2293u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79030,8 +79177,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2288u32,
+        wire: 2596u32,
+        call: 2294u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -79082,8 +79229,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2289u32,
+        wire: 2597u32,
+        call: 2295u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -79138,8 +79285,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2290u32,
+        wire: 2598u32,
+        call: 2296u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -79195,8 +79342,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2291u32,
+        wire: 2599u32,
+        call: 2297u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -79248,8 +79395,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2292u32,
+        wire: 2600u32,
+        call: 2298u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -79305,8 +79452,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2293u32,
+        wire: 2601u32,
+        call: 2299u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79363,8 +79510,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2294u32,
+        wire: 2602u32,
+        call: 2300u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -79424,8 +79571,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2295u32,
+        wire: 2603u32,
+        call: 2301u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -79486,8 +79633,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2296u32,
+        wire: 2604u32,
+        call: 2302u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -79530,8 +79677,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2297u32,
+        wire: 2605u32,
+        call: 2303u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79570,8 +79717,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2298u32,
+        wire: 2606u32,
+        call: 2304u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -79614,8 +79761,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2299u32,
+        wire: 2607u32,
+        call: 2305u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79659,8 +79806,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2300u32,
+        wire: 2608u32,
+        call: 2306u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -79687,8 +79834,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2301u32,
+        wire: 2609u32,
+        call: 2307u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -79747,8 +79894,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2302u32,
+        wire: 2610u32,
+        call: 2308u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -79771,8 +79918,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2303u32,
+        wire: 2611u32,
+        call: 2309u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -79795,8 +79942,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2304u32,
+        wire: 2612u32,
+        call: 2310u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -79819,8 +79966,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2305u32,
+        wire: 2613u32,
+        call: 2311u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -79843,8 +79990,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2306u32,
+        wire: 2614u32,
+        call: 2312u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -79867,8 +80014,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2307u32,
+        wire: 2615u32,
+        call: 2313u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -79891,8 +80038,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2308u32,
+        wire: 2616u32,
+        call: 2314u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -79915,8 +80062,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2309u32,
+        wire: 2617u32,
+        call: 2315u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -79943,8 +80090,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2310u32,
+        wire: 2618u32,
+        call: 2316u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -79971,8 +80118,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2311u32,
+        wire: 2619u32,
+        call: 2317u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -79999,8 +80146,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2312u32,
+        wire: 2620u32,
+        call: 2318u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -80027,8 +80174,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2313u32,
+        wire: 2621u32,
+        call: 2319u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -80055,8 +80202,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2314u32,
+        wire: 2622u32,
+        call: 2320u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -80087,8 +80234,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2315u32,
+        wire: 2623u32,
+        call: 2321u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -80115,8 +80262,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2316u32,
+        wire: 2624u32,
+        call: 2322u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -80143,8 +80290,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2317u32,
+        wire: 2625u32,
+        call: 2323u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -80162,8 +80309,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2318u32,
+        wire: 2626u32,
+        call: 2324u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -80186,8 +80333,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2319u32,
+        wire: 2627u32,
+        call: 2325u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -80210,8 +80357,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2320u32,
+        wire: 2628u32,
+        call: 2326u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -80269,8 +80416,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2321u32,
+        wire: 2629u32,
+        call: 2327u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -80301,8 +80448,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2322u32,
+        wire: 2630u32,
+        call: 2328u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -80329,8 +80476,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2323u32,
+        wire: 2631u32,
+        call: 2329u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -80357,8 +80504,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2324u32,
+        wire: 2632u32,
+        call: 2330u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -80385,8 +80532,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2325u32,
+        wire: 2633u32,
+        call: 2331u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -80413,8 +80560,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2326u32,
+        wire: 2634u32,
+        call: 2332u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80452,8 +80599,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2327u32,
+        wire: 2635u32,
+        call: 2333u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -80496,8 +80643,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2328u32,
+        wire: 2636u32,
+        call: 2334u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80540,8 +80687,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2329u32,
+        wire: 2637u32,
+        call: 2335u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -80603,8 +80750,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2330u32,
+        wire: 2638u32,
+        call: 2336u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80642,8 +80789,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2331u32,
+        wire: 2639u32,
+        call: 2337u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -80731,8 +80878,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2332u32,
+        wire: 2640u32,
+        call: 2338u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -80814,8 +80961,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2333u32,
+        wire: 2641u32,
+        call: 2339u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -80880,8 +81027,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2334u32,
+        wire: 2642u32,
+        call: 2340u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -80946,8 +81093,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2335u32,
+        wire: 2643u32,
+        call: 2341u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81013,8 +81160,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2336u32,
+        wire: 2644u32,
+        call: 2342u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -81080,8 +81227,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2337u32,
+        wire: 2645u32,
+        call: 2343u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -81120,8 +81267,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2338u32,
+        wire: 2646u32,
+        call: 2344u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81164,8 +81311,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2339u32,
+        wire: 2647u32,
+        call: 2345u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -81212,8 +81359,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2340u32,
+        wire: 2648u32,
+        call: 2346u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -81258,8 +81405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2341u32,
+        wire: 2649u32,
+        call: 2347u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -81301,8 +81448,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2342u32,
+        wire: 2650u32,
+        call: 2348u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -81345,8 +81492,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2343u32,
+        wire: 2651u32,
+        call: 2349u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -81397,8 +81544,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2344u32,
+        wire: 2652u32,
+        call: 2350u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81450,8 +81597,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2345u32,
+        wire: 2653u32,
+        call: 2351u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -81498,8 +81645,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2346u32,
+        wire: 2654u32,
+        call: 2352u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81547,8 +81694,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2347u32,
+        wire: 2655u32,
+        call: 2353u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -81591,8 +81738,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2348u32,
+        wire: 2656u32,
+        call: 2354u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81636,8 +81783,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2349u32,
+        wire: 2657u32,
+        call: 2355u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -81697,8 +81844,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2350u32,
+        wire: 2658u32,
+        call: 2356u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81759,8 +81906,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2351u32,
+        wire: 2659u32,
+        call: 2357u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -81820,8 +81967,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2352u32,
+        wire: 2660u32,
+        call: 2358u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81882,8 +82029,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2353u32,
+        wire: 2661u32,
+        call: 2359u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -81925,8 +82072,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2354u32,
+        wire: 2662u32,
+        call: 2360u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -81967,8 +82114,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2355u32,
+        wire: 2663u32,
+        call: 2361u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82011,8 +82158,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2356u32,
+        wire: 2664u32,
+        call: 2362u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -82054,8 +82201,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2357u32,
+        wire: 2665u32,
+        call: 2363u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -82098,8 +82245,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2358u32,
+        wire: 2666u32,
+        call: 2364u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -82145,8 +82292,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2359u32,
+        wire: 2667u32,
+        call: 2365u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -82196,8 +82343,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2360u32,
+        wire: 2668u32,
+        call: 2366u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -82244,8 +82391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2663u32,
-        call: 2361u32,
+        wire: 2669u32,
+        call: 2367u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -82293,8 +82440,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2664u32,
-        call: 2362u32,
+        wire: 2670u32,
+        call: 2368u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -82345,8 +82492,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2665u32,
-        call: 2363u32,
+        wire: 2671u32,
+        call: 2369u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -82401,8 +82548,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2666u32,
-        call: 2364u32,
+        wire: 2672u32,
+        call: 2370u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -82458,8 +82605,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2667u32,
-        call: 2365u32,
+        wire: 2673u32,
+        call: 2371u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -82511,8 +82658,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2668u32,
-        call: 2366u32,
+        wire: 2674u32,
+        call: 2372u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -82568,8 +82715,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2669u32,
-        call: 2367u32,
+        wire: 2675u32,
+        call: 2373u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -82626,8 +82773,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2670u32,
-        call: 2368u32,
+        wire: 2676u32,
+        call: 2374u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -82687,8 +82834,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2671u32,
-        call: 2369u32,
+        wire: 2677u32,
+        call: 2375u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -82749,8 +82896,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2672u32,
-        call: 2370u32,
+        wire: 2678u32,
+        call: 2376u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -82793,8 +82940,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2673u32,
-        call: 2371u32,
+        wire: 2679u32,
+        call: 2377u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82833,8 +82980,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2674u32,
-        call: 2372u32,
+        wire: 2680u32,
+        call: 2378u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -82877,8 +83024,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2675u32,
-        call: 2373u32,
+        wire: 2681u32,
+        call: 2379u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -82922,8 +83069,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2676u32,
-        call: 2374u32,
+        wire: 2682u32,
+        call: 2380u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -83015,8 +83162,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2677u32,
-        call: 2375u32,
+        wire: 2683u32,
+        call: 2381u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -83105,8 +83252,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2678u32,
-        call: 2376u32,
+        wire: 2684u32,
+        call: 2382u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -83176,8 +83323,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2679u32,
-        call: 2377u32,
+        wire: 2685u32,
+        call: 2383u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83244,8 +83391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2680u32,
-        call: 2378u32,
+        wire: 2686u32,
+        call: 2384u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -83341,8 +83488,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2681u32,
-        call: 2379u32,
+        wire: 2687u32,
+        call: 2385u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83435,8 +83582,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2682u32,
-        call: 2380u32,
+        wire: 2688u32,
+        call: 2386u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -83463,8 +83610,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2683u32,
-        call: 2381u32,
+        wire: 2689u32,
+        call: 2387u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -83491,8 +83638,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2684u32,
-        call: 2382u32,
+        wire: 2690u32,
+        call: 2388u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -83519,8 +83666,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2685u32,
-        call: 2383u32,
+        wire: 2691u32,
+        call: 2389u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -83613,8 +83760,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2686u32,
-        call: 2384u32,
+        wire: 2692u32,
+        call: 2390u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -83680,8 +83827,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2687u32,
-        call: 2385u32,
+        wire: 2693u32,
+        call: 2391u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83743,8 +83890,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2688u32,
-        call: 2386u32,
+        wire: 2694u32,
+        call: 2392u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -83803,8 +83950,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2689u32,
-        call: 2387u32,
+        wire: 2695u32,
+        call: 2393u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -83869,8 +84016,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2690u32,
-        call: 2388u32,
+        wire: 2696u32,
+        call: 2394u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83932,8 +84079,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2691u32,
-        call: 2389u32,
+        wire: 2697u32,
+        call: 2395u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -83991,8 +84138,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2692u32,
-        call: 2390u32,
+        wire: 2698u32,
+        call: 2396u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -84070,8 +84217,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2693u32,
-        call: 2391u32,
+        wire: 2699u32,
+        call: 2397u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -84146,8 +84293,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2694u32,
-        call: 2392u32,
+        wire: 2700u32,
+        call: 2398u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -84221,8 +84368,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2695u32,
-        call: 2393u32,
+        wire: 2701u32,
+        call: 2399u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84293,8 +84440,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2696u32,
-        call: 2394u32,
+        wire: 2702u32,
+        call: 2400u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -84321,8 +84468,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2697u32,
-        call: 2395u32,
+        wire: 2703u32,
+        call: 2401u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -84349,8 +84496,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2698u32,
-        call: 2396u32,
+        wire: 2704u32,
+        call: 2402u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -84377,8 +84524,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2699u32,
-        call: 2397u32,
+        wire: 2705u32,
+        call: 2403u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -84449,8 +84596,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2700u32,
-        call: 2398u32,
+        wire: 2706u32,
+        call: 2404u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -84518,8 +84665,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2701u32,
-        call: 2399u32,
+        wire: 2707u32,
+        call: 2405u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -84580,8 +84727,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2702u32,
-        call: 2400u32,
+        wire: 2708u32,
+        call: 2406u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -84639,8 +84786,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2703u32,
-        call: 2401u32,
+        wire: 2709u32,
+        call: 2407u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84678,8 +84825,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2704u32,
-        call: 2402u32,
+        wire: 2710u32,
+        call: 2408u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -84722,8 +84869,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2705u32,
-        call: 2403u32,
+        wire: 2711u32,
+        call: 2409u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84766,8 +84913,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2706u32,
-        call: 2404u32,
+        wire: 2712u32,
+        call: 2410u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -84829,8 +84976,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2707u32,
-        call: 2405u32,
+        wire: 2713u32,
+        call: 2411u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84868,8 +85015,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2708u32,
-        call: 2406u32,
+        wire: 2714u32,
+        call: 2412u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -84957,8 +85104,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2709u32,
-        call: 2407u32,
+        wire: 2715u32,
+        call: 2413u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85040,8 +85187,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2710u32,
-        call: 2408u32,
+        wire: 2716u32,
+        call: 2414u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -85106,8 +85253,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2711u32,
-        call: 2409u32,
+        wire: 2717u32,
+        call: 2415u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -85172,8 +85319,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2712u32,
-        call: 2410u32,
+        wire: 2718u32,
+        call: 2416u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85239,8 +85386,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2713u32,
-        call: 2411u32,
+        wire: 2719u32,
+        call: 2417u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -85306,8 +85453,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2714u32,
-        call: 2412u32,
+        wire: 2720u32,
+        call: 2418u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -85346,8 +85493,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2715u32,
-        call: 2413u32,
+        wire: 2721u32,
+        call: 2419u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -85390,8 +85537,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2716u32,
-        call: 2414u32,
+        wire: 2722u32,
+        call: 2420u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -85438,8 +85585,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2717u32,
-        call: 2415u32,
+        wire: 2723u32,
+        call: 2421u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -85486,8 +85633,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2718u32,
-        call: 2416u32,
+        wire: 2724u32,
+        call: 2422u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85535,8 +85682,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2719u32,
-        call: 2417u32,
+        wire: 2725u32,
+        call: 2423u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -85587,8 +85734,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2720u32,
-        call: 2418u32,
+        wire: 2726u32,
+        call: 2424u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -85643,8 +85790,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2721u32,
-        call: 2419u32,
+        wire: 2727u32,
+        call: 2425u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85700,8 +85847,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2722u32,
-        call: 2420u32,
+        wire: 2728u32,
+        call: 2426u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -85753,8 +85900,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2723u32,
-        call: 2421u32,
+        wire: 2729u32,
+        call: 2427u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -85810,8 +85957,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2724u32,
-        call: 2422u32,
+        wire: 2730u32,
+        call: 2428u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85868,8 +86015,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2725u32,
-        call: 2423u32,
+        wire: 2731u32,
+        call: 2429u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -85929,8 +86076,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2726u32,
-        call: 2424u32,
+        wire: 2732u32,
+        call: 2430u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -85991,8 +86138,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2727u32,
-        call: 2425u32,
+        wire: 2733u32,
+        call: 2431u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -86037,8 +86184,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2728u32,
-        call: 2426u32,
+        wire: 2734u32,
+        call: 2432u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -86080,8 +86227,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2729u32,
-        call: 2427u32,
+        wire: 2735u32,
+        call: 2433u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -86124,8 +86271,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2730u32,
-        call: 2428u32,
+        wire: 2736u32,
+        call: 2434u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -86167,8 +86314,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2731u32,
-        call: 2429u32,
+        wire: 2737u32,
+        call: 2435u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -86209,8 +86356,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2732u32,
-        call: 2430u32,
+        wire: 2738u32,
+        call: 2436u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86253,8 +86400,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2733u32,
-        call: 2431u32,
+        wire: 2739u32,
+        call: 2437u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -86296,8 +86443,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2734u32,
-        call: 2432u32,
+        wire: 2740u32,
+        call: 2438u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -86340,8 +86487,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2735u32,
-        call: 2433u32,
+        wire: 2741u32,
+        call: 2439u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -86387,8 +86534,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2736u32,
-        call: 2434u32,
+        wire: 2742u32,
+        call: 2440u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -86438,8 +86585,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2737u32,
-        call: 2435u32,
+        wire: 2743u32,
+        call: 2441u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -86482,8 +86629,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2738u32,
-        call: 2436u32,
+        wire: 2744u32,
+        call: 2442u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86522,8 +86669,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2739u32,
-        call: 2437u32,
+        wire: 2745u32,
+        call: 2443u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -86566,8 +86713,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2740u32,
-        call: 2438u32,
+        wire: 2746u32,
+        call: 2444u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -86611,8 +86758,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2741u32,
-        call: 2439u32,
+        wire: 2747u32,
+        call: 2445u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -86663,8 +86810,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2742u32,
-        call: 2440u32,
+        wire: 2748u32,
+        call: 2446u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -86716,8 +86863,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2743u32,
-        call: 2441u32,
+        wire: 2749u32,
+        call: 2447u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -86764,8 +86911,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2744u32,
-        call: 2442u32,
+        wire: 2750u32,
+        call: 2448u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -86813,8 +86960,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2745u32,
-        call: 2443u32,
+        wire: 2751u32,
+        call: 2449u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -86857,8 +87004,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2746u32,
-        call: 2444u32,
+        wire: 2752u32,
+        call: 2450u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -86902,8 +87049,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2747u32,
-        call: 2445u32,
+        wire: 2753u32,
+        call: 2451u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -86963,8 +87110,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2748u32,
-        call: 2446u32,
+        wire: 2754u32,
+        call: 2452u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87025,8 +87172,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2749u32,
-        call: 2447u32,
+        wire: 2755u32,
+        call: 2453u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -87086,8 +87233,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2750u32,
-        call: 2448u32,
+        wire: 2756u32,
+        call: 2454u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87147,9 +87294,67 @@ pub mod cusolver {
         },
         only_waits: false,
     };
+    pub static cusolverGetProperty: CallDesc = CallDesc {
+        wire: 2757u32,
+        call: 2455u32,
+        name: "cusolverGetProperty",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusolverGetVersion: CallDesc = CallDesc {
+        wire: 2758u32,
+        call: 2456u32,
+        name: "cusolverGetVersion",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2751u32,
-        call: 2449u32,
+        wire: 2759u32,
+        call: 2457u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -87172,8 +87377,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2752u32,
-        call: 2450u32,
+        wire: 2760u32,
+        call: 2458u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -87196,8 +87401,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2753u32,
-        call: 2451u32,
+        wire: 2761u32,
+        call: 2459u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -87220,8 +87425,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2754u32,
-        call: 2452u32,
+        wire: 2762u32,
+        call: 2460u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -87244,8 +87449,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2755u32,
-        call: 2453u32,
+        wire: 2763u32,
+        call: 2461u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -87268,8 +87473,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2756u32,
-        call: 2454u32,
+        wire: 2764u32,
+        call: 2462u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -87292,8 +87497,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2757u32,
-        call: 2455u32,
+        wire: 2765u32,
+        call: 2463u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -87324,8 +87529,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2758u32,
-        call: 2456u32,
+        wire: 2766u32,
+        call: 2464u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -87356,8 +87561,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2759u32,
-        call: 2457u32,
+        wire: 2767u32,
+        call: 2465u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -87388,8 +87593,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2760u32,
-        call: 2458u32,
+        wire: 2768u32,
+        call: 2466u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -87416,8 +87621,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2761u32,
-        call: 2459u32,
+        wire: 2769u32,
+        call: 2467u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -87440,8 +87645,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2460u32,
+        wire: 2770u32,
+        call: 2468u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -87464,8 +87669,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2461u32,
+        wire: 2771u32,
+        call: 2469u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -87488,8 +87693,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2462u32,
+        wire: 2772u32,
+        call: 2470u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -87512,8 +87717,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2463u32,
+        wire: 2773u32,
+        call: 2471u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -87540,8 +87745,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2464u32,
+        wire: 2774u32,
+        call: 2472u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -87859,8 +88064,8 @@ pub mod cusparse {
         ],
     );
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1893u32,
+        wire: 2199u32,
+        call: 1897u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -87903,8 +88108,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1894u32,
+        wire: 2200u32,
+        call: 1898u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -87943,8 +88148,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1895u32,
+        wire: 2201u32,
+        call: 1899u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -87997,8 +88202,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1896u32,
+        wire: 2202u32,
+        call: 1900u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -88053,8 +88258,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1897u32,
+        wire: 2203u32,
+        call: 1901u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88111,8 +88316,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1898u32,
+        wire: 2204u32,
+        call: 1902u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -88167,8 +88372,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1899u32,
+        wire: 2205u32,
+        call: 1903u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -88223,8 +88428,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1900u32,
+        wire: 2206u32,
+        call: 1904u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88281,8 +88486,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1901u32,
+        wire: 2207u32,
+        call: 1905u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -88366,8 +88571,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1902u32,
+        wire: 2208u32,
+        call: 1906u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -88435,8 +88640,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1903u32,
+        wire: 2209u32,
+        call: 1907u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -88503,8 +88708,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1904u32,
+        wire: 2210u32,
+        call: 1908u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88573,8 +88778,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1905u32,
+        wire: 2211u32,
+        call: 1909u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88657,8 +88862,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1906u32,
+        wire: 2212u32,
+        call: 1910u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88717,8 +88922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1907u32,
+        wire: 2213u32,
+        call: 1911u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88779,8 +88984,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1908u32,
+        wire: 2214u32,
+        call: 1912u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -88847,8 +89052,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1909u32,
+        wire: 2215u32,
+        call: 1913u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -88922,8 +89127,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1910u32,
+        wire: 2216u32,
+        call: 1914u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -88976,8 +89181,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1911u32,
+        wire: 2217u32,
+        call: 1915u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -89024,8 +89229,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1912u32,
+        wire: 2218u32,
+        call: 1916u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -89083,8 +89288,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1913u32,
+        wire: 2219u32,
+        call: 1917u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -89141,8 +89346,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1914u32,
+        wire: 2220u32,
+        call: 1918u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -89215,8 +89420,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1915u32,
+        wire: 2221u32,
+        call: 1919u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89295,8 +89500,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1916u32,
+        wire: 2222u32,
+        call: 1920u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -89388,8 +89593,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1917u32,
+        wire: 2223u32,
+        call: 1921u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89477,8 +89682,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1918u32,
+        wire: 2224u32,
+        call: 1922u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -89525,8 +89730,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1919u32,
+        wire: 2225u32,
+        call: 1923u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89575,8 +89780,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1920u32,
+        wire: 2226u32,
+        call: 1924u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89623,8 +89828,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1921u32,
+        wire: 2227u32,
+        call: 1925u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89673,8 +89878,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1922u32,
+        wire: 2228u32,
+        call: 1926u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89748,8 +89953,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1923u32,
+        wire: 2229u32,
+        call: 1927u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -89823,8 +90028,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1924u32,
+        wire: 2230u32,
+        call: 1928u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -89875,8 +90080,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1925u32,
+        wire: 2231u32,
+        call: 1929u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89929,8 +90134,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1926u32,
+        wire: 2232u32,
+        call: 1930u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89989,8 +90194,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1927u32,
+        wire: 2233u32,
+        call: 1931u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -90037,8 +90242,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1928u32,
+        wire: 2234u32,
+        call: 1932u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90087,8 +90292,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1929u32,
+        wire: 2235u32,
+        call: 1933u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -90145,8 +90350,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1930u32,
+        wire: 2236u32,
+        call: 1934u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -90199,8 +90404,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1931u32,
+        wire: 2237u32,
+        call: 1935u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -90270,8 +90475,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1932u32,
+        wire: 2238u32,
+        call: 1936u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -90340,8 +90545,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1933u32,
+        wire: 2239u32,
+        call: 1937u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -90399,8 +90604,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1934u32,
+        wire: 2240u32,
+        call: 1938u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -90458,8 +90663,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1935u32,
+        wire: 2241u32,
+        call: 1939u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -90483,8 +90688,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1936u32,
+        wire: 2242u32,
+        call: 1940u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -90508,8 +90713,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1937u32,
+        wire: 2243u32,
+        call: 1941u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -90533,8 +90738,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1938u32,
+        wire: 2244u32,
+        call: 1942u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -90558,8 +90763,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1939u32,
+        wire: 2245u32,
+        call: 1943u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -90619,8 +90824,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1940u32,
+        wire: 2246u32,
+        call: 1944u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -90686,8 +90891,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1941u32,
+        wire: 2247u32,
+        call: 1945u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -90713,8 +90918,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1942u32,
+        wire: 2248u32,
+        call: 1946u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -90745,8 +90950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1943u32,
+        wire: 2249u32,
+        call: 1947u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -90773,8 +90978,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1944u32,
+        wire: 2250u32,
+        call: 1948u32,
         name: "cusparseCreate",
         form: Some(Form::Call),
         library: "cusparse",
@@ -90797,8 +91002,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1945u32,
+        wire: 2251u32,
+        call: 1949u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -90864,8 +91069,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1946u32,
+        wire: 2252u32,
+        call: 1950u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -90888,8 +91093,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1947u32,
+        wire: 2253u32,
+        call: 1951u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -90912,8 +91117,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1948u32,
+        wire: 2254u32,
+        call: 1952u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -90936,8 +91141,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1949u32,
+        wire: 2255u32,
+        call: 1953u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -90960,8 +91165,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1950u32,
+        wire: 2256u32,
+        call: 1954u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -90984,8 +91189,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1951u32,
+        wire: 2257u32,
+        call: 1955u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -91051,8 +91256,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1952u32,
+        wire: 2258u32,
+        call: 1956u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -91102,8 +91307,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1953u32,
+        wire: 2259u32,
+        call: 1957u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -91157,8 +91362,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1954u32,
+        wire: 2260u32,
+        call: 1958u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -91202,8 +91407,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1955u32,
+        wire: 2261u32,
+        call: 1959u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -91235,8 +91440,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1956u32,
+        wire: 2262u32,
+        call: 1960u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -91286,8 +91491,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1957u32,
+        wire: 2263u32,
+        call: 1961u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -91336,8 +91541,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1958u32,
+        wire: 2264u32,
+        call: 1962u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -91391,8 +91596,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1959u32,
+        wire: 2265u32,
+        call: 1963u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -91415,8 +91620,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1960u32,
+        wire: 2266u32,
+        call: 1964u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -91439,8 +91644,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1961u32,
+        wire: 2267u32,
+        call: 1965u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91463,8 +91668,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1962u32,
+        wire: 2268u32,
+        call: 1966u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91487,8 +91692,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1963u32,
+        wire: 2269u32,
+        call: 1967u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91511,8 +91716,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1964u32,
+        wire: 2270u32,
+        call: 1968u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -91535,8 +91740,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1965u32,
+        wire: 2271u32,
+        call: 1969u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -91580,8 +91785,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1966u32,
+        wire: 2272u32,
+        call: 1970u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -91613,8 +91818,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1967u32,
+        wire: 2273u32,
+        call: 1971u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -91642,8 +91847,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1968u32,
+        wire: 2274u32,
+        call: 1972u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -91666,8 +91871,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1969u32,
+        wire: 2275u32,
+        call: 1973u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -91690,8 +91895,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1970u32,
+        wire: 2276u32,
+        call: 1974u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -91717,8 +91922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1971u32,
+        wire: 2277u32,
+        call: 1975u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -91753,8 +91958,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1972u32,
+        wire: 2278u32,
+        call: 1976u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -91807,8 +92012,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1973u32,
+        wire: 2279u32,
+        call: 1977u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -91863,8 +92068,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1974u32,
+        wire: 2280u32,
+        call: 1978u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -91921,8 +92126,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1975u32,
+        wire: 2281u32,
+        call: 1979u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -91977,8 +92182,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 1976u32,
+        wire: 2282u32,
+        call: 1980u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92033,8 +92238,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 1977u32,
+        wire: 2283u32,
+        call: 1981u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92091,8 +92296,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 1978u32,
+        wire: 2284u32,
+        call: 1982u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -92176,8 +92381,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 1979u32,
+        wire: 2285u32,
+        call: 1983u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -92245,8 +92450,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 1980u32,
+        wire: 2286u32,
+        call: 1984u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -92313,8 +92518,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 1981u32,
+        wire: 2287u32,
+        call: 1985u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -92383,8 +92588,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 1982u32,
+        wire: 2288u32,
+        call: 1986u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -92467,8 +92672,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 1983u32,
+        wire: 2289u32,
+        call: 1987u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -92527,8 +92732,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 1984u32,
+        wire: 2290u32,
+        call: 1988u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -92589,8 +92794,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 1985u32,
+        wire: 2291u32,
+        call: 1989u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -92657,8 +92862,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 1986u32,
+        wire: 2292u32,
+        call: 1990u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -92732,8 +92937,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 1987u32,
+        wire: 2293u32,
+        call: 1991u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -92786,8 +92991,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 1988u32,
+        wire: 2294u32,
+        call: 1992u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -92834,8 +93039,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 1989u32,
+        wire: 2295u32,
+        call: 1993u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -92893,8 +93098,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 1990u32,
+        wire: 2296u32,
+        call: 1994u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -92951,8 +93156,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 1991u32,
+        wire: 2297u32,
+        call: 1995u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -93025,8 +93230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 1992u32,
+        wire: 2298u32,
+        call: 1996u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93105,8 +93310,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 1993u32,
+        wire: 2299u32,
+        call: 1997u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -93198,8 +93403,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 1994u32,
+        wire: 2300u32,
+        call: 1998u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93287,8 +93492,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 1995u32,
+        wire: 2301u32,
+        call: 1999u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -93335,8 +93540,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 1996u32,
+        wire: 2302u32,
+        call: 2000u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93385,8 +93590,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 1997u32,
+        wire: 2303u32,
+        call: 2001u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -93433,8 +93638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 1998u32,
+        wire: 2304u32,
+        call: 2002u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93483,8 +93688,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 1999u32,
+        wire: 2305u32,
+        call: 2003u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -93558,8 +93763,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2000u32,
+        wire: 2306u32,
+        call: 2004u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93633,8 +93838,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2001u32,
+        wire: 2307u32,
+        call: 2005u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93685,8 +93890,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2002u32,
+        wire: 2308u32,
+        call: 2006u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93739,8 +93944,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2003u32,
+        wire: 2309u32,
+        call: 2007u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -93799,8 +94004,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2004u32,
+        wire: 2310u32,
+        call: 2008u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -93847,8 +94052,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2005u32,
+        wire: 2311u32,
+        call: 2009u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93897,8 +94102,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2006u32,
+        wire: 2312u32,
+        call: 2010u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -93934,8 +94139,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2007u32,
+        wire: 2313u32,
+        call: 2011u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -93977,8 +94182,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2008u32,
+        wire: 2314u32,
+        call: 2012u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -94014,8 +94219,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2009u32,
+        wire: 2315u32,
+        call: 2013u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -94038,8 +94243,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2010u32,
+        wire: 2316u32,
+        call: 2014u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -94062,8 +94267,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2011u32,
+        wire: 2317u32,
+        call: 2015u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -94086,8 +94291,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2012u32,
+        wire: 2318u32,
+        call: 2016u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -94110,8 +94315,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2013u32,
+        wire: 2319u32,
+        call: 2017u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -94134,8 +94339,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2014u32,
+        wire: 2320u32,
+        call: 2018u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -94158,8 +94363,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2015u32,
+        wire: 2321u32,
+        call: 2019u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -94182,8 +94387,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2016u32,
+        wire: 2322u32,
+        call: 2020u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -94206,8 +94411,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2017u32,
+        wire: 2323u32,
+        call: 2021u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -94230,8 +94435,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2018u32,
+        wire: 2324u32,
+        call: 2022u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -94254,8 +94459,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2019u32,
+        wire: 2325u32,
+        call: 2023u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -94278,8 +94483,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2020u32,
+        wire: 2326u32,
+        call: 2024u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -94302,8 +94507,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2021u32,
+        wire: 2327u32,
+        call: 2025u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -94326,8 +94531,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2022u32,
+        wire: 2328u32,
+        call: 2026u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -94350,8 +94555,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2023u32,
+        wire: 2329u32,
+        call: 2027u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -94374,8 +94579,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2024u32,
+        wire: 2330u32,
+        call: 2028u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -94398,8 +94603,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2025u32,
+        wire: 2331u32,
+        call: 2029u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -94422,8 +94627,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2026u32,
+        wire: 2332u32,
+        call: 2030u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -94446,8 +94651,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2027u32,
+        wire: 2333u32,
+        call: 2031u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -94504,8 +94709,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2028u32,
+        wire: 2334u32,
+        call: 2032u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -94558,8 +94763,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2029u32,
+        wire: 2335u32,
+        call: 2033u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -94629,8 +94834,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2030u32,
+        wire: 2336u32,
+        call: 2034u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -94699,8 +94904,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2031u32,
+        wire: 2337u32,
+        call: 2035u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -94724,8 +94929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2032u32,
+        wire: 2338u32,
+        call: 2036u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -94756,8 +94961,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2033u32,
+        wire: 2339u32,
+        call: 2037u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -94781,8 +94986,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2034u32,
+        wire: 2340u32,
+        call: 2038u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -94806,8 +95011,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2035u32,
+        wire: 2341u32,
+        call: 2039u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -94831,8 +95036,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2036u32,
+        wire: 2342u32,
+        call: 2040u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -94890,8 +95095,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2037u32,
+        wire: 2343u32,
+        call: 2041u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94955,8 +95160,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2038u32,
+        wire: 2344u32,
+        call: 2042u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -95018,8 +95223,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2039u32,
+        wire: 2345u32,
+        call: 2043u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -95050,8 +95255,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2040u32,
+        wire: 2346u32,
+        call: 2044u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -95077,8 +95282,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2041u32,
+        wire: 2347u32,
+        call: 2045u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -95104,8 +95309,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2042u32,
+        wire: 2348u32,
+        call: 2046u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -95131,8 +95336,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2043u32,
+        wire: 2349u32,
+        call: 2047u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -95157,9 +95362,40 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseGetProperty: CallDesc = CallDesc {
+        wire: 2350u32,
+        call: 2048u32,
+        name: "cusparseGetProperty",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2044u32,
+        wire: 2351u32,
+        call: 2049u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -95185,9 +95421,40 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseGetVersion: CallDesc = CallDesc {
+        wire: 2352u32,
+        call: 2050u32,
+        name: "cusparseGetVersion",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2045u32,
+        wire: 2353u32,
+        call: 2051u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -95205,8 +95472,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2046u32,
+        wire: 2354u32,
+        call: 2052u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -95229,8 +95496,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2047u32,
+        wire: 2355u32,
+        call: 2053u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -95253,8 +95520,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2048u32,
+        wire: 2356u32,
+        call: 2054u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -95318,8 +95585,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2049u32,
+        wire: 2357u32,
+        call: 2055u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -95389,8 +95656,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2050u32,
+        wire: 2358u32,
+        call: 2056u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -95454,8 +95721,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2051u32,
+        wire: 2359u32,
+        call: 2057u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -95508,8 +95775,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2052u32,
+        wire: 2360u32,
+        call: 2058u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -95564,8 +95831,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2053u32,
+        wire: 2361u32,
+        call: 2059u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -95622,8 +95889,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2054u32,
+        wire: 2362u32,
+        call: 2060u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -95678,8 +95945,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2055u32,
+        wire: 2363u32,
+        call: 2061u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -95734,8 +96001,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2056u32,
+        wire: 2364u32,
+        call: 2062u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -95792,8 +96059,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2057u32,
+        wire: 2365u32,
+        call: 2063u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -95877,8 +96144,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2058u32,
+        wire: 2366u32,
+        call: 2064u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -95946,8 +96213,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2059u32,
+        wire: 2367u32,
+        call: 2065u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -96014,8 +96281,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2060u32,
+        wire: 2368u32,
+        call: 2066u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -96084,8 +96351,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2061u32,
+        wire: 2369u32,
+        call: 2067u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -96168,8 +96435,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2062u32,
+        wire: 2370u32,
+        call: 2068u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -96228,8 +96495,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2063u32,
+        wire: 2371u32,
+        call: 2069u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -96290,8 +96557,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2064u32,
+        wire: 2372u32,
+        call: 2070u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -96358,8 +96625,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2065u32,
+        wire: 2373u32,
+        call: 2071u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -96433,8 +96700,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2066u32,
+        wire: 2374u32,
+        call: 2072u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -96465,8 +96732,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2067u32,
+        wire: 2375u32,
+        call: 2073u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -96519,8 +96786,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2068u32,
+        wire: 2376u32,
+        call: 2074u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -96567,8 +96834,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2069u32,
+        wire: 2377u32,
+        call: 2075u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -96626,8 +96893,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2070u32,
+        wire: 2378u32,
+        call: 2076u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -96684,8 +96951,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2071u32,
+        wire: 2379u32,
+        call: 2077u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -96758,8 +97025,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2072u32,
+        wire: 2380u32,
+        call: 2078u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -96838,8 +97105,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2073u32,
+        wire: 2381u32,
+        call: 2079u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -96931,8 +97198,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2074u32,
+        wire: 2382u32,
+        call: 2080u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97020,8 +97287,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2075u32,
+        wire: 2383u32,
+        call: 2081u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -97068,8 +97335,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2076u32,
+        wire: 2384u32,
+        call: 2082u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -97118,8 +97385,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2077u32,
+        wire: 2385u32,
+        call: 2083u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -97166,8 +97433,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2078u32,
+        wire: 2386u32,
+        call: 2084u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -97216,8 +97483,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2079u32,
+        wire: 2387u32,
+        call: 2085u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -97291,8 +97558,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2080u32,
+        wire: 2388u32,
+        call: 2086u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -97366,8 +97633,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2081u32,
+        wire: 2389u32,
+        call: 2087u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -97418,8 +97685,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2082u32,
+        wire: 2390u32,
+        call: 2088u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97472,8 +97739,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2083u32,
+        wire: 2391u32,
+        call: 2089u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -97532,8 +97799,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2084u32,
+        wire: 2392u32,
+        call: 2090u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -97580,8 +97847,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2085u32,
+        wire: 2393u32,
+        call: 2091u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97630,8 +97897,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2086u32,
+        wire: 2394u32,
+        call: 2092u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -97658,8 +97925,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2087u32,
+        wire: 2395u32,
+        call: 2093u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -97686,8 +97953,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2088u32,
+        wire: 2396u32,
+        call: 2094u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -97714,8 +97981,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2089u32,
+        wire: 2397u32,
+        call: 2095u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -97742,8 +98009,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2090u32,
+        wire: 2398u32,
+        call: 2096u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -97770,8 +98037,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2091u32,
+        wire: 2399u32,
+        call: 2097u32,
         name: "cusparseSetPointerMode",
         form: Some(Form::Call),
         library: "cusparse",
@@ -97798,8 +98065,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2092u32,
+        wire: 2400u32,
+        call: 2098u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -97826,8 +98093,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2093u32,
+        wire: 2401u32,
+        call: 2099u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -97884,8 +98151,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2094u32,
+        wire: 2402u32,
+        call: 2100u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -97938,8 +98205,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2095u32,
+        wire: 2403u32,
+        call: 2101u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -98009,8 +98276,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2096u32,
+        wire: 2404u32,
+        call: 2102u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -98079,8 +98346,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2097u32,
+        wire: 2405u32,
+        call: 2103u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -98155,8 +98422,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2098u32,
+        wire: 2406u32,
+        call: 2104u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -98223,8 +98490,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2099u32,
+        wire: 2407u32,
+        call: 2105u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -98247,8 +98514,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2100u32,
+        wire: 2408u32,
+        call: 2106u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -98271,8 +98538,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2101u32,
+        wire: 2409u32,
+        call: 2107u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -98347,8 +98614,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2102u32,
+        wire: 2410u32,
+        call: 2108u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -98415,8 +98682,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2103u32,
+        wire: 2411u32,
+        call: 2109u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -98475,8 +98742,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2104u32,
+        wire: 2412u32,
+        call: 2110u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -98540,8 +98807,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2105u32,
+        wire: 2413u32,
+        call: 2111u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -98565,8 +98832,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2106u32,
+        wire: 2414u32,
+        call: 2112u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -98589,8 +98856,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2107u32,
+        wire: 2415u32,
+        call: 2113u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -98660,8 +98927,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2108u32,
+        wire: 2416u32,
+        call: 2114u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -98725,8 +98992,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2109u32,
+        wire: 2417u32,
+        call: 2115u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -98786,8 +99053,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2110u32,
+        wire: 2418u32,
+        call: 2116u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -98853,8 +99120,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2111u32,
+        wire: 2419u32,
+        call: 2117u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -98914,8 +99181,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2112u32,
+        wire: 2420u32,
+        call: 2118u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -98947,8 +99214,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2113u32,
+        wire: 2421u32,
+        call: 2119u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -98992,8 +99259,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2114u32,
+        wire: 2422u32,
+        call: 2120u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -99017,8 +99284,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2115u32,
+        wire: 2423u32,
+        call: 2121u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -99050,8 +99317,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2116u32,
+        wire: 2424u32,
+        call: 2122u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -99078,8 +99345,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2117u32,
+        wire: 2425u32,
+        call: 2123u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -99103,8 +99370,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2118u32,
+        wire: 2426u32,
+        call: 2124u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -99166,8 +99433,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2119u32,
+        wire: 2427u32,
+        call: 2125u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -99235,8 +99502,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2120u32,
+        wire: 2428u32,
+        call: 2126u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -99259,8 +99526,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2121u32,
+        wire: 2429u32,
+        call: 2127u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99283,8 +99550,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2122u32,
+        wire: 2430u32,
+        call: 2128u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -99345,8 +99612,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2123u32,
+        wire: 2431u32,
+        call: 2129u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -99404,8 +99671,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2124u32,
+        wire: 2432u32,
+        call: 2130u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -99469,8 +99736,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2125u32,
+        wire: 2433u32,
+        call: 2131u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -99493,8 +99760,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2126u32,
+        wire: 2434u32,
+        call: 2132u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99517,8 +99784,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2127u32,
+        wire: 2435u32,
+        call: 2133u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -99575,8 +99842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2128u32,
+        wire: 2436u32,
+        call: 2134u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -99600,8 +99867,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2129u32,
+        wire: 2437u32,
+        call: 2135u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -99625,8 +99892,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2130u32,
+        wire: 2438u32,
+        call: 2136u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -99662,8 +99929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2131u32,
+        wire: 2439u32,
+        call: 2137u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -99705,8 +99972,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2132u32,
+        wire: 2440u32,
+        call: 2138u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -99764,8 +100031,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2133u32,
+        wire: 2441u32,
+        call: 2139u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -99829,8 +100096,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2134u32,
+        wire: 2442u32,
+        call: 2140u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -99892,8 +100159,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2135u32,
+        wire: 2443u32,
+        call: 2141u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -99926,8 +100193,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2136u32,
+        wire: 2444u32,
+        call: 2142u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -99960,8 +100227,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2137u32,
+        wire: 2445u32,
+        call: 2143u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -99994,8 +100261,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2138u32,
+        wire: 2446u32,
+        call: 2144u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100028,8 +100295,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2139u32,
+        wire: 2447u32,
+        call: 2145u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -100066,8 +100333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2140u32,
+        wire: 2448u32,
+        call: 2146u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -100106,8 +100373,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2141u32,
+        wire: 2449u32,
+        call: 2147u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -100146,8 +100413,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2142u32,
+        wire: 2450u32,
+        call: 2148u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100191,8 +100458,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2143u32,
+        wire: 2451u32,
+        call: 2149u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -100248,8 +100515,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2144u32,
+        wire: 2452u32,
+        call: 2150u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -100286,8 +100553,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2145u32,
+        wire: 2453u32,
+        call: 2151u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -100348,8 +100615,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2146u32,
+        wire: 2454u32,
+        call: 2152u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -100412,8 +100679,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2147u32,
+        wire: 2455u32,
+        call: 2153u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -100494,8 +100761,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2148u32,
+        wire: 2456u32,
+        call: 2154u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100528,8 +100795,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2149u32,
+        wire: 2457u32,
+        call: 2155u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100562,8 +100829,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2150u32,
+        wire: 2458u32,
+        call: 2156u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100596,8 +100863,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2151u32,
+        wire: 2459u32,
+        call: 2157u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -100640,8 +100907,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2152u32,
+        wire: 2460u32,
+        call: 2158u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100685,8 +100952,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2153u32,
+        wire: 2461u32,
+        call: 2159u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100719,8 +100986,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2154u32,
+        wire: 2462u32,
+        call: 2160u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -100775,8 +101042,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2155u32,
+        wire: 2463u32,
+        call: 2161u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -100849,8 +101116,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2156u32,
+        wire: 2464u32,
+        call: 2162u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -100903,8 +101170,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2157u32,
+        wire: 2465u32,
+        call: 2163u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -100959,8 +101226,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2158u32,
+        wire: 2466u32,
+        call: 2164u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -101017,8 +101284,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2159u32,
+        wire: 2467u32,
+        call: 2165u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -101073,8 +101340,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2160u32,
+        wire: 2468u32,
+        call: 2166u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -101129,8 +101396,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2161u32,
+        wire: 2469u32,
+        call: 2167u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -101187,8 +101454,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2162u32,
+        wire: 2470u32,
+        call: 2168u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -101272,8 +101539,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2163u32,
+        wire: 2471u32,
+        call: 2169u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -101341,8 +101608,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2164u32,
+        wire: 2472u32,
+        call: 2170u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -101409,8 +101676,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2165u32,
+        wire: 2473u32,
+        call: 2171u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -101479,8 +101746,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2166u32,
+        wire: 2474u32,
+        call: 2172u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -101563,8 +101830,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2167u32,
+        wire: 2475u32,
+        call: 2173u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -101623,8 +101890,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2168u32,
+        wire: 2476u32,
+        call: 2174u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -101685,8 +101952,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2169u32,
+        wire: 2477u32,
+        call: 2175u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -101753,8 +102020,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2170u32,
+        wire: 2478u32,
+        call: 2176u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -101828,8 +102095,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2171u32,
+        wire: 2479u32,
+        call: 2177u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -101882,8 +102149,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2172u32,
+        wire: 2480u32,
+        call: 2178u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -101930,8 +102197,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2173u32,
+        wire: 2481u32,
+        call: 2179u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -101989,8 +102256,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2174u32,
+        wire: 2482u32,
+        call: 2180u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -102047,8 +102314,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2175u32,
+        wire: 2483u32,
+        call: 2181u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -102121,8 +102388,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2176u32,
+        wire: 2484u32,
+        call: 2182u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -102201,8 +102468,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2177u32,
+        wire: 2485u32,
+        call: 2183u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -102294,8 +102561,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2178u32,
+        wire: 2486u32,
+        call: 2184u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -102383,8 +102650,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2179u32,
+        wire: 2487u32,
+        call: 2185u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -102431,8 +102698,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2180u32,
+        wire: 2488u32,
+        call: 2186u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102481,8 +102748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2181u32,
+        wire: 2489u32,
+        call: 2187u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -102529,8 +102796,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2182u32,
+        wire: 2490u32,
+        call: 2188u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102579,8 +102846,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2183u32,
+        wire: 2491u32,
+        call: 2189u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -102654,8 +102921,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2184u32,
+        wire: 2492u32,
+        call: 2190u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -102729,8 +102996,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2185u32,
+        wire: 2493u32,
+        call: 2191u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -102781,8 +103048,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2186u32,
+        wire: 2494u32,
+        call: 2192u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -102835,8 +103102,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2187u32,
+        wire: 2495u32,
+        call: 2193u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -102895,8 +103162,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2188u32,
+        wire: 2496u32,
+        call: 2194u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -102943,8 +103210,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2189u32,
+        wire: 2497u32,
+        call: 2195u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -102993,8 +103260,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2190u32,
+        wire: 2498u32,
+        call: 2196u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -103051,8 +103318,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2191u32,
+        wire: 2499u32,
+        call: 2197u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -103105,8 +103372,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2192u32,
+        wire: 2500u32,
+        call: 2198u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -103176,8 +103443,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2193u32,
+        wire: 2501u32,
+        call: 2199u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -103246,8 +103513,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2194u32,
+        wire: 2502u32,
+        call: 2200u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -103305,8 +103572,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2195u32,
+        wire: 2503u32,
+        call: 2201u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -103367,8 +103634,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2861u32,
-        call: 2552u32,
+        wire: 2869u32,
+        call: 2560u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103394,8 +103661,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2862u32,
-        call: 2552u32,
+        wire: 2870u32,
+        call: 2560u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103421,8 +103688,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2863u32,
-        call: 2552u32,
+        wire: 2871u32,
+        call: 2560u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103447,9 +103714,40 @@ pub mod cusparselt {
         },
         only_waits: false,
     };
+    pub static cusparseLtGetProperty: CallDesc = CallDesc {
+        wire: 2872u32,
+        call: 2561u32,
+        name: "cusparseLtGetProperty",
+        form: None,
+        library: "cusparselt",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2864u32,
-        call: 2553u32,
+        wire: 2873u32,
+        call: 2562u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103475,8 +103773,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2865u32,
-        call: 2553u32,
+        wire: 2874u32,
+        call: 2562u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103502,8 +103800,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2866u32,
-        call: 2553u32,
+        wire: 2875u32,
+        call: 2562u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103529,8 +103827,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2867u32,
-        call: 2554u32,
+        wire: 2876u32,
+        call: 2563u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -103556,8 +103854,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2868u32,
-        call: 2555u32,
+        wire: 2877u32,
+        call: 2564u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -103583,8 +103881,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2869u32,
-        call: 2555u32,
+        wire: 2878u32,
+        call: 2564u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -103610,8 +103908,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2870u32,
-        call: 2555u32,
+        wire: 2879u32,
+        call: 2564u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -121429,8 +121727,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclAllGather: CallDesc = CallDesc {
-        wire: 2803u32,
-        call: 2501u32,
+        wire: 2811u32,
+        call: 2509u32,
         name: "ncclAllGather",
         form: None,
         library: "nccl",
@@ -121467,8 +121765,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAllReduce: CallDesc = CallDesc {
-        wire: 2804u32,
-        call: 2502u32,
+        wire: 2812u32,
+        call: 2510u32,
         name: "ncclAllReduce",
         form: None,
         library: "nccl",
@@ -121509,8 +121807,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAlltoAll: CallDesc = CallDesc {
-        wire: 2805u32,
-        call: 2503u32,
+        wire: 2813u32,
+        call: 2511u32,
         name: "ncclAlltoAll",
         form: None,
         library: "nccl",
@@ -121547,8 +121845,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBcast: CallDesc = CallDesc {
-        wire: 2806u32,
-        call: 2504u32,
+        wire: 2814u32,
+        call: 2512u32,
         name: "ncclBcast",
         form: None,
         library: "nccl",
@@ -121588,8 +121886,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBroadcast: CallDesc = CallDesc {
-        wire: 2807u32,
-        call: 2505u32,
+        wire: 2815u32,
+        call: 2513u32,
         name: "ncclBroadcast",
         form: None,
         library: "nccl",
@@ -121630,8 +121928,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2808u32,
-        call: 2506u32,
+        wire: 2816u32,
+        call: 2514u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -121654,8 +121952,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCount: CallDesc = CallDesc {
-        wire: 2809u32,
-        call: 2507u32,
+        wire: 2817u32,
+        call: 2515u32,
         name: "ncclCommCount",
         form: None,
         library: "nccl",
@@ -121685,8 +121983,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCuDevice: CallDesc = CallDesc {
-        wire: 2810u32,
-        call: 2508u32,
+        wire: 2818u32,
+        call: 2516u32,
         name: "ncclCommCuDevice",
         form: None,
         library: "nccl",
@@ -121716,8 +122014,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2811u32,
-        call: 2509u32,
+        wire: 2819u32,
+        call: 2517u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -121740,8 +122038,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2812u32,
-        call: 2510u32,
+        wire: 2820u32,
+        call: 2518u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -121764,8 +122062,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommGetAsyncError: CallDesc = CallDesc {
-        wire: 2813u32,
-        call: 2511u32,
+        wire: 2821u32,
+        call: 2519u32,
         name: "ncclCommGetAsyncError",
         form: None,
         library: "nccl",
@@ -121795,8 +122093,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2814u32,
-        call: 2512u32,
+        wire: 2822u32,
+        call: 2520u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -121828,8 +122126,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu118: CallDesc = CallDesc {
-        wire: 2815u32,
-        call: 2513u32,
+        wire: 2823u32,
+        call: 2521u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -121868,8 +122166,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu128: CallDesc = CallDesc {
-        wire: 2816u32,
-        call: 2513u32,
+        wire: 2824u32,
+        call: 2521u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -121908,8 +122206,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu131: CallDesc = CallDesc {
-        wire: 2817u32,
-        call: 2513u32,
+        wire: 2825u32,
+        call: 2521u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -121948,8 +122246,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2818u32,
-        call: 2514u32,
+        wire: 2826u32,
+        call: 2522u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -121976,8 +122274,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu118: CallDesc = CallDesc {
-        wire: 2819u32,
-        call: 2515u32,
+        wire: 2827u32,
+        call: 2523u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122019,8 +122317,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu128: CallDesc = CallDesc {
-        wire: 2820u32,
-        call: 2515u32,
+        wire: 2828u32,
+        call: 2523u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122062,8 +122360,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu131: CallDesc = CallDesc {
-        wire: 2821u32,
-        call: 2515u32,
+        wire: 2829u32,
+        call: 2523u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122105,8 +122403,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommUserRank: CallDesc = CallDesc {
-        wire: 2822u32,
-        call: 2516u32,
+        wire: 2830u32,
+        call: 2524u32,
         name: "ncclCommUserRank",
         form: None,
         library: "nccl",
@@ -122136,8 +122434,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2823u32,
-        call: 2517u32,
+        wire: 2831u32,
+        call: 2525u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122164,8 +122462,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2824u32,
-        call: 2517u32,
+        wire: 2832u32,
+        call: 2525u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122192,8 +122490,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGather: CallDesc = CallDesc {
-        wire: 2825u32,
-        call: 2518u32,
+        wire: 2833u32,
+        call: 2526u32,
         name: "ncclGather",
         form: None,
         library: "nccl",
@@ -122234,8 +122532,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetUniqueId: CallDesc = CallDesc {
-        wire: 2826u32,
-        call: 2519u32,
+        wire: 2834u32,
+        call: 2527u32,
         name: "ncclGetUniqueId",
         form: None,
         library: "nccl",
@@ -122261,8 +122559,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetVersion: CallDesc = CallDesc {
-        wire: 2827u32,
-        call: 2520u32,
+        wire: 2835u32,
+        call: 2528u32,
         name: "ncclGetVersion",
         form: None,
         library: "nccl",
@@ -122288,8 +122586,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2828u32,
-        call: 2521u32,
+        wire: 2836u32,
+        call: 2529u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -122307,8 +122605,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2829u32,
-        call: 2522u32,
+        wire: 2837u32,
+        call: 2530u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -122326,8 +122624,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRecv: CallDesc = CallDesc {
-        wire: 2830u32,
-        call: 2523u32,
+        wire: 2838u32,
+        call: 2531u32,
         name: "ncclRecv",
         form: None,
         library: "nccl",
@@ -122367,8 +122665,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2831u32,
-        call: 2524u32,
+        wire: 2839u32,
+        call: 2532u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -122395,8 +122693,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduce: CallDesc = CallDesc {
-        wire: 2832u32,
-        call: 2525u32,
+        wire: 2840u32,
+        call: 2533u32,
         name: "ncclReduce",
         form: None,
         library: "nccl",
@@ -122441,8 +122739,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduceScatter: CallDesc = CallDesc {
-        wire: 2833u32,
-        call: 2526u32,
+        wire: 2841u32,
+        call: 2534u32,
         name: "ncclReduceScatter",
         form: None,
         library: "nccl",
@@ -122483,8 +122781,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2834u32,
-        call: 2527u32,
+        wire: 2842u32,
+        call: 2535u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -122502,8 +122800,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclScatter: CallDesc = CallDesc {
-        wire: 2835u32,
-        call: 2528u32,
+        wire: 2843u32,
+        call: 2536u32,
         name: "ncclScatter",
         form: None,
         library: "nccl",
@@ -122544,8 +122842,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclSend: CallDesc = CallDesc {
-        wire: 2836u32,
-        call: 2529u32,
+        wire: 2844u32,
+        call: 2537u32,
         name: "ncclSend",
         form: None,
         library: "nccl",
@@ -122585,8 +122883,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllGather: CallDesc = CallDesc {
-        wire: 2837u32,
-        call: 2530u32,
+        wire: 2845u32,
+        call: 2538u32,
         name: "pncclAllGather",
         form: None,
         library: "nccl",
@@ -122623,8 +122921,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllReduce: CallDesc = CallDesc {
-        wire: 2838u32,
-        call: 2531u32,
+        wire: 2846u32,
+        call: 2539u32,
         name: "pncclAllReduce",
         form: None,
         library: "nccl",
@@ -122665,8 +122963,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAlltoAll: CallDesc = CallDesc {
-        wire: 2839u32,
-        call: 2532u32,
+        wire: 2847u32,
+        call: 2540u32,
         name: "pncclAlltoAll",
         form: None,
         library: "nccl",
@@ -122703,8 +123001,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBcast: CallDesc = CallDesc {
-        wire: 2840u32,
-        call: 2533u32,
+        wire: 2848u32,
+        call: 2541u32,
         name: "pncclBcast",
         form: None,
         library: "nccl",
@@ -122744,8 +123042,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBroadcast: CallDesc = CallDesc {
-        wire: 2841u32,
-        call: 2534u32,
+        wire: 2849u32,
+        call: 2542u32,
         name: "pncclBroadcast",
         form: None,
         library: "nccl",
@@ -122786,8 +123084,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2842u32,
-        call: 2535u32,
+        wire: 2850u32,
+        call: 2543u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -122810,8 +123108,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2843u32,
-        call: 2536u32,
+        wire: 2851u32,
+        call: 2544u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -122834,8 +123132,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2844u32,
-        call: 2537u32,
+        wire: 2852u32,
+        call: 2545u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -122858,8 +123156,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2845u32,
-        call: 2538u32,
+        wire: 2853u32,
+        call: 2546u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -122891,8 +123189,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2846u32,
-        call: 2539u32,
+        wire: 2854u32,
+        call: 2547u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -122919,8 +123217,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2847u32,
-        call: 2540u32,
+        wire: 2855u32,
+        call: 2548u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122947,8 +123245,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2848u32,
-        call: 2540u32,
+        wire: 2856u32,
+        call: 2548u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122975,8 +123273,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu128: CallDesc = CallDesc {
-        wire: 2849u32,
-        call: 2541u32,
+        wire: 2857u32,
+        call: 2549u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -123012,8 +123310,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu131: CallDesc = CallDesc {
-        wire: 2850u32,
-        call: 2541u32,
+        wire: 2858u32,
+        call: 2549u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -123049,8 +123347,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGather: CallDesc = CallDesc {
-        wire: 2851u32,
-        call: 2542u32,
+        wire: 2859u32,
+        call: 2550u32,
         name: "pncclGather",
         form: None,
         library: "nccl",
@@ -123091,8 +123389,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2852u32,
-        call: 2543u32,
+        wire: 2860u32,
+        call: 2551u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -123110,8 +123408,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2853u32,
-        call: 2544u32,
+        wire: 2861u32,
+        call: 2552u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -123129,8 +123427,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRecv: CallDesc = CallDesc {
-        wire: 2854u32,
-        call: 2545u32,
+        wire: 2862u32,
+        call: 2553u32,
         name: "pncclRecv",
         form: None,
         library: "nccl",
@@ -123170,8 +123468,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2855u32,
-        call: 2546u32,
+        wire: 2863u32,
+        call: 2554u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -123198,8 +123496,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduce: CallDesc = CallDesc {
-        wire: 2856u32,
-        call: 2547u32,
+        wire: 2864u32,
+        call: 2555u32,
         name: "pncclReduce",
         form: None,
         library: "nccl",
@@ -123244,8 +123542,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduceScatter: CallDesc = CallDesc {
-        wire: 2857u32,
-        call: 2548u32,
+        wire: 2865u32,
+        call: 2556u32,
         name: "pncclReduceScatter",
         form: None,
         library: "nccl",
@@ -123286,8 +123584,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2858u32,
-        call: 2549u32,
+        wire: 2866u32,
+        call: 2557u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -123305,8 +123603,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclScatter: CallDesc = CallDesc {
-        wire: 2859u32,
-        call: 2550u32,
+        wire: 2867u32,
+        call: 2558u32,
         name: "pncclScatter",
         form: None,
         library: "nccl",
@@ -123347,8 +123645,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclSend: CallDesc = CallDesc {
-        wire: 2860u32,
-        call: 2551u32,
+        wire: 2868u32,
+        call: 2559u32,
         name: "pncclSend",
         form: None,
         library: "nccl",
@@ -123391,8 +123689,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2470u32,
+        wire: 2780u32,
+        call: 2478u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -123415,8 +123713,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2471u32,
+        wire: 2781u32,
+        call: 2479u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -123439,8 +123737,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2472u32,
+        wire: 2782u32,
+        call: 2480u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -123463,8 +123761,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2473u32,
+        wire: 2783u32,
+        call: 2481u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -123487,8 +123785,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2474u32,
+        wire: 2784u32,
+        call: 2482u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -123511,8 +123809,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2475u32,
+        wire: 2785u32,
+        call: 2483u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -123535,8 +123833,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2476u32,
+        wire: 2786u32,
+        call: 2484u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -123559,8 +123857,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2477u32,
+        wire: 2787u32,
+        call: 2485u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -123583,8 +123881,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2780u32,
-        call: 2478u32,
+        wire: 2788u32,
+        call: 2486u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -123607,8 +123905,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2781u32,
-        call: 2479u32,
+        wire: 2789u32,
+        call: 2487u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -123631,8 +123929,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2782u32,
-        call: 2480u32,
+        wire: 2790u32,
+        call: 2488u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -123662,8 +123960,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2783u32,
-        call: 2481u32,
+        wire: 2791u32,
+        call: 2489u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -123693,8 +123991,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2784u32,
-        call: 2482u32,
+        wire: 2792u32,
+        call: 2490u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -123724,8 +124022,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2785u32,
-        call: 2483u32,
+        wire: 2793u32,
+        call: 2491u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -123755,8 +124053,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2786u32,
-        call: 2484u32,
+        wire: 2794u32,
+        call: 2492u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -123786,8 +124084,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2787u32,
-        call: 2485u32,
+        wire: 2795u32,
+        call: 2493u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -123817,8 +124115,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2788u32,
-        call: 2486u32,
+        wire: 2796u32,
+        call: 2494u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -123848,8 +124146,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2789u32,
-        call: 2487u32,
+        wire: 2797u32,
+        call: 2495u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -123879,8 +124177,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2790u32,
-        call: 2488u32,
+        wire: 2798u32,
+        call: 2496u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -123910,8 +124208,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2791u32,
-        call: 2489u32,
+        wire: 2799u32,
+        call: 2497u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -123941,8 +124239,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2792u32,
-        call: 2490u32,
+        wire: 2800u32,
+        call: 2498u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -123972,8 +124270,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2793u32,
-        call: 2491u32,
+        wire: 2801u32,
+        call: 2499u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124003,8 +124301,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2794u32,
-        call: 2492u32,
+        wire: 2802u32,
+        call: 2500u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124034,8 +124332,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2795u32,
-        call: 2493u32,
+        wire: 2803u32,
+        call: 2501u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124065,8 +124363,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2796u32,
-        call: 2494u32,
+        wire: 2804u32,
+        call: 2502u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124096,8 +124394,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2797u32,
-        call: 2495u32,
+        wire: 2805u32,
+        call: 2503u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124127,8 +124425,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2798u32,
-        call: 2496u32,
+        wire: 2806u32,
+        call: 2504u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124158,8 +124456,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2799u32,
-        call: 2497u32,
+        wire: 2807u32,
+        call: 2505u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124189,8 +124487,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2800u32,
-        call: 2498u32,
+        wire: 2808u32,
+        call: 2506u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124220,8 +124518,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2801u32,
-        call: 2499u32,
+        wire: 2809u32,
+        call: 2507u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124251,8 +124549,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2802u32,
-        call: 2500u32,
+        wire: 2810u32,
+        call: 2508u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -124288,8 +124586,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1627u32,
+        wire: 1933u32,
+        call: 1631u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -124312,8 +124610,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1628u32,
+        wire: 1934u32,
+        call: 1632u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -124343,8 +124641,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1629u32,
+        wire: 1935u32,
+        call: 1633u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -124371,8 +124669,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1630u32,
+        wire: 1936u32,
+        call: 1634u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -124395,8 +124693,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1631u32,
+        wire: 1937u32,
+        call: 1635u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -124419,8 +124717,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1632u32,
+        wire: 1938u32,
+        call: 1636u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -124447,8 +124745,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1633u32,
+        wire: 1939u32,
+        call: 1637u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -124479,8 +124777,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1634u32,
+        wire: 1940u32,
+        call: 1638u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -124518,8 +124816,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1635u32,
+        wire: 1941u32,
+        call: 1639u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -124554,8 +124852,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1636u32,
+        wire: 1942u32,
+        call: 1640u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -124589,8 +124887,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1637u32,
+        wire: 1943u32,
+        call: 1641u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -124620,8 +124918,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1638u32,
+        wire: 1944u32,
+        call: 1642u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -124651,8 +124949,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1639u32,
+        wire: 1945u32,
+        call: 1643u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -124682,8 +124980,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1640u32,
+        wire: 1946u32,
+        call: 1644u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -124717,8 +125015,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1641u32,
+        wire: 1947u32,
+        call: 1645u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -124748,8 +125046,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1642u32,
+        wire: 1948u32,
+        call: 1646u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -124786,8 +125084,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1643u32,
+        wire: 1949u32,
+        call: 1647u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -124817,8 +125115,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1644u32,
+        wire: 1950u32,
+        call: 1648u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -124848,8 +125146,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1645u32,
+        wire: 1951u32,
+        call: 1649u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -124879,8 +125177,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1646u32,
+        wire: 1952u32,
+        call: 1650u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -124918,8 +125216,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1647u32,
+        wire: 1953u32,
+        call: 1651u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -124953,8 +125251,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1648u32,
+        wire: 1954u32,
+        call: 1652u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -124984,8 +125282,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1649u32,
+        wire: 1955u32,
+        call: 1653u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -125015,8 +125313,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1650u32,
+        wire: 1956u32,
+        call: 1654u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -125053,8 +125351,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1651u32,
+        wire: 1957u32,
+        call: 1655u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -125084,8 +125382,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1652u32,
+        wire: 1958u32,
+        call: 1656u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -125115,8 +125413,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1653u32,
+        wire: 1959u32,
+        call: 1657u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -125146,8 +125444,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1654u32,
+        wire: 1960u32,
+        call: 1658u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -125177,8 +125475,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1655u32,
+        wire: 1961u32,
+        call: 1659u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -125215,8 +125513,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1656u32,
+        wire: 1962u32,
+        call: 1660u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -125250,8 +125548,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1657u32,
+        wire: 1963u32,
+        call: 1661u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -125281,8 +125579,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1658u32,
+        wire: 1964u32,
+        call: 1662u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -125309,8 +125607,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1659u32,
+        wire: 1965u32,
+        call: 1663u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -125340,8 +125638,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1660u32,
+        wire: 1966u32,
+        call: 1664u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -125371,8 +125669,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1661u32,
+        wire: 1967u32,
+        call: 1665u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -125409,8 +125707,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1662u32,
+        wire: 1968u32,
+        call: 1666u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -125447,8 +125745,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1663u32,
+        wire: 1969u32,
+        call: 1667u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -125485,8 +125783,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1664u32,
+        wire: 1970u32,
+        call: 1668u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -125520,8 +125818,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1665u32,
+        wire: 1971u32,
+        call: 1669u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -125558,8 +125856,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1666u32,
+        wire: 1972u32,
+        call: 1670u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -125589,8 +125887,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1667u32,
+        wire: 1973u32,
+        call: 1671u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -125624,8 +125922,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1668u32,
+        wire: 1974u32,
+        call: 1672u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -125655,8 +125953,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1669u32,
+        wire: 1975u32,
+        call: 1673u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -125690,8 +125988,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1670u32,
+        wire: 1976u32,
+        call: 1674u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -125728,8 +126026,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1671u32,
+        wire: 1977u32,
+        call: 1675u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -125759,8 +126057,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1672u32,
+        wire: 1978u32,
+        call: 1676u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -125791,8 +126089,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1673u32,
+        wire: 1979u32,
+        call: 1677u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -125822,8 +126120,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1674u32,
+        wire: 1980u32,
+        call: 1678u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -125857,8 +126155,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1675u32,
+        wire: 1981u32,
+        call: 1679u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -125896,8 +126194,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1676u32,
+        wire: 1982u32,
+        call: 1680u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -125927,8 +126225,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1677u32,
+        wire: 1983u32,
+        call: 1681u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -125965,8 +126263,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1678u32,
+        wire: 1984u32,
+        call: 1682u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -126003,8 +126301,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1679u32,
+        wire: 1985u32,
+        call: 1683u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -126031,8 +126329,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1680u32,
+        wire: 1986u32,
+        call: 1684u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -126059,8 +126357,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1681u32,
+        wire: 1987u32,
+        call: 1685u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -126084,8 +126382,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1682u32,
+        wire: 1988u32,
+        call: 1686u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -126109,8 +126407,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1683u32,
+        wire: 1989u32,
+        call: 1687u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -126134,8 +126432,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1684u32,
+        wire: 1990u32,
+        call: 1688u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -126159,8 +126457,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1685u32,
+        wire: 1991u32,
+        call: 1689u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -126190,8 +126488,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1686u32,
+        wire: 1992u32,
+        call: 1690u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -126221,8 +126519,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1687u32,
+        wire: 1993u32,
+        call: 1691u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -126252,8 +126550,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1688u32,
+        wire: 1994u32,
+        call: 1692u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -126283,8 +126581,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1689u32,
+        wire: 1995u32,
+        call: 1693u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -126314,8 +126612,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1690u32,
+        wire: 1996u32,
+        call: 1694u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -126352,8 +126650,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1691u32,
+        wire: 1997u32,
+        call: 1695u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -126390,8 +126688,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1692u32,
+        wire: 1998u32,
+        call: 1696u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -126425,8 +126723,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1693u32,
+        wire: 1999u32,
+        call: 1697u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -126460,8 +126758,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1694u32,
+        wire: 2000u32,
+        call: 1698u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -126491,8 +126789,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1695u32,
+        wire: 2001u32,
+        call: 1699u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -126522,8 +126820,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1696u32,
+        wire: 2002u32,
+        call: 1700u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -126553,8 +126851,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1697u32,
+        wire: 2003u32,
+        call: 1701u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -126591,8 +126889,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1698u32,
+        wire: 2004u32,
+        call: 1702u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -126622,8 +126920,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1699u32,
+        wire: 2005u32,
+        call: 1703u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -126653,8 +126951,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1700u32,
+        wire: 2006u32,
+        call: 1704u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -126685,8 +126983,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1701u32,
+        wire: 2007u32,
+        call: 1705u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -126723,8 +127021,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1702u32,
+        wire: 2008u32,
+        call: 1706u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -126769,8 +127067,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1703u32,
+        wire: 2009u32,
+        call: 1707u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -126807,8 +127105,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1704u32,
+        wire: 2010u32,
+        call: 1708u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -126838,8 +127136,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1705u32,
+        wire: 2011u32,
+        call: 1709u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -126869,8 +127167,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1706u32,
+        wire: 2012u32,
+        call: 1710u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -126900,8 +127198,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1707u32,
+        wire: 2013u32,
+        call: 1711u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -126931,8 +127229,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1708u32,
+        wire: 2014u32,
+        call: 1712u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -126962,8 +127260,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1709u32,
+        wire: 2015u32,
+        call: 1713u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -126993,8 +127291,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1710u32,
+        wire: 2016u32,
+        call: 1714u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -127032,8 +127330,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1711u32,
+        wire: 2017u32,
+        call: 1715u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -127067,8 +127365,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1712u32,
+        wire: 2018u32,
+        call: 1716u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -127102,8 +127400,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1713u32,
+        wire: 2019u32,
+        call: 1717u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -127137,8 +127435,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1714u32,
+        wire: 2020u32,
+        call: 1718u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -127175,8 +127473,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1715u32,
+        wire: 2021u32,
+        call: 1719u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -127214,8 +127512,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1716u32,
+        wire: 2022u32,
+        call: 1720u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -127245,8 +127543,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1717u32,
+        wire: 2023u32,
+        call: 1721u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -127276,8 +127574,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1718u32,
+        wire: 2024u32,
+        call: 1722u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -127307,8 +127605,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1719u32,
+        wire: 2025u32,
+        call: 1723u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -127338,8 +127636,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1720u32,
+        wire: 2026u32,
+        call: 1724u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -127369,8 +127667,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1721u32,
+        wire: 2027u32,
+        call: 1725u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -127400,8 +127698,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1722u32,
+        wire: 2028u32,
+        call: 1726u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -127431,8 +127729,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1723u32,
+        wire: 2029u32,
+        call: 1727u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -127469,8 +127767,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1724u32,
+        wire: 2030u32,
+        call: 1728u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -127500,8 +127798,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1725u32,
+        wire: 2031u32,
+        call: 1729u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -127531,8 +127829,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1726u32,
+        wire: 2032u32,
+        call: 1730u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -127562,8 +127860,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1727u32,
+        wire: 2033u32,
+        call: 1731u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -127593,8 +127891,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1728u32,
+        wire: 2034u32,
+        call: 1732u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -127624,8 +127922,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1729u32,
+        wire: 2035u32,
+        call: 1733u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -127676,8 +127974,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1730u32,
+        wire: 2036u32,
+        call: 1734u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -127707,8 +128005,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1731u32,
+        wire: 2037u32,
+        call: 1735u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -127738,8 +128036,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1732u32,
+        wire: 2038u32,
+        call: 1736u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -127769,8 +128067,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1733u32,
+        wire: 2039u32,
+        call: 1737u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -127800,8 +128098,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1734u32,
+        wire: 2040u32,
+        call: 1738u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -127831,8 +128129,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1735u32,
+        wire: 2041u32,
+        call: 1739u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -127866,8 +128164,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1736u32,
+        wire: 2042u32,
+        call: 1740u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -127901,8 +128199,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1737u32,
+        wire: 2043u32,
+        call: 1741u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -127936,8 +128234,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1738u32,
+        wire: 2044u32,
+        call: 1742u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -127971,8 +128269,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1739u32,
+        wire: 2045u32,
+        call: 1743u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -128010,8 +128308,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1740u32,
+        wire: 2046u32,
+        call: 1744u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -128041,8 +128339,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1741u32,
+        wire: 2047u32,
+        call: 1745u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -128076,8 +128374,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1742u32,
+        wire: 2048u32,
+        call: 1746u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -128107,8 +128405,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1743u32,
+        wire: 2049u32,
+        call: 1747u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -128138,8 +128436,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1744u32,
+        wire: 2050u32,
+        call: 1748u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -128173,8 +128471,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1745u32,
+        wire: 2051u32,
+        call: 1749u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -128205,8 +128503,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1746u32,
+        wire: 2052u32,
+        call: 1750u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -128229,8 +128527,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1747u32,
+        wire: 2053u32,
+        call: 1751u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -128253,8 +128551,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1748u32,
+        wire: 2054u32,
+        call: 1752u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -128277,8 +128575,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1749u32,
+        wire: 2055u32,
+        call: 1753u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -128305,8 +128603,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1750u32,
+        wire: 2056u32,
+        call: 1754u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -128337,8 +128635,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1751u32,
+        wire: 2057u32,
+        call: 1755u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -128369,8 +128667,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1752u32,
+        wire: 2058u32,
+        call: 1756u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -128397,8 +128695,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1753u32,
+        wire: 2059u32,
+        call: 1757u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -128429,8 +128727,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1754u32,
+        wire: 2060u32,
+        call: 1758u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -128457,8 +128755,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1755u32,
+        wire: 2061u32,
+        call: 1759u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -128485,8 +128783,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1756u32,
+        wire: 2062u32,
+        call: 1760u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -128513,8 +128811,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1757u32,
+        wire: 2063u32,
+        call: 1761u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -128537,8 +128835,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1758u32,
+        wire: 2064u32,
+        call: 1762u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -128569,8 +128867,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1759u32,
+        wire: 2065u32,
+        call: 1763u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -128597,8 +128895,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1760u32,
+        wire: 2066u32,
+        call: 1764u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -128628,8 +128926,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1761u32,
+        wire: 2067u32,
+        call: 1765u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -128660,8 +128958,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1762u32,
+        wire: 2068u32,
+        call: 1766u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -128688,8 +128986,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1763u32,
+        wire: 2069u32,
+        call: 1767u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -128720,8 +129018,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1764u32,
+        wire: 2070u32,
+        call: 1768u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -128752,8 +129050,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1765u32,
+        wire: 2071u32,
+        call: 1769u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -128780,8 +129078,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1766u32,
+        wire: 2072u32,
+        call: 1770u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -128812,8 +129110,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1767u32,
+        wire: 2073u32,
+        call: 1771u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -128840,8 +129138,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1768u32,
+        wire: 2074u32,
+        call: 1772u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -128868,8 +129166,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1769u32,
+        wire: 2075u32,
+        call: 1773u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -128900,8 +129198,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1770u32,
+        wire: 2076u32,
+        call: 1774u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -128935,8 +129233,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1771u32,
+        wire: 2077u32,
+        call: 1775u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -128963,8 +129261,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1772u32,
+        wire: 2078u32,
+        call: 1776u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -128991,8 +129289,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1773u32,
+        wire: 2079u32,
+        call: 1777u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -129019,8 +129317,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1774u32,
+        wire: 2080u32,
+        call: 1778u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -129054,8 +129352,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1775u32,
+        wire: 2081u32,
+        call: 1779u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -129086,8 +129384,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1776u32,
+        wire: 2082u32,
+        call: 1780u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -129117,8 +129415,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1777u32,
+        wire: 2083u32,
+        call: 1781u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -129145,8 +129443,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1778u32,
+        wire: 2084u32,
+        call: 1782u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -129169,8 +129467,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1779u32,
+        wire: 2085u32,
+        call: 1783u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -129193,8 +129491,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1780u32,
+        wire: 2086u32,
+        call: 1784u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -129217,8 +129515,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1781u32,
+        wire: 2087u32,
+        call: 1785u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -129244,8 +129542,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1782u32,
+        wire: 2088u32,
+        call: 1786u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -129275,8 +129573,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1783u32,
+        wire: 2089u32,
+        call: 1787u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -129307,8 +129605,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1784u32,
+        wire: 2090u32,
+        call: 1788u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -129338,8 +129636,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1785u32,
+        wire: 2091u32,
+        call: 1789u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -129362,8 +129660,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1786u32,
+        wire: 2092u32,
+        call: 1790u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -129386,8 +129684,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1787u32,
+        wire: 2093u32,
+        call: 1791u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -129414,8 +129712,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1788u32,
+        wire: 2094u32,
+        call: 1792u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -129442,8 +129740,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1789u32,
+        wire: 2095u32,
+        call: 1793u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -129474,8 +129772,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1790u32,
+        wire: 2096u32,
+        call: 1794u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -129513,8 +129811,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1791u32,
+        wire: 2097u32,
+        call: 1795u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -129537,8 +129835,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1792u32,
+        wire: 2098u32,
+        call: 1796u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -129569,8 +129867,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1793u32,
+        wire: 2099u32,
+        call: 1797u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -129604,8 +129902,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1794u32,
+        wire: 2100u32,
+        call: 1798u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -129643,8 +129941,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1795u32,
+        wire: 2101u32,
+        call: 1799u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -129674,8 +129972,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1796u32,
+        wire: 2102u32,
+        call: 1800u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -129701,8 +129999,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1797u32,
+        wire: 2103u32,
+        call: 1801u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -129728,8 +130026,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1798u32,
+        wire: 2104u32,
+        call: 1802u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -129755,8 +130053,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1799u32,
+        wire: 2105u32,
+        call: 1803u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -129782,8 +130080,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1800u32,
+        wire: 2106u32,
+        call: 1804u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -129806,8 +130104,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1801u32,
+        wire: 2107u32,
+        call: 1805u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -129830,8 +130128,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1802u32,
+        wire: 2108u32,
+        call: 1806u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -129857,8 +130155,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1803u32,
+        wire: 2109u32,
+        call: 1807u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -129892,8 +130190,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1804u32,
+        wire: 2110u32,
+        call: 1808u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -129920,8 +130218,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1805u32,
+        wire: 2111u32,
+        call: 1809u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -129955,8 +130253,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1806u32,
+        wire: 2112u32,
+        call: 1810u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -129983,8 +130281,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1807u32,
+        wire: 2113u32,
+        call: 1811u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -130007,8 +130305,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1808u32,
+        wire: 2114u32,
+        call: 1812u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -130038,8 +130336,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1809u32,
+        wire: 2115u32,
+        call: 1813u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -130069,8 +130367,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1810u32,
+        wire: 2116u32,
+        call: 1814u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -130100,8 +130398,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1811u32,
+        wire: 2117u32,
+        call: 1815u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -130131,8 +130429,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1812u32,
+        wire: 2118u32,
+        call: 1816u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -130162,8 +130460,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1813u32,
+        wire: 2119u32,
+        call: 1817u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -130193,8 +130491,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1814u32,
+        wire: 2120u32,
+        call: 1818u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -130224,8 +130522,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1815u32,
+        wire: 2121u32,
+        call: 1819u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -130255,8 +130553,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1816u32,
+        wire: 2122u32,
+        call: 1820u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -130283,8 +130581,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1817u32,
+        wire: 2123u32,
+        call: 1821u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -130318,8 +130616,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1818u32,
+        wire: 2124u32,
+        call: 1822u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -130356,8 +130654,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1819u32,
+        wire: 2125u32,
+        call: 1823u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -130387,8 +130685,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1820u32,
+        wire: 2126u32,
+        call: 1824u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -130418,8 +130716,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1821u32,
+        wire: 2127u32,
+        call: 1825u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -130449,8 +130747,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1822u32,
+        wire: 2128u32,
+        call: 1826u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -130480,8 +130778,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1823u32,
+        wire: 2129u32,
+        call: 1827u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -130511,8 +130809,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1824u32,
+        wire: 2130u32,
+        call: 1828u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -130546,8 +130844,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1825u32,
+        wire: 2131u32,
+        call: 1829u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -130577,8 +130875,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1826u32,
+        wire: 2132u32,
+        call: 1830u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -130608,8 +130906,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1827u32,
+        wire: 2133u32,
+        call: 1831u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -130654,8 +130952,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2465u32,
+        wire: 2775u32,
+        call: 2473u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -130681,8 +130979,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2466u32,
+        wire: 2776u32,
+        call: 2474u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -130708,8 +131006,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2467u32,
+        wire: 2777u32,
+        call: 2475u32,
         name: "nvrtcGetSupportedArchs",
         form: Some(Form::Call),
         library: "nvrtc",
@@ -130735,8 +131033,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2468u32,
+        wire: 2778u32,
+        call: 2476u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -130759,8 +131057,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2469u32,
+        wire: 2779u32,
+        call: 2477u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",
