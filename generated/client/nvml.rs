@@ -230,6 +230,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAutoBoostedClocksEnabled(
         ) as u32
     }
 }
+///`nvmlDeviceGetBAR1MemoryInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBAR1MemoryInfo(
+    device: *mut c_void,
+    bar1Memory: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetBAR1MemoryInfo,
+            &[(device) as usize as u64, (bar1Memory) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetBoardId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBoardId(
@@ -240,6 +253,20 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBoardId(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetBoardId,
             &[(device) as usize as u64, (boardId) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetBoardPartNumber` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBoardPartNumber(
+    device: *mut c_void,
+    partNumber: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetBoardPartNumber,
+            &[(device) as usize as u64, (partNumber) as usize as u64, (length) as u64],
         ) as u32
     }
 }
@@ -908,6 +935,20 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomConfigurationChecksu
         ) as u32
     }
 }
+///`nvmlDeviceGetInforomImageVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomImageVersion(
+    device: *mut c_void,
+    version: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetInforomImageVersion,
+            &[(device) as usize as u64, (version) as usize as u64, (length) as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetIrqNum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetIrqNum(
@@ -1068,6 +1109,32 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryBusWidth(
         ) as u32
     }
 }
+///`nvmlDeviceGetMemoryInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryInfo(
+    device: *mut c_void,
+    memory: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetMemoryInfo,
+            &[(device) as usize as u64, (memory) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetMemoryInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryInfo_v2(
+    device: *mut c_void,
+    memory: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetMemoryInfo_v2,
+            &[(device) as usize as u64, (memory) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetMigDeviceHandleByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMigDeviceHandleByIndex(
@@ -1176,6 +1243,20 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMultiGpuBoard(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetMultiGpuBoard,
             &[(device) as usize as u64, (multiGpuBool) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetName(
+    device: *mut c_void,
+    name: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetName,
+            &[(device) as usize as u64, (name) as usize as u64, (length) as u64],
         ) as u32
     }
 }
@@ -1319,6 +1400,58 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetP2PStatus(
                 (p2pIndex) as u64,
                 (p2pStatus) as usize as u64,
             ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetPciInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo(
+    device: *mut c_void,
+    pci: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPciInfo,
+            &[(device) as usize as u64, (pci) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetPciInfoExt` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfoExt(
+    device: *mut c_void,
+    pci: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPciInfoExt,
+            &[(device) as usize as u64, (pci) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetPciInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo_v2(
+    device: *mut c_void,
+    pci: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPciInfo_v2,
+            &[(device) as usize as u64, (pci) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetPciInfo_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo_v3(
+    device: *mut c_void,
+    pci: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPciInfo_v3,
+            &[(device) as usize as u64, (pci) as usize as u64],
         ) as u32
     }
 }
@@ -1531,6 +1664,20 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPagesPendingStatus(
         ) as u32
     }
 }
+///`nvmlDeviceGetSerial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSerial(
+    device: *mut c_void,
+    serial: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetSerial,
+            &[(device) as usize as u64, (serial) as usize as u64, (length) as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetSupportedClocksEventReasons` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedClocksEventReasons(
@@ -1673,6 +1820,47 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTotalEnergyConsumption(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetTotalEnergyConsumption,
             &[(device) as usize as u64, (energy) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUUID(
+    device: *mut c_void,
+    uuid: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetUUID,
+            &[(device) as usize as u64, (uuid) as usize as u64, (length) as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetUtilizationRates` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUtilizationRates(
+    device: *mut c_void,
+    utilization: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetUtilizationRates,
+            &[(device) as usize as u64, (utilization) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetVbiosVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVbiosVersion(
+    device: *mut c_void,
+    version: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetVbiosVersion,
+            &[(device) as usize as u64, (version) as usize as u64, (length) as u64],
         ) as u32
     }
 }
@@ -2487,6 +2675,32 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetCudaDriverVersion_v2(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlSystemGetCudaDriverVersion_v2,
             &[(cudaDriverVersion) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlSystemGetDriverVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetDriverVersion(
+    version: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlSystemGetDriverVersion,
+            &[(version) as usize as u64, (length) as u64],
+        ) as u32
+    }
+}
+///`nvmlSystemGetNVMLVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetNVMLVersion(
+    version: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlSystemGetNVMLVersion,
+            &[(version) as usize as u64, (length) as u64],
         ) as u32
     }
 }

@@ -164,10 +164,7 @@ nvmlDeviceGetAutoBoostedClocksEnabled:
     .globl nvmlDeviceGetBAR1MemoryInfo
     .type nvmlDeviceGetBAR1MemoryInfo, @function
 nvmlDeviceGetBAR1MemoryInfo:
-    leaq .Lname10(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetBAR1MemoryInfo@PLT
     .size nvmlDeviceGetBAR1MemoryInfo, .-nvmlDeviceGetBAR1MemoryInfo
     .globl nvmlDeviceGetBoardId
     .type nvmlDeviceGetBoardId, @function
@@ -177,10 +174,7 @@ nvmlDeviceGetBoardId:
     .globl nvmlDeviceGetBoardPartNumber
     .type nvmlDeviceGetBoardPartNumber, @function
 nvmlDeviceGetBoardPartNumber:
-    leaq .Lname11(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetBoardPartNumber@PLT
     .size nvmlDeviceGetBoardPartNumber, .-nvmlDeviceGetBoardPartNumber
     .globl nvmlDeviceGetBrand
     .type nvmlDeviceGetBrand, @function
@@ -190,7 +184,7 @@ nvmlDeviceGetBrand:
     .globl nvmlDeviceGetBridgeChipInfo
     .type nvmlDeviceGetBridgeChipInfo, @function
 nvmlDeviceGetBridgeChipInfo:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -203,7 +197,7 @@ nvmlDeviceGetBusType:
     .globl nvmlDeviceGetC2cModeInfoV
     .type nvmlDeviceGetC2cModeInfoV, @function
 nvmlDeviceGetC2cModeInfoV:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -211,7 +205,7 @@ nvmlDeviceGetC2cModeInfoV:
     .globl nvmlDeviceGetCapabilities
     .type nvmlDeviceGetCapabilities, @function
 nvmlDeviceGetCapabilities:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -219,7 +213,7 @@ nvmlDeviceGetCapabilities:
     .globl nvmlDeviceGetClkMonStatus
     .type nvmlDeviceGetClkMonStatus, @function
 nvmlDeviceGetClkMonStatus:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -237,7 +231,7 @@ nvmlDeviceGetClockInfo:
     .globl nvmlDeviceGetClockOffsets
     .type nvmlDeviceGetClockOffsets, @function
 nvmlDeviceGetClockOffsets:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -255,7 +249,7 @@ nvmlDeviceGetComputeMode:
     .globl nvmlDeviceGetComputeRunningProcesses
     .type nvmlDeviceGetComputeRunningProcesses, @function
 nvmlDeviceGetComputeRunningProcesses:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -263,7 +257,7 @@ nvmlDeviceGetComputeRunningProcesses:
     .globl nvmlDeviceGetComputeRunningProcesses_v2
     .type nvmlDeviceGetComputeRunningProcesses_v2, @function
 nvmlDeviceGetComputeRunningProcesses_v2:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -271,7 +265,7 @@ nvmlDeviceGetComputeRunningProcesses_v2:
     .globl nvmlDeviceGetComputeRunningProcesses_v3
     .type nvmlDeviceGetComputeRunningProcesses_v3, @function
 nvmlDeviceGetComputeRunningProcesses_v3:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -279,7 +273,7 @@ nvmlDeviceGetComputeRunningProcesses_v3:
     .globl nvmlDeviceGetConfComputeGpuAttestationReport
     .type nvmlDeviceGetConfComputeGpuAttestationReport, @function
 nvmlDeviceGetConfComputeGpuAttestationReport:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -287,7 +281,7 @@ nvmlDeviceGetConfComputeGpuAttestationReport:
     .globl nvmlDeviceGetConfComputeGpuCertificate
     .type nvmlDeviceGetConfComputeGpuCertificate, @function
 nvmlDeviceGetConfComputeGpuCertificate:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -295,7 +289,7 @@ nvmlDeviceGetConfComputeGpuCertificate:
     .globl nvmlDeviceGetConfComputeMemSizeInfo
     .type nvmlDeviceGetConfComputeMemSizeInfo, @function
 nvmlDeviceGetConfComputeMemSizeInfo:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -303,7 +297,7 @@ nvmlDeviceGetConfComputeMemSizeInfo:
     .globl nvmlDeviceGetConfComputeProtectedMemoryUsage
     .type nvmlDeviceGetConfComputeProtectedMemoryUsage, @function
 nvmlDeviceGetConfComputeProtectedMemoryUsage:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -311,7 +305,7 @@ nvmlDeviceGetConfComputeProtectedMemoryUsage:
     .globl nvmlDeviceGetCoolerInfo
     .type nvmlDeviceGetCoolerInfo, @function
 nvmlDeviceGetCoolerInfo:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -329,7 +323,7 @@ nvmlDeviceGetCount_v2:
     .globl nvmlDeviceGetCpuAffinity
     .type nvmlDeviceGetCpuAffinity, @function
 nvmlDeviceGetCpuAffinity:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -337,7 +331,7 @@ nvmlDeviceGetCpuAffinity:
     .globl nvmlDeviceGetCpuAffinityWithinScope
     .type nvmlDeviceGetCpuAffinityWithinScope, @function
 nvmlDeviceGetCpuAffinityWithinScope:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -345,7 +339,7 @@ nvmlDeviceGetCpuAffinityWithinScope:
     .globl nvmlDeviceGetCreatableVgpus
     .type nvmlDeviceGetCreatableVgpus, @function
 nvmlDeviceGetCreatableVgpus:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -368,7 +362,7 @@ nvmlDeviceGetCurrPcieLinkWidth:
     .globl nvmlDeviceGetCurrentClockFreqs
     .type nvmlDeviceGetCurrentClockFreqs, @function
 nvmlDeviceGetCurrentClockFreqs:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -401,7 +395,7 @@ nvmlDeviceGetDefaultEccMode:
     .globl nvmlDeviceGetDetailedEccErrors
     .type nvmlDeviceGetDetailedEccErrors, @function
 nvmlDeviceGetDetailedEccErrors:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -424,7 +418,7 @@ nvmlDeviceGetDisplayMode:
     .globl nvmlDeviceGetDramEncryptionMode
     .type nvmlDeviceGetDramEncryptionMode, @function
 nvmlDeviceGetDramEncryptionMode:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -442,7 +436,7 @@ nvmlDeviceGetDriverModel_v2:
     .globl nvmlDeviceGetDynamicPstatesInfo
     .type nvmlDeviceGetDynamicPstatesInfo, @function
 nvmlDeviceGetDynamicPstatesInfo:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -460,7 +454,7 @@ nvmlDeviceGetEncoderCapacity:
     .globl nvmlDeviceGetEncoderSessions
     .type nvmlDeviceGetEncoderSessions, @function
 nvmlDeviceGetEncoderSessions:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -468,7 +462,7 @@ nvmlDeviceGetEncoderSessions:
     .globl nvmlDeviceGetEncoderStats
     .type nvmlDeviceGetEncoderStats, @function
 nvmlDeviceGetEncoderStats:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -486,7 +480,7 @@ nvmlDeviceGetEnforcedPowerLimit:
     .globl nvmlDeviceGetFBCSessions
     .type nvmlDeviceGetFBCSessions, @function
 nvmlDeviceGetFBCSessions:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -494,7 +488,7 @@ nvmlDeviceGetFBCSessions:
     .globl nvmlDeviceGetFBCStats
     .type nvmlDeviceGetFBCStats, @function
 nvmlDeviceGetFBCStats:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -512,7 +506,7 @@ nvmlDeviceGetFanSpeed:
     .globl nvmlDeviceGetFanSpeedRPM
     .type nvmlDeviceGetFanSpeedRPM, @function
 nvmlDeviceGetFanSpeedRPM:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -525,7 +519,7 @@ nvmlDeviceGetFanSpeed_v2:
     .globl nvmlDeviceGetFieldValues
     .type nvmlDeviceGetFieldValues, @function
 nvmlDeviceGetFieldValues:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -543,7 +537,7 @@ nvmlDeviceGetGpcClkVfOffset:
     .globl nvmlDeviceGetGpuFabricInfo
     .type nvmlDeviceGetGpuFabricInfo, @function
 nvmlDeviceGetGpuFabricInfo:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -551,7 +545,7 @@ nvmlDeviceGetGpuFabricInfo:
     .globl nvmlDeviceGetGpuFabricInfoV
     .type nvmlDeviceGetGpuFabricInfoV, @function
 nvmlDeviceGetGpuFabricInfoV:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -569,7 +563,7 @@ nvmlDeviceGetGpuInstanceId:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements
     .type nvmlDeviceGetGpuInstancePossiblePlacements, @function
 nvmlDeviceGetGpuInstancePossiblePlacements:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,7 +571,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements_v2
     .type nvmlDeviceGetGpuInstancePossiblePlacements_v2, @function
 nvmlDeviceGetGpuInstancePossiblePlacements_v2:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -585,7 +579,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements_v2:
     .globl nvmlDeviceGetGpuInstanceProfileInfo
     .type nvmlDeviceGetGpuInstanceProfileInfo, @function
 nvmlDeviceGetGpuInstanceProfileInfo:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -593,7 +587,7 @@ nvmlDeviceGetGpuInstanceProfileInfo:
     .globl nvmlDeviceGetGpuInstanceProfileInfoByIdV
     .type nvmlDeviceGetGpuInstanceProfileInfoByIdV, @function
 nvmlDeviceGetGpuInstanceProfileInfoByIdV:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -601,7 +595,7 @@ nvmlDeviceGetGpuInstanceProfileInfoByIdV:
     .globl nvmlDeviceGetGpuInstanceProfileInfoV
     .type nvmlDeviceGetGpuInstanceProfileInfoV, @function
 nvmlDeviceGetGpuInstanceProfileInfoV:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -629,7 +623,7 @@ nvmlDeviceGetGpuOperationMode:
     .globl nvmlDeviceGetGraphicsRunningProcesses
     .type nvmlDeviceGetGraphicsRunningProcesses, @function
 nvmlDeviceGetGraphicsRunningProcesses:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -637,7 +631,7 @@ nvmlDeviceGetGraphicsRunningProcesses:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v2
     .type nvmlDeviceGetGraphicsRunningProcesses_v2, @function
 nvmlDeviceGetGraphicsRunningProcesses_v2:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -645,7 +639,7 @@ nvmlDeviceGetGraphicsRunningProcesses_v2:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v3
     .type nvmlDeviceGetGraphicsRunningProcesses_v3, @function
 nvmlDeviceGetGraphicsRunningProcesses_v3:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -653,7 +647,7 @@ nvmlDeviceGetGraphicsRunningProcesses_v3:
     .globl nvmlDeviceGetGridLicensableFeatures
     .type nvmlDeviceGetGridLicensableFeatures, @function
 nvmlDeviceGetGridLicensableFeatures:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -661,7 +655,7 @@ nvmlDeviceGetGridLicensableFeatures:
     .globl nvmlDeviceGetGridLicensableFeatures_v2
     .type nvmlDeviceGetGridLicensableFeatures_v2, @function
 nvmlDeviceGetGridLicensableFeatures_v2:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -669,7 +663,7 @@ nvmlDeviceGetGridLicensableFeatures_v2:
     .globl nvmlDeviceGetGridLicensableFeatures_v3
     .type nvmlDeviceGetGridLicensableFeatures_v3, @function
 nvmlDeviceGetGridLicensableFeatures_v3:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -677,7 +671,7 @@ nvmlDeviceGetGridLicensableFeatures_v3:
     .globl nvmlDeviceGetGridLicensableFeatures_v4
     .type nvmlDeviceGetGridLicensableFeatures_v4, @function
 nvmlDeviceGetGridLicensableFeatures_v4:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -690,7 +684,7 @@ nvmlDeviceGetGspFirmwareMode:
     .globl nvmlDeviceGetGspFirmwareVersion
     .type nvmlDeviceGetGspFirmwareVersion, @function
 nvmlDeviceGetGspFirmwareVersion:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -738,7 +732,7 @@ nvmlDeviceGetHostVgpuMode:
     .globl nvmlDeviceGetHostname_v1
     .type nvmlDeviceGetHostname_v1, @function
 nvmlDeviceGetHostname_v1:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -756,15 +750,12 @@ nvmlDeviceGetInforomConfigurationChecksum:
     .globl nvmlDeviceGetInforomImageVersion
     .type nvmlDeviceGetInforomImageVersion, @function
 nvmlDeviceGetInforomImageVersion:
-    leaq .Lname54(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetInforomImageVersion@PLT
     .size nvmlDeviceGetInforomImageVersion, .-nvmlDeviceGetInforomImageVersion
     .globl nvmlDeviceGetInforomVersion
     .type nvmlDeviceGetInforomVersion, @function
 nvmlDeviceGetInforomVersion:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -787,7 +778,7 @@ nvmlDeviceGetLastBBXFlushTime:
     .globl nvmlDeviceGetMPSComputeRunningProcesses
     .type nvmlDeviceGetMPSComputeRunningProcesses, @function
 nvmlDeviceGetMPSComputeRunningProcesses:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -795,7 +786,7 @@ nvmlDeviceGetMPSComputeRunningProcesses:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v2
     .type nvmlDeviceGetMPSComputeRunningProcesses_v2, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v2:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -803,7 +794,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v2:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v3
     .type nvmlDeviceGetMPSComputeRunningProcesses_v3, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v3:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -811,7 +802,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v3:
     .globl nvmlDeviceGetMarginTemperature
     .type nvmlDeviceGetMarginTemperature, @function
 nvmlDeviceGetMarginTemperature:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -854,7 +845,7 @@ nvmlDeviceGetMemClkVfOffset:
     .globl nvmlDeviceGetMemoryAffinity
     .type nvmlDeviceGetMemoryAffinity, @function
 nvmlDeviceGetMemoryAffinity:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -867,7 +858,7 @@ nvmlDeviceGetMemoryBusWidth:
     .globl nvmlDeviceGetMemoryErrorCounter
     .type nvmlDeviceGetMemoryErrorCounter, @function
 nvmlDeviceGetMemoryErrorCounter:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -875,18 +866,12 @@ nvmlDeviceGetMemoryErrorCounter:
     .globl nvmlDeviceGetMemoryInfo
     .type nvmlDeviceGetMemoryInfo, @function
 nvmlDeviceGetMemoryInfo:
-    leaq .Lname62(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMemoryInfo@PLT
     .size nvmlDeviceGetMemoryInfo, .-nvmlDeviceGetMemoryInfo
     .globl nvmlDeviceGetMemoryInfo_v2
     .type nvmlDeviceGetMemoryInfo_v2, @function
 nvmlDeviceGetMemoryInfo_v2:
-    leaq .Lname63(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMemoryInfo_v2@PLT
     .size nvmlDeviceGetMemoryInfo_v2, .-nvmlDeviceGetMemoryInfo_v2
     .globl nvmlDeviceGetMigDeviceHandleByIndex
     .type nvmlDeviceGetMigDeviceHandleByIndex, @function
@@ -926,10 +911,7 @@ nvmlDeviceGetMultiGpuBoard:
     .globl nvmlDeviceGetName
     .type nvmlDeviceGetName, @function
 nvmlDeviceGetName:
-    leaq .Lname64(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetName@PLT
     .size nvmlDeviceGetName, .-nvmlDeviceGetName
     .globl nvmlDeviceGetNumFans
     .type nvmlDeviceGetNumFans, @function
@@ -954,7 +936,7 @@ nvmlDeviceGetNvLinkCapability:
     .globl nvmlDeviceGetNvLinkErrorCounter
     .type nvmlDeviceGetNvLinkErrorCounter, @function
 nvmlDeviceGetNvLinkErrorCounter:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -962,7 +944,7 @@ nvmlDeviceGetNvLinkErrorCounter:
     .globl nvmlDeviceGetNvLinkInfo
     .type nvmlDeviceGetNvLinkInfo, @function
 nvmlDeviceGetNvLinkInfo:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -975,7 +957,7 @@ nvmlDeviceGetNvLinkRemoteDeviceType:
     .globl nvmlDeviceGetNvLinkRemotePciInfo
     .type nvmlDeviceGetNvLinkRemotePciInfo, @function
 nvmlDeviceGetNvLinkRemotePciInfo:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -983,7 +965,7 @@ nvmlDeviceGetNvLinkRemotePciInfo:
     .globl nvmlDeviceGetNvLinkRemotePciInfo_v2
     .type nvmlDeviceGetNvLinkRemotePciInfo_v2, @function
 nvmlDeviceGetNvLinkRemotePciInfo_v2:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -996,7 +978,7 @@ nvmlDeviceGetNvLinkState:
     .globl nvmlDeviceGetNvLinkUtilizationControl
     .type nvmlDeviceGetNvLinkUtilizationControl, @function
 nvmlDeviceGetNvLinkUtilizationControl:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1004,7 +986,7 @@ nvmlDeviceGetNvLinkUtilizationControl:
     .globl nvmlDeviceGetNvLinkUtilizationCounter
     .type nvmlDeviceGetNvLinkUtilizationCounter, @function
 nvmlDeviceGetNvLinkUtilizationCounter:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1017,7 +999,7 @@ nvmlDeviceGetNvLinkVersion:
     .globl nvmlDeviceGetNvlinkBwMode
     .type nvmlDeviceGetNvlinkBwMode, @function
 nvmlDeviceGetNvlinkBwMode:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1025,7 +1007,7 @@ nvmlDeviceGetNvlinkBwMode:
     .globl nvmlDeviceGetNvlinkSupportedBwModes
     .type nvmlDeviceGetNvlinkSupportedBwModes, @function
 nvmlDeviceGetNvlinkSupportedBwModes:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1043,34 +1025,22 @@ nvmlDeviceGetP2PStatus:
     .globl nvmlDeviceGetPciInfo
     .type nvmlDeviceGetPciInfo, @function
 nvmlDeviceGetPciInfo:
-    leaq .Lname73(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPciInfo@PLT
     .size nvmlDeviceGetPciInfo, .-nvmlDeviceGetPciInfo
     .globl nvmlDeviceGetPciInfoExt
     .type nvmlDeviceGetPciInfoExt, @function
 nvmlDeviceGetPciInfoExt:
-    leaq .Lname74(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPciInfoExt@PLT
     .size nvmlDeviceGetPciInfoExt, .-nvmlDeviceGetPciInfoExt
     .globl nvmlDeviceGetPciInfo_v2
     .type nvmlDeviceGetPciInfo_v2, @function
 nvmlDeviceGetPciInfo_v2:
-    leaq .Lname75(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPciInfo_v2@PLT
     .size nvmlDeviceGetPciInfo_v2, .-nvmlDeviceGetPciInfo_v2
     .globl nvmlDeviceGetPciInfo_v3
     .type nvmlDeviceGetPciInfo_v3, @function
 nvmlDeviceGetPciInfo_v3:
-    leaq .Lname76(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPciInfo_v3@PLT
     .size nvmlDeviceGetPciInfo_v3, .-nvmlDeviceGetPciInfo_v3
     .globl nvmlDeviceGetPcieLinkMaxSpeed
     .type nvmlDeviceGetPcieLinkMaxSpeed, @function
@@ -1090,7 +1060,7 @@ nvmlDeviceGetPcieSpeed:
     .globl nvmlDeviceGetPcieThroughput
     .type nvmlDeviceGetPcieThroughput, @function
 nvmlDeviceGetPcieThroughput:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1098,7 +1068,7 @@ nvmlDeviceGetPcieThroughput:
     .globl nvmlDeviceGetPdi
     .type nvmlDeviceGetPdi, @function
 nvmlDeviceGetPdi:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1106,7 +1076,7 @@ nvmlDeviceGetPdi:
     .globl nvmlDeviceGetPerformanceModes
     .type nvmlDeviceGetPerformanceModes, @function
 nvmlDeviceGetPerformanceModes:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,7 +1094,7 @@ nvmlDeviceGetPersistenceMode:
     .globl nvmlDeviceGetPgpuMetadataString
     .type nvmlDeviceGetPgpuMetadataString, @function
 nvmlDeviceGetPgpuMetadataString:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1132,7 +1102,7 @@ nvmlDeviceGetPgpuMetadataString:
     .globl nvmlDeviceGetPlatformInfo
     .type nvmlDeviceGetPlatformInfo, @function
 nvmlDeviceGetPlatformInfo:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1160,7 +1130,7 @@ nvmlDeviceGetPowerManagementMode:
     .globl nvmlDeviceGetPowerMizerMode_v1
     .type nvmlDeviceGetPowerMizerMode_v1, @function
 nvmlDeviceGetPowerMizerMode_v1:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1188,7 +1158,7 @@ nvmlDeviceGetPowerUsage:
     .globl nvmlDeviceGetProcessUtilization
     .type nvmlDeviceGetProcessUtilization, @function
 nvmlDeviceGetProcessUtilization:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1196,7 +1166,7 @@ nvmlDeviceGetProcessUtilization:
     .globl nvmlDeviceGetProcessesUtilizationInfo
     .type nvmlDeviceGetProcessesUtilizationInfo, @function
 nvmlDeviceGetProcessesUtilizationInfo:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1209,7 +1179,7 @@ nvmlDeviceGetRemappedRows:
     .globl nvmlDeviceGetRepairStatus
     .type nvmlDeviceGetRepairStatus, @function
 nvmlDeviceGetRepairStatus:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1217,7 +1187,7 @@ nvmlDeviceGetRepairStatus:
     .globl nvmlDeviceGetRetiredPages
     .type nvmlDeviceGetRetiredPages, @function
 nvmlDeviceGetRetiredPages:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1230,7 +1200,7 @@ nvmlDeviceGetRetiredPagesPendingStatus:
     .globl nvmlDeviceGetRetiredPages_v2
     .type nvmlDeviceGetRetiredPages_v2, @function
 nvmlDeviceGetRetiredPages_v2:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1238,7 +1208,7 @@ nvmlDeviceGetRetiredPages_v2:
     .globl nvmlDeviceGetRowRemapperHistogram
     .type nvmlDeviceGetRowRemapperHistogram, @function
 nvmlDeviceGetRowRemapperHistogram:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1246,7 +1216,7 @@ nvmlDeviceGetRowRemapperHistogram:
     .globl nvmlDeviceGetRunningProcessDetailList
     .type nvmlDeviceGetRunningProcessDetailList, @function
 nvmlDeviceGetRunningProcessDetailList:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1254,7 +1224,7 @@ nvmlDeviceGetRunningProcessDetailList:
     .globl nvmlDeviceGetSamples
     .type nvmlDeviceGetSamples, @function
 nvmlDeviceGetSamples:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1262,15 +1232,12 @@ nvmlDeviceGetSamples:
     .globl nvmlDeviceGetSerial
     .type nvmlDeviceGetSerial, @function
 nvmlDeviceGetSerial:
-    leaq .Lname91(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetSerial@PLT
     .size nvmlDeviceGetSerial, .-nvmlDeviceGetSerial
     .globl nvmlDeviceGetSramEccErrorStatus
     .type nvmlDeviceGetSramEccErrorStatus, @function
 nvmlDeviceGetSramEccErrorStatus:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1278,7 +1245,7 @@ nvmlDeviceGetSramEccErrorStatus:
     .globl nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     .type nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts, @function
 nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1301,7 +1268,7 @@ nvmlDeviceGetSupportedEventTypes:
     .globl nvmlDeviceGetSupportedGraphicsClocks
     .type nvmlDeviceGetSupportedGraphicsClocks, @function
 nvmlDeviceGetSupportedGraphicsClocks:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1309,7 +1276,7 @@ nvmlDeviceGetSupportedGraphicsClocks:
     .globl nvmlDeviceGetSupportedMemoryClocks
     .type nvmlDeviceGetSupportedMemoryClocks, @function
 nvmlDeviceGetSupportedMemoryClocks:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1317,7 +1284,7 @@ nvmlDeviceGetSupportedMemoryClocks:
     .globl nvmlDeviceGetSupportedPerformanceStates
     .type nvmlDeviceGetSupportedPerformanceStates, @function
 nvmlDeviceGetSupportedPerformanceStates:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1330,7 +1297,7 @@ nvmlDeviceGetSupportedPowerModes:
     .globl nvmlDeviceGetSupportedVgpus
     .type nvmlDeviceGetSupportedVgpus, @function
 nvmlDeviceGetSupportedVgpus:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1353,7 +1320,7 @@ nvmlDeviceGetTemperatureThreshold:
     .globl nvmlDeviceGetTemperatureV
     .type nvmlDeviceGetTemperatureV, @function
 nvmlDeviceGetTemperatureV:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1361,7 +1328,7 @@ nvmlDeviceGetTemperatureV:
     .globl nvmlDeviceGetThermalSettings
     .type nvmlDeviceGetThermalSettings, @function
 nvmlDeviceGetThermalSettings:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1379,7 +1346,7 @@ nvmlDeviceGetTopologyNearestGpus:
     .globl nvmlDeviceGetTotalEccErrors
     .type nvmlDeviceGetTotalEccErrors, @function
 nvmlDeviceGetTotalEccErrors:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1392,15 +1359,12 @@ nvmlDeviceGetTotalEnergyConsumption:
     .globl nvmlDeviceGetUUID
     .type nvmlDeviceGetUUID, @function
 nvmlDeviceGetUUID:
-    leaq .Lname101(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetUUID@PLT
     .size nvmlDeviceGetUUID, .-nvmlDeviceGetUUID
     .globl nvmlDeviceGetUnrepairableMemoryFlag_v1
     .type nvmlDeviceGetUnrepairableMemoryFlag_v1, @function
 nvmlDeviceGetUnrepairableMemoryFlag_v1:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1408,18 +1372,12 @@ nvmlDeviceGetUnrepairableMemoryFlag_v1:
     .globl nvmlDeviceGetUtilizationRates
     .type nvmlDeviceGetUtilizationRates, @function
 nvmlDeviceGetUtilizationRates:
-    leaq .Lname103(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetUtilizationRates@PLT
     .size nvmlDeviceGetUtilizationRates, .-nvmlDeviceGetUtilizationRates
     .globl nvmlDeviceGetVbiosVersion
     .type nvmlDeviceGetVbiosVersion, @function
 nvmlDeviceGetVbiosVersion:
-    leaq .Lname104(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVbiosVersion@PLT
     .size nvmlDeviceGetVbiosVersion, .-nvmlDeviceGetVbiosVersion
     .globl nvmlDeviceGetVgpuCapabilities
     .type nvmlDeviceGetVgpuCapabilities, @function
@@ -1429,7 +1387,7 @@ nvmlDeviceGetVgpuCapabilities:
     .globl nvmlDeviceGetVgpuHeterogeneousMode
     .type nvmlDeviceGetVgpuHeterogeneousMode, @function
 nvmlDeviceGetVgpuHeterogeneousMode:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1437,7 +1395,7 @@ nvmlDeviceGetVgpuHeterogeneousMode:
     .globl nvmlDeviceGetVgpuInstancesUtilizationInfo
     .type nvmlDeviceGetVgpuInstancesUtilizationInfo, @function
 nvmlDeviceGetVgpuInstancesUtilizationInfo:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1445,7 +1403,7 @@ nvmlDeviceGetVgpuInstancesUtilizationInfo:
     .globl nvmlDeviceGetVgpuMetadata
     .type nvmlDeviceGetVgpuMetadata, @function
 nvmlDeviceGetVgpuMetadata:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1453,7 +1411,7 @@ nvmlDeviceGetVgpuMetadata:
     .globl nvmlDeviceGetVgpuProcessUtilization
     .type nvmlDeviceGetVgpuProcessUtilization, @function
 nvmlDeviceGetVgpuProcessUtilization:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1461,7 +1419,7 @@ nvmlDeviceGetVgpuProcessUtilization:
     .globl nvmlDeviceGetVgpuProcessesUtilizationInfo
     .type nvmlDeviceGetVgpuProcessesUtilizationInfo, @function
 nvmlDeviceGetVgpuProcessesUtilizationInfo:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1469,7 +1427,7 @@ nvmlDeviceGetVgpuProcessesUtilizationInfo:
     .globl nvmlDeviceGetVgpuSchedulerCapabilities
     .type nvmlDeviceGetVgpuSchedulerCapabilities, @function
 nvmlDeviceGetVgpuSchedulerCapabilities:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1477,7 +1435,7 @@ nvmlDeviceGetVgpuSchedulerCapabilities:
     .globl nvmlDeviceGetVgpuSchedulerLog
     .type nvmlDeviceGetVgpuSchedulerLog, @function
 nvmlDeviceGetVgpuSchedulerLog:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1485,7 +1443,7 @@ nvmlDeviceGetVgpuSchedulerLog:
     .globl nvmlDeviceGetVgpuSchedulerState
     .type nvmlDeviceGetVgpuSchedulerState, @function
 nvmlDeviceGetVgpuSchedulerState:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,7 +1451,7 @@ nvmlDeviceGetVgpuSchedulerState:
     .globl nvmlDeviceGetVgpuTypeCreatablePlacements
     .type nvmlDeviceGetVgpuTypeCreatablePlacements, @function
 nvmlDeviceGetVgpuTypeCreatablePlacements:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1501,7 +1459,7 @@ nvmlDeviceGetVgpuTypeCreatablePlacements:
     .globl nvmlDeviceGetVgpuTypeSupportedPlacements
     .type nvmlDeviceGetVgpuTypeSupportedPlacements, @function
 nvmlDeviceGetVgpuTypeSupportedPlacements:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1509,7 +1467,7 @@ nvmlDeviceGetVgpuTypeSupportedPlacements:
     .globl nvmlDeviceGetVgpuUtilization
     .type nvmlDeviceGetVgpuUtilization, @function
 nvmlDeviceGetVgpuUtilization:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1517,7 +1475,7 @@ nvmlDeviceGetVgpuUtilization:
     .globl nvmlDeviceGetViolationStatus
     .type nvmlDeviceGetViolationStatus, @function
 nvmlDeviceGetViolationStatus:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1535,7 +1493,7 @@ nvmlDeviceIsMigDeviceHandle:
     .globl nvmlDeviceModifyDrainState
     .type nvmlDeviceModifyDrainState, @function
 nvmlDeviceModifyDrainState:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1548,7 +1506,7 @@ nvmlDeviceOnSameBoard:
     .globl nvmlDevicePowerSmoothingActivatePresetProfile
     .type nvmlDevicePowerSmoothingActivatePresetProfile, @function
 nvmlDevicePowerSmoothingActivatePresetProfile:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1556,7 +1514,7 @@ nvmlDevicePowerSmoothingActivatePresetProfile:
     .globl nvmlDevicePowerSmoothingSetState
     .type nvmlDevicePowerSmoothingSetState, @function
 nvmlDevicePowerSmoothingSetState:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1564,7 +1522,7 @@ nvmlDevicePowerSmoothingSetState:
     .globl nvmlDevicePowerSmoothingUpdatePresetProfileParam
     .type nvmlDevicePowerSmoothingUpdatePresetProfileParam, @function
 nvmlDevicePowerSmoothingUpdatePresetProfileParam:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1572,7 +1530,7 @@ nvmlDevicePowerSmoothingUpdatePresetProfileParam:
     .globl nvmlDeviceQueryDrainState
     .type nvmlDeviceQueryDrainState, @function
 nvmlDeviceQueryDrainState:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1580,7 +1538,7 @@ nvmlDeviceQueryDrainState:
     .globl nvmlDeviceReadPRMCounters_v1
     .type nvmlDeviceReadPRMCounters_v1, @function
 nvmlDeviceReadPRMCounters_v1:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1588,7 +1546,7 @@ nvmlDeviceReadPRMCounters_v1:
     .globl nvmlDeviceReadWritePRM_v1
     .type nvmlDeviceReadWritePRM_v1, @function
 nvmlDeviceReadWritePRM_v1:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1601,7 +1559,7 @@ nvmlDeviceRegisterEvents:
     .globl nvmlDeviceRemoveGpu
     .type nvmlDeviceRemoveGpu, @function
 nvmlDeviceRemoveGpu:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1609,7 +1567,7 @@ nvmlDeviceRemoveGpu:
     .globl nvmlDeviceRemoveGpu_v2
     .type nvmlDeviceRemoveGpu_v2, @function
 nvmlDeviceRemoveGpu_v2:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1662,7 +1620,7 @@ nvmlDeviceSetAutoBoostedClocksEnabled:
     .globl nvmlDeviceSetClockOffsets
     .type nvmlDeviceSetClockOffsets, @function
 nvmlDeviceSetClockOffsets:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1735,7 +1693,7 @@ nvmlDeviceSetGpuOperationMode:
     .globl nvmlDeviceSetHostname_v1
     .type nvmlDeviceSetHostname_v1, @function
 nvmlDeviceSetHostname_v1:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1758,7 +1716,7 @@ nvmlDeviceSetMigMode:
     .globl nvmlDeviceSetNvLinkDeviceLowPowerThreshold
     .type nvmlDeviceSetNvLinkDeviceLowPowerThreshold, @function
 nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1766,7 +1724,7 @@ nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
     .globl nvmlDeviceSetNvLinkUtilizationControl
     .type nvmlDeviceSetNvLinkUtilizationControl, @function
 nvmlDeviceSetNvLinkUtilizationControl:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1774,7 +1732,7 @@ nvmlDeviceSetNvLinkUtilizationControl:
     .globl nvmlDeviceSetNvlinkBwMode
     .type nvmlDeviceSetNvlinkBwMode, @function
 nvmlDeviceSetNvlinkBwMode:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1792,7 +1750,7 @@ nvmlDeviceSetPowerManagementLimit:
     .globl nvmlDeviceSetPowerManagementLimit_v2
     .type nvmlDeviceSetPowerManagementLimit_v2, @function
 nvmlDeviceSetPowerManagementLimit_v2:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1800,7 +1758,7 @@ nvmlDeviceSetPowerManagementLimit_v2:
     .globl nvmlDeviceSetPowerMizerMode_v1
     .type nvmlDeviceSetPowerMizerMode_v1, @function
 nvmlDeviceSetPowerMizerMode_v1:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1813,7 +1771,7 @@ nvmlDeviceSetPowerMode:
     .globl nvmlDeviceSetRusdSettings_v1
     .type nvmlDeviceSetRusdSettings_v1, @function
 nvmlDeviceSetRusdSettings_v1:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1836,7 +1794,7 @@ nvmlDeviceSetVgpuHeterogeneousMode:
     .globl nvmlDeviceSetVgpuSchedulerState
     .type nvmlDeviceSetVgpuSchedulerState, @function
 nvmlDeviceSetVgpuSchedulerState:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1854,7 +1812,7 @@ nvmlDeviceValidateInforom:
     .globl nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileClearRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1862,7 +1820,7 @@ nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileGetCurrentProfiles
     .type nvmlDeviceWorkloadPowerProfileGetCurrentProfiles, @function
 nvmlDeviceWorkloadPowerProfileGetCurrentProfiles:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1870,7 +1828,7 @@ nvmlDeviceWorkloadPowerProfileGetCurrentProfiles:
     .globl nvmlDeviceWorkloadPowerProfileGetProfilesInfo
     .type nvmlDeviceWorkloadPowerProfileGetProfilesInfo, @function
 nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1878,7 +1836,7 @@ nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
     .globl nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileSetRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1886,7 +1844,7 @@ nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1
     .type nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1, @function
 nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1909,7 +1867,7 @@ nvmlEventSetFree:
     .globl nvmlEventSetWait
     .type nvmlEventSetWait, @function
 nvmlEventSetWait:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1917,7 +1875,7 @@ nvmlEventSetWait:
     .globl nvmlEventSetWait_v2
     .type nvmlEventSetWait_v2, @function
 nvmlEventSetWait_v2:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1930,7 +1888,7 @@ nvmlGetExcludedDeviceCount:
     .globl nvmlGetExcludedDeviceInfoByIndex
     .type nvmlGetExcludedDeviceInfoByIndex, @function
 nvmlGetExcludedDeviceInfoByIndex:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1938,7 +1896,7 @@ nvmlGetExcludedDeviceInfoByIndex:
     .globl nvmlGetVgpuCompatibility
     .type nvmlGetVgpuCompatibility, @function
 nvmlGetVgpuCompatibility:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1951,7 +1909,7 @@ nvmlGetVgpuDriverCapabilities:
     .globl nvmlGetVgpuVersion
     .type nvmlGetVgpuVersion, @function
 nvmlGetVgpuVersion:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1959,7 +1917,7 @@ nvmlGetVgpuVersion:
     .globl nvmlGpmMetricsGet
     .type nvmlGpmMetricsGet, @function
 nvmlGpmMetricsGet:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1972,7 +1930,7 @@ nvmlGpmMigSampleGet:
     .globl nvmlGpmQueryDeviceSupport
     .type nvmlGpmQueryDeviceSupport, @function
 nvmlGpmQueryDeviceSupport:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2020,7 +1978,7 @@ nvmlGpuInstanceDestroy:
     .globl nvmlGpuInstanceGetActiveVgpus
     .type nvmlGpuInstanceGetActiveVgpus, @function
 nvmlGpuInstanceGetActiveVgpus:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2033,7 +1991,7 @@ nvmlGpuInstanceGetComputeInstanceById:
     .globl nvmlGpuInstanceGetComputeInstancePossiblePlacements
     .type nvmlGpuInstanceGetComputeInstancePossiblePlacements, @function
 nvmlGpuInstanceGetComputeInstancePossiblePlacements:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2041,7 +1999,7 @@ nvmlGpuInstanceGetComputeInstancePossiblePlacements:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfo
     .type nvmlGpuInstanceGetComputeInstanceProfileInfo, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfo:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2049,7 +2007,7 @@ nvmlGpuInstanceGetComputeInstanceProfileInfo:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfoV
     .type nvmlGpuInstanceGetComputeInstanceProfileInfoV, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfoV:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2067,7 +2025,7 @@ nvmlGpuInstanceGetComputeInstances:
     .globl nvmlGpuInstanceGetCreatableVgpus
     .type nvmlGpuInstanceGetCreatableVgpus, @function
 nvmlGpuInstanceGetCreatableVgpus:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2075,7 +2033,7 @@ nvmlGpuInstanceGetCreatableVgpus:
     .globl nvmlGpuInstanceGetInfo
     .type nvmlGpuInstanceGetInfo, @function
 nvmlGpuInstanceGetInfo:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2083,7 +2041,7 @@ nvmlGpuInstanceGetInfo:
     .globl nvmlGpuInstanceGetVgpuHeterogeneousMode
     .type nvmlGpuInstanceGetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceGetVgpuHeterogeneousMode:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2091,7 +2049,7 @@ nvmlGpuInstanceGetVgpuHeterogeneousMode:
     .globl nvmlGpuInstanceGetVgpuSchedulerLog
     .type nvmlGpuInstanceGetVgpuSchedulerLog, @function
 nvmlGpuInstanceGetVgpuSchedulerLog:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2099,7 +2057,7 @@ nvmlGpuInstanceGetVgpuSchedulerLog:
     .globl nvmlGpuInstanceGetVgpuSchedulerState
     .type nvmlGpuInstanceGetVgpuSchedulerState, @function
 nvmlGpuInstanceGetVgpuSchedulerState:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2107,7 +2065,7 @@ nvmlGpuInstanceGetVgpuSchedulerState:
     .globl nvmlGpuInstanceGetVgpuTypeCreatablePlacements
     .type nvmlGpuInstanceGetVgpuTypeCreatablePlacements, @function
 nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2120,7 +2078,7 @@ nvmlGpuInstanceSetVgpuHeterogeneousMode:
     .globl nvmlGpuInstanceSetVgpuSchedulerState
     .type nvmlGpuInstanceSetVgpuSchedulerState, @function
 nvmlGpuInstanceSetVgpuSchedulerState:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2143,7 +2101,7 @@ nvmlInit_v2:
     .globl nvmlSetVgpuVersion
     .type nvmlSetVgpuVersion, @function
 nvmlSetVgpuVersion:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2156,7 +2114,7 @@ nvmlShutdown:
     .globl nvmlSystemEventSetCreate
     .type nvmlSystemEventSetCreate, @function
 nvmlSystemEventSetCreate:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2164,7 +2122,7 @@ nvmlSystemEventSetCreate:
     .globl nvmlSystemEventSetFree
     .type nvmlSystemEventSetFree, @function
 nvmlSystemEventSetFree:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2172,7 +2130,7 @@ nvmlSystemEventSetFree:
     .globl nvmlSystemEventSetWait
     .type nvmlSystemEventSetWait, @function
 nvmlSystemEventSetWait:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2180,7 +2138,7 @@ nvmlSystemEventSetWait:
     .globl nvmlSystemGetConfComputeCapabilities
     .type nvmlSystemGetConfComputeCapabilities, @function
 nvmlSystemGetConfComputeCapabilities:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2193,7 +2151,7 @@ nvmlSystemGetConfComputeGpusReadyState:
     .globl nvmlSystemGetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemGetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemGetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2201,7 +2159,7 @@ nvmlSystemGetConfComputeKeyRotationThresholdInfo:
     .globl nvmlSystemGetConfComputeSettings
     .type nvmlSystemGetConfComputeSettings, @function
 nvmlSystemGetConfComputeSettings:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2209,7 +2167,7 @@ nvmlSystemGetConfComputeSettings:
     .globl nvmlSystemGetConfComputeState
     .type nvmlSystemGetConfComputeState, @function
 nvmlSystemGetConfComputeState:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2227,7 +2185,7 @@ nvmlSystemGetCudaDriverVersion_v2:
     .globl nvmlSystemGetDriverBranch
     .type nvmlSystemGetDriverBranch, @function
 nvmlSystemGetDriverBranch:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2235,15 +2193,12 @@ nvmlSystemGetDriverBranch:
     .globl nvmlSystemGetDriverVersion
     .type nvmlSystemGetDriverVersion, @function
 nvmlSystemGetDriverVersion:
-    leaq .Lname167(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetDriverVersion@PLT
     .size nvmlSystemGetDriverVersion, .-nvmlSystemGetDriverVersion
     .globl nvmlSystemGetHicVersion
     .type nvmlSystemGetHicVersion, @function
 nvmlSystemGetHicVersion:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2251,10 +2206,7 @@ nvmlSystemGetHicVersion:
     .globl nvmlSystemGetNVMLVersion
     .type nvmlSystemGetNVMLVersion, @function
 nvmlSystemGetNVMLVersion:
-    leaq .Lname169(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetNVMLVersion@PLT
     .size nvmlSystemGetNVMLVersion, .-nvmlSystemGetNVMLVersion
     .globl nvmlSystemGetNvlinkBwMode
     .type nvmlSystemGetNvlinkBwMode, @function
@@ -2264,7 +2216,7 @@ nvmlSystemGetNvlinkBwMode:
     .globl nvmlSystemGetProcessName
     .type nvmlSystemGetProcessName, @function
 nvmlSystemGetProcessName:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2272,7 +2224,7 @@ nvmlSystemGetProcessName:
     .globl nvmlSystemGetTopologyGpuSet
     .type nvmlSystemGetTopologyGpuSet, @function
 nvmlSystemGetTopologyGpuSet:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2280,7 +2232,7 @@ nvmlSystemGetTopologyGpuSet:
     .globl nvmlSystemRegisterEvents
     .type nvmlSystemRegisterEvents, @function
 nvmlSystemRegisterEvents:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2293,7 +2245,7 @@ nvmlSystemSetConfComputeGpusReadyState:
     .globl nvmlSystemSetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemSetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemSetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2316,7 +2268,7 @@ nvmlUnitGetDevices:
     .globl nvmlUnitGetFanSpeedInfo
     .type nvmlUnitGetFanSpeedInfo, @function
 nvmlUnitGetFanSpeedInfo:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2329,7 +2281,7 @@ nvmlUnitGetHandleByIndex:
     .globl nvmlUnitGetLedState
     .type nvmlUnitGetLedState, @function
 nvmlUnitGetLedState:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2337,7 +2289,7 @@ nvmlUnitGetLedState:
     .globl nvmlUnitGetPsuInfo
     .type nvmlUnitGetPsuInfo, @function
 nvmlUnitGetPsuInfo:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2350,7 +2302,7 @@ nvmlUnitGetTemperature:
     .globl nvmlUnitGetUnitInfo
     .type nvmlUnitGetUnitInfo, @function
 nvmlUnitGetUnitInfo:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2373,7 +2325,7 @@ nvmlVgpuInstanceGetAccountingMode:
     .globl nvmlVgpuInstanceGetAccountingPids
     .type nvmlVgpuInstanceGetAccountingPids, @function
 nvmlVgpuInstanceGetAccountingPids:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2381,7 +2333,7 @@ nvmlVgpuInstanceGetAccountingPids:
     .globl nvmlVgpuInstanceGetAccountingStats
     .type nvmlVgpuInstanceGetAccountingStats, @function
 nvmlVgpuInstanceGetAccountingStats:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2399,7 +2351,7 @@ nvmlVgpuInstanceGetEncoderCapacity:
     .globl nvmlVgpuInstanceGetEncoderSessions
     .type nvmlVgpuInstanceGetEncoderSessions, @function
 nvmlVgpuInstanceGetEncoderSessions:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2407,7 +2359,7 @@ nvmlVgpuInstanceGetEncoderSessions:
     .globl nvmlVgpuInstanceGetEncoderStats
     .type nvmlVgpuInstanceGetEncoderStats, @function
 nvmlVgpuInstanceGetEncoderStats:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2415,7 +2367,7 @@ nvmlVgpuInstanceGetEncoderStats:
     .globl nvmlVgpuInstanceGetFBCSessions
     .type nvmlVgpuInstanceGetFBCSessions, @function
 nvmlVgpuInstanceGetFBCSessions:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2423,7 +2375,7 @@ nvmlVgpuInstanceGetFBCSessions:
     .globl nvmlVgpuInstanceGetFBCStats
     .type nvmlVgpuInstanceGetFBCStats, @function
 nvmlVgpuInstanceGetFBCStats:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2446,7 +2398,7 @@ nvmlVgpuInstanceGetGpuInstanceId:
     .globl nvmlVgpuInstanceGetGpuPciId
     .type nvmlVgpuInstanceGetGpuPciId, @function
 nvmlVgpuInstanceGetGpuPciId:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2454,7 +2406,7 @@ nvmlVgpuInstanceGetGpuPciId:
     .globl nvmlVgpuInstanceGetLicenseInfo
     .type nvmlVgpuInstanceGetLicenseInfo, @function
 nvmlVgpuInstanceGetLicenseInfo:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2462,7 +2414,7 @@ nvmlVgpuInstanceGetLicenseInfo:
     .globl nvmlVgpuInstanceGetLicenseInfo_v2
     .type nvmlVgpuInstanceGetLicenseInfo_v2, @function
 nvmlVgpuInstanceGetLicenseInfo_v2:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2475,7 +2427,7 @@ nvmlVgpuInstanceGetLicenseStatus:
     .globl nvmlVgpuInstanceGetMdevUUID
     .type nvmlVgpuInstanceGetMdevUUID, @function
 nvmlVgpuInstanceGetMdevUUID:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2483,7 +2435,7 @@ nvmlVgpuInstanceGetMdevUUID:
     .globl nvmlVgpuInstanceGetMetadata
     .type nvmlVgpuInstanceGetMetadata, @function
 nvmlVgpuInstanceGetMetadata:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2491,7 +2443,7 @@ nvmlVgpuInstanceGetMetadata:
     .globl nvmlVgpuInstanceGetPlacementId
     .type nvmlVgpuInstanceGetPlacementId, @function
 nvmlVgpuInstanceGetPlacementId:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2499,7 +2451,7 @@ nvmlVgpuInstanceGetPlacementId:
     .globl nvmlVgpuInstanceGetRuntimeStateSize
     .type nvmlVgpuInstanceGetRuntimeStateSize, @function
 nvmlVgpuInstanceGetRuntimeStateSize:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2512,7 +2464,7 @@ nvmlVgpuInstanceGetType:
     .globl nvmlVgpuInstanceGetUUID
     .type nvmlVgpuInstanceGetUUID, @function
 nvmlVgpuInstanceGetUUID:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2520,7 +2472,7 @@ nvmlVgpuInstanceGetUUID:
     .globl nvmlVgpuInstanceGetVmDriverVersion
     .type nvmlVgpuInstanceGetVmDriverVersion, @function
 nvmlVgpuInstanceGetVmDriverVersion:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2528,7 +2480,7 @@ nvmlVgpuInstanceGetVmDriverVersion:
     .globl nvmlVgpuInstanceGetVmID
     .type nvmlVgpuInstanceGetVmID, @function
 nvmlVgpuInstanceGetVmID:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2541,7 +2493,7 @@ nvmlVgpuInstanceSetEncoderCapacity:
     .globl nvmlVgpuTypeGetBAR1Info
     .type nvmlVgpuTypeGetBAR1Info, @function
 nvmlVgpuTypeGetBAR1Info:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2554,7 +2506,7 @@ nvmlVgpuTypeGetCapabilities:
     .globl nvmlVgpuTypeGetClass
     .type nvmlVgpuTypeGetClass, @function
 nvmlVgpuTypeGetClass:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2592,7 +2544,7 @@ nvmlVgpuTypeGetGspHeapSize:
     .globl nvmlVgpuTypeGetLicense
     .type nvmlVgpuTypeGetLicense, @function
 nvmlVgpuTypeGetLicense:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2605,7 +2557,7 @@ nvmlVgpuTypeGetMaxInstances:
     .globl nvmlVgpuTypeGetMaxInstancesPerGpuInstance
     .type nvmlVgpuTypeGetMaxInstancesPerGpuInstance, @function
 nvmlVgpuTypeGetMaxInstancesPerGpuInstance:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2618,7 +2570,7 @@ nvmlVgpuTypeGetMaxInstancesPerVm:
     .globl nvmlVgpuTypeGetName
     .type nvmlVgpuTypeGetName, @function
 nvmlVgpuTypeGetName:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2655,381 +2607,349 @@ nvmlVgpuTypeGetResolution:
 .Lname9:
     .asciz "nvmlDeviceGetAttributes_v2"
 .Lname10:
-    .asciz "nvmlDeviceGetBAR1MemoryInfo"
-.Lname11:
-    .asciz "nvmlDeviceGetBoardPartNumber"
-.Lname12:
     .asciz "nvmlDeviceGetBridgeChipInfo"
-.Lname13:
+.Lname11:
     .asciz "nvmlDeviceGetC2cModeInfoV"
-.Lname14:
+.Lname12:
     .asciz "nvmlDeviceGetCapabilities"
-.Lname15:
+.Lname13:
     .asciz "nvmlDeviceGetClkMonStatus"
-.Lname16:
+.Lname14:
     .asciz "nvmlDeviceGetClockOffsets"
-.Lname17:
+.Lname15:
     .asciz "nvmlDeviceGetComputeRunningProcesses"
-.Lname18:
+.Lname16:
     .asciz "nvmlDeviceGetComputeRunningProcesses_v2"
-.Lname19:
+.Lname17:
     .asciz "nvmlDeviceGetComputeRunningProcesses_v3"
-.Lname20:
+.Lname18:
     .asciz "nvmlDeviceGetConfComputeGpuAttestationReport"
-.Lname21:
+.Lname19:
     .asciz "nvmlDeviceGetConfComputeGpuCertificate"
-.Lname22:
+.Lname20:
     .asciz "nvmlDeviceGetConfComputeMemSizeInfo"
-.Lname23:
+.Lname21:
     .asciz "nvmlDeviceGetConfComputeProtectedMemoryUsage"
-.Lname24:
+.Lname22:
     .asciz "nvmlDeviceGetCoolerInfo"
-.Lname25:
+.Lname23:
     .asciz "nvmlDeviceGetCpuAffinity"
-.Lname26:
+.Lname24:
     .asciz "nvmlDeviceGetCpuAffinityWithinScope"
-.Lname27:
+.Lname25:
     .asciz "nvmlDeviceGetCreatableVgpus"
-.Lname28:
+.Lname26:
     .asciz "nvmlDeviceGetCurrentClockFreqs"
-.Lname29:
+.Lname27:
     .asciz "nvmlDeviceGetDetailedEccErrors"
-.Lname30:
+.Lname28:
     .asciz "nvmlDeviceGetDramEncryptionMode"
-.Lname31:
+.Lname29:
     .asciz "nvmlDeviceGetDynamicPstatesInfo"
-.Lname32:
+.Lname30:
     .asciz "nvmlDeviceGetEncoderSessions"
-.Lname33:
+.Lname31:
     .asciz "nvmlDeviceGetEncoderStats"
-.Lname34:
+.Lname32:
     .asciz "nvmlDeviceGetFBCSessions"
-.Lname35:
+.Lname33:
     .asciz "nvmlDeviceGetFBCStats"
-.Lname36:
+.Lname34:
     .asciz "nvmlDeviceGetFanSpeedRPM"
-.Lname37:
+.Lname35:
     .asciz "nvmlDeviceGetFieldValues"
-.Lname38:
+.Lname36:
     .asciz "nvmlDeviceGetGpuFabricInfo"
-.Lname39:
+.Lname37:
     .asciz "nvmlDeviceGetGpuFabricInfoV"
-.Lname40:
+.Lname38:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
-.Lname41:
+.Lname39:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
-.Lname42:
+.Lname40:
     .asciz "nvmlDeviceGetGpuInstanceProfileInfo"
-.Lname43:
+.Lname41:
     .asciz "nvmlDeviceGetGpuInstanceProfileInfoByIdV"
-.Lname44:
+.Lname42:
     .asciz "nvmlDeviceGetGpuInstanceProfileInfoV"
-.Lname45:
+.Lname43:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses"
-.Lname46:
+.Lname44:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses_v2"
-.Lname47:
+.Lname45:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses_v3"
-.Lname48:
+.Lname46:
     .asciz "nvmlDeviceGetGridLicensableFeatures"
-.Lname49:
+.Lname47:
     .asciz "nvmlDeviceGetGridLicensableFeatures_v2"
-.Lname50:
+.Lname48:
     .asciz "nvmlDeviceGetGridLicensableFeatures_v3"
-.Lname51:
+.Lname49:
     .asciz "nvmlDeviceGetGridLicensableFeatures_v4"
-.Lname52:
+.Lname50:
     .asciz "nvmlDeviceGetGspFirmwareVersion"
-.Lname53:
+.Lname51:
     .asciz "nvmlDeviceGetHostname_v1"
-.Lname54:
-    .asciz "nvmlDeviceGetInforomImageVersion"
-.Lname55:
+.Lname52:
     .asciz "nvmlDeviceGetInforomVersion"
-.Lname56:
+.Lname53:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses"
-.Lname57:
+.Lname54:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v2"
-.Lname58:
+.Lname55:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v3"
-.Lname59:
+.Lname56:
     .asciz "nvmlDeviceGetMarginTemperature"
-.Lname60:
+.Lname57:
     .asciz "nvmlDeviceGetMemoryAffinity"
-.Lname61:
+.Lname58:
     .asciz "nvmlDeviceGetMemoryErrorCounter"
-.Lname62:
-    .asciz "nvmlDeviceGetMemoryInfo"
-.Lname63:
-    .asciz "nvmlDeviceGetMemoryInfo_v2"
-.Lname64:
-    .asciz "nvmlDeviceGetName"
-.Lname65:
+.Lname59:
     .asciz "nvmlDeviceGetNvLinkErrorCounter"
-.Lname66:
+.Lname60:
     .asciz "nvmlDeviceGetNvLinkInfo"
-.Lname67:
+.Lname61:
     .asciz "nvmlDeviceGetNvLinkRemotePciInfo"
-.Lname68:
+.Lname62:
     .asciz "nvmlDeviceGetNvLinkRemotePciInfo_v2"
-.Lname69:
+.Lname63:
     .asciz "nvmlDeviceGetNvLinkUtilizationControl"
-.Lname70:
+.Lname64:
     .asciz "nvmlDeviceGetNvLinkUtilizationCounter"
-.Lname71:
+.Lname65:
     .asciz "nvmlDeviceGetNvlinkBwMode"
-.Lname72:
+.Lname66:
     .asciz "nvmlDeviceGetNvlinkSupportedBwModes"
-.Lname73:
-    .asciz "nvmlDeviceGetPciInfo"
-.Lname74:
-    .asciz "nvmlDeviceGetPciInfoExt"
-.Lname75:
-    .asciz "nvmlDeviceGetPciInfo_v2"
-.Lname76:
-    .asciz "nvmlDeviceGetPciInfo_v3"
-.Lname77:
+.Lname67:
     .asciz "nvmlDeviceGetPcieThroughput"
-.Lname78:
+.Lname68:
     .asciz "nvmlDeviceGetPdi"
-.Lname79:
+.Lname69:
     .asciz "nvmlDeviceGetPerformanceModes"
-.Lname80:
+.Lname70:
     .asciz "nvmlDeviceGetPgpuMetadataString"
-.Lname81:
+.Lname71:
     .asciz "nvmlDeviceGetPlatformInfo"
-.Lname82:
+.Lname72:
     .asciz "nvmlDeviceGetPowerMizerMode_v1"
-.Lname83:
+.Lname73:
     .asciz "nvmlDeviceGetProcessUtilization"
-.Lname84:
+.Lname74:
     .asciz "nvmlDeviceGetProcessesUtilizationInfo"
-.Lname85:
+.Lname75:
     .asciz "nvmlDeviceGetRepairStatus"
-.Lname86:
+.Lname76:
     .asciz "nvmlDeviceGetRetiredPages"
-.Lname87:
+.Lname77:
     .asciz "nvmlDeviceGetRetiredPages_v2"
-.Lname88:
+.Lname78:
     .asciz "nvmlDeviceGetRowRemapperHistogram"
-.Lname89:
+.Lname79:
     .asciz "nvmlDeviceGetRunningProcessDetailList"
-.Lname90:
+.Lname80:
     .asciz "nvmlDeviceGetSamples"
-.Lname91:
-    .asciz "nvmlDeviceGetSerial"
-.Lname92:
+.Lname81:
     .asciz "nvmlDeviceGetSramEccErrorStatus"
-.Lname93:
+.Lname82:
     .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
-.Lname94:
+.Lname83:
     .asciz "nvmlDeviceGetSupportedGraphicsClocks"
-.Lname95:
+.Lname84:
     .asciz "nvmlDeviceGetSupportedMemoryClocks"
-.Lname96:
+.Lname85:
     .asciz "nvmlDeviceGetSupportedPerformanceStates"
-.Lname97:
+.Lname86:
     .asciz "nvmlDeviceGetSupportedVgpus"
-.Lname98:
+.Lname87:
     .asciz "nvmlDeviceGetTemperatureV"
-.Lname99:
+.Lname88:
     .asciz "nvmlDeviceGetThermalSettings"
-.Lname100:
+.Lname89:
     .asciz "nvmlDeviceGetTotalEccErrors"
-.Lname101:
-    .asciz "nvmlDeviceGetUUID"
-.Lname102:
+.Lname90:
     .asciz "nvmlDeviceGetUnrepairableMemoryFlag_v1"
-.Lname103:
-    .asciz "nvmlDeviceGetUtilizationRates"
-.Lname104:
-    .asciz "nvmlDeviceGetVbiosVersion"
-.Lname105:
+.Lname91:
     .asciz "nvmlDeviceGetVgpuHeterogeneousMode"
-.Lname106:
+.Lname92:
     .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
-.Lname107:
+.Lname93:
     .asciz "nvmlDeviceGetVgpuMetadata"
-.Lname108:
+.Lname94:
     .asciz "nvmlDeviceGetVgpuProcessUtilization"
-.Lname109:
+.Lname95:
     .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
-.Lname110:
+.Lname96:
     .asciz "nvmlDeviceGetVgpuSchedulerCapabilities"
-.Lname111:
+.Lname97:
     .asciz "nvmlDeviceGetVgpuSchedulerLog"
-.Lname112:
+.Lname98:
     .asciz "nvmlDeviceGetVgpuSchedulerState"
-.Lname113:
+.Lname99:
     .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
-.Lname114:
+.Lname100:
     .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
-.Lname115:
+.Lname101:
     .asciz "nvmlDeviceGetVgpuUtilization"
-.Lname116:
+.Lname102:
     .asciz "nvmlDeviceGetViolationStatus"
-.Lname117:
+.Lname103:
     .asciz "nvmlDeviceModifyDrainState"
-.Lname118:
+.Lname104:
     .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
-.Lname119:
+.Lname105:
     .asciz "nvmlDevicePowerSmoothingSetState"
-.Lname120:
+.Lname106:
     .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
-.Lname121:
+.Lname107:
     .asciz "nvmlDeviceQueryDrainState"
-.Lname122:
+.Lname108:
     .asciz "nvmlDeviceReadPRMCounters_v1"
-.Lname123:
+.Lname109:
     .asciz "nvmlDeviceReadWritePRM_v1"
-.Lname124:
+.Lname110:
     .asciz "nvmlDeviceRemoveGpu"
-.Lname125:
+.Lname111:
     .asciz "nvmlDeviceRemoveGpu_v2"
-.Lname126:
+.Lname112:
     .asciz "nvmlDeviceSetClockOffsets"
-.Lname127:
+.Lname113:
     .asciz "nvmlDeviceSetHostname_v1"
-.Lname128:
+.Lname114:
     .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
-.Lname129:
+.Lname115:
     .asciz "nvmlDeviceSetNvLinkUtilizationControl"
-.Lname130:
+.Lname116:
     .asciz "nvmlDeviceSetNvlinkBwMode"
-.Lname131:
+.Lname117:
     .asciz "nvmlDeviceSetPowerManagementLimit_v2"
-.Lname132:
+.Lname118:
     .asciz "nvmlDeviceSetPowerMizerMode_v1"
-.Lname133:
+.Lname119:
     .asciz "nvmlDeviceSetRusdSettings_v1"
-.Lname134:
+.Lname120:
     .asciz "nvmlDeviceSetVgpuSchedulerState"
-.Lname135:
+.Lname121:
     .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
-.Lname136:
+.Lname122:
     .asciz "nvmlDeviceWorkloadPowerProfileGetCurrentProfiles"
-.Lname137:
+.Lname123:
     .asciz "nvmlDeviceWorkloadPowerProfileGetProfilesInfo"
-.Lname138:
+.Lname124:
     .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
-.Lname139:
+.Lname125:
     .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
-.Lname140:
+.Lname126:
     .asciz "nvmlEventSetWait"
-.Lname141:
+.Lname127:
     .asciz "nvmlEventSetWait_v2"
-.Lname142:
+.Lname128:
     .asciz "nvmlGetExcludedDeviceInfoByIndex"
-.Lname143:
+.Lname129:
     .asciz "nvmlGetVgpuCompatibility"
-.Lname144:
+.Lname130:
     .asciz "nvmlGetVgpuVersion"
-.Lname145:
+.Lname131:
     .asciz "nvmlGpmMetricsGet"
-.Lname146:
+.Lname132:
     .asciz "nvmlGpmQueryDeviceSupport"
-.Lname147:
+.Lname133:
     .asciz "nvmlGpuInstanceGetActiveVgpus"
-.Lname148:
+.Lname134:
     .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
-.Lname149:
+.Lname135:
     .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfo"
-.Lname150:
+.Lname136:
     .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
-.Lname151:
+.Lname137:
     .asciz "nvmlGpuInstanceGetCreatableVgpus"
-.Lname152:
+.Lname138:
     .asciz "nvmlGpuInstanceGetInfo"
-.Lname153:
+.Lname139:
     .asciz "nvmlGpuInstanceGetVgpuHeterogeneousMode"
-.Lname154:
+.Lname140:
     .asciz "nvmlGpuInstanceGetVgpuSchedulerLog"
-.Lname155:
+.Lname141:
     .asciz "nvmlGpuInstanceGetVgpuSchedulerState"
-.Lname156:
+.Lname142:
     .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
-.Lname157:
+.Lname143:
     .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
-.Lname158:
+.Lname144:
     .asciz "nvmlSetVgpuVersion"
-.Lname159:
+.Lname145:
     .asciz "nvmlSystemEventSetCreate"
-.Lname160:
+.Lname146:
     .asciz "nvmlSystemEventSetFree"
-.Lname161:
+.Lname147:
     .asciz "nvmlSystemEventSetWait"
-.Lname162:
+.Lname148:
     .asciz "nvmlSystemGetConfComputeCapabilities"
-.Lname163:
+.Lname149:
     .asciz "nvmlSystemGetConfComputeKeyRotationThresholdInfo"
-.Lname164:
+.Lname150:
     .asciz "nvmlSystemGetConfComputeSettings"
-.Lname165:
+.Lname151:
     .asciz "nvmlSystemGetConfComputeState"
-.Lname166:
+.Lname152:
     .asciz "nvmlSystemGetDriverBranch"
-.Lname167:
-    .asciz "nvmlSystemGetDriverVersion"
-.Lname168:
+.Lname153:
     .asciz "nvmlSystemGetHicVersion"
-.Lname169:
-    .asciz "nvmlSystemGetNVMLVersion"
-.Lname170:
+.Lname154:
     .asciz "nvmlSystemGetProcessName"
-.Lname171:
+.Lname155:
     .asciz "nvmlSystemGetTopologyGpuSet"
-.Lname172:
+.Lname156:
     .asciz "nvmlSystemRegisterEvents"
-.Lname173:
+.Lname157:
     .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
-.Lname174:
+.Lname158:
     .asciz "nvmlUnitGetFanSpeedInfo"
-.Lname175:
+.Lname159:
     .asciz "nvmlUnitGetLedState"
-.Lname176:
+.Lname160:
     .asciz "nvmlUnitGetPsuInfo"
-.Lname177:
+.Lname161:
     .asciz "nvmlUnitGetUnitInfo"
-.Lname178:
+.Lname162:
     .asciz "nvmlVgpuInstanceGetAccountingPids"
-.Lname179:
+.Lname163:
     .asciz "nvmlVgpuInstanceGetAccountingStats"
-.Lname180:
+.Lname164:
     .asciz "nvmlVgpuInstanceGetEncoderSessions"
-.Lname181:
+.Lname165:
     .asciz "nvmlVgpuInstanceGetEncoderStats"
-.Lname182:
+.Lname166:
     .asciz "nvmlVgpuInstanceGetFBCSessions"
-.Lname183:
+.Lname167:
     .asciz "nvmlVgpuInstanceGetFBCStats"
-.Lname184:
+.Lname168:
     .asciz "nvmlVgpuInstanceGetGpuPciId"
-.Lname185:
+.Lname169:
     .asciz "nvmlVgpuInstanceGetLicenseInfo"
-.Lname186:
+.Lname170:
     .asciz "nvmlVgpuInstanceGetLicenseInfo_v2"
-.Lname187:
+.Lname171:
     .asciz "nvmlVgpuInstanceGetMdevUUID"
-.Lname188:
+.Lname172:
     .asciz "nvmlVgpuInstanceGetMetadata"
-.Lname189:
+.Lname173:
     .asciz "nvmlVgpuInstanceGetPlacementId"
-.Lname190:
+.Lname174:
     .asciz "nvmlVgpuInstanceGetRuntimeStateSize"
-.Lname191:
+.Lname175:
     .asciz "nvmlVgpuInstanceGetUUID"
-.Lname192:
+.Lname176:
     .asciz "nvmlVgpuInstanceGetVmDriverVersion"
-.Lname193:
+.Lname177:
     .asciz "nvmlVgpuInstanceGetVmID"
-.Lname194:
+.Lname178:
     .asciz "nvmlVgpuTypeGetBAR1Info"
-.Lname195:
+.Lname179:
     .asciz "nvmlVgpuTypeGetClass"
-.Lname196:
+.Lname180:
     .asciz "nvmlVgpuTypeGetLicense"
-.Lname197:
+.Lname181:
     .asciz "nvmlVgpuTypeGetMaxInstancesPerGpuInstance"
-.Lname198:
+.Lname182:
     .asciz "nvmlVgpuTypeGetName"
     .section .note.GNU-stack,"",@progbits

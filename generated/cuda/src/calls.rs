@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 7239252962647889872u64;
+pub const SCHEMA_HASH: u64 = 12176955710469777149u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2566usize] = [
+pub static FUNCTIONS: [&str; 2582usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -2383,7 +2383,9 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvmlDeviceGetApplicationsClock",
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetAutoBoostedClocksEnabled",
+    "nvmlDeviceGetBAR1MemoryInfo",
     "nvmlDeviceGetBoardId",
+    "nvmlDeviceGetBoardPartNumber",
     "nvmlDeviceGetBrand",
     "nvmlDeviceGetBusType",
     "nvmlDeviceGetClock",
@@ -2429,6 +2431,7 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvmlDeviceGetHostVgpuMode",
     "nvmlDeviceGetIndex",
     "nvmlDeviceGetInforomConfigurationChecksum",
+    "nvmlDeviceGetInforomImageVersion",
     "nvmlDeviceGetIrqNum",
     "nvmlDeviceGetJpgUtilization",
     "nvmlDeviceGetLastBBXFlushTime",
@@ -2440,6 +2443,8 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvmlDeviceGetMemClkMinMaxVfOffset",
     "nvmlDeviceGetMemClkVfOffset",
     "nvmlDeviceGetMemoryBusWidth",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceGetMigMode",
     "nvmlDeviceGetMinMaxClockOfPState",
@@ -2447,6 +2452,7 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvmlDeviceGetMinorNumber",
     "nvmlDeviceGetModuleId",
     "nvmlDeviceGetMultiGpuBoard",
+    "nvmlDeviceGetName",
     "nvmlDeviceGetNumFans",
     "nvmlDeviceGetNumGpuCores",
     "nvmlDeviceGetNumaNodeId",
@@ -2456,6 +2462,10 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvmlDeviceGetNvLinkVersion",
     "nvmlDeviceGetOfaUtilization",
     "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetPciInfoExt",
+    "nvmlDeviceGetPciInfo_v2",
+    "nvmlDeviceGetPciInfo_v3",
     "nvmlDeviceGetPcieLinkMaxSpeed",
     "nvmlDeviceGetPcieReplayCounter",
     "nvmlDeviceGetPcieSpeed",
@@ -2471,6 +2481,7 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvmlDeviceGetPowerUsage",
     "nvmlDeviceGetRemappedRows",
     "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetSerial",
     "nvmlDeviceGetSupportedClocksEventReasons",
     "nvmlDeviceGetSupportedClocksThrottleReasons",
     "nvmlDeviceGetSupportedEventTypes",
@@ -2481,6 +2492,9 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvmlDeviceGetTopologyCommonAncestor",
     "nvmlDeviceGetTopologyNearestGpus",
     "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetVbiosVersion",
     "nvmlDeviceGetVgpuCapabilities",
     "nvmlDeviceGetVirtualizationMode",
     "nvmlDeviceIsMigDeviceHandle",
@@ -2539,6 +2553,8 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvmlSystemGetConfComputeGpusReadyState",
     "nvmlSystemGetCudaDriverVersion",
     "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
     "nvmlSystemGetNvlinkBwMode",
     "nvmlSystemSetConfComputeGpusReadyState",
     "nvmlSystemSetNvlinkBwMode",
@@ -2575,7 +2591,7 @@ pub static FUNCTIONS: [&str; 2566usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2566usize] = [
+pub static LIBRARY_OF: [&str; 2582usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -5137,6 +5153,22 @@ pub static LIBRARY_OF: [&str; 2566usize] = [
     "nvml",
     "nvml",
     "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
     "nvrtc",
     "nvrtc",
     "nvrtc",
@@ -7094,7 +7126,9 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetApplicationsClock,
     &nvml::nvmlDeviceGetArchitecture,
     &nvml::nvmlDeviceGetAutoBoostedClocksEnabled,
+    &nvml::nvmlDeviceGetBAR1MemoryInfo,
     &nvml::nvmlDeviceGetBoardId,
+    &nvml::nvmlDeviceGetBoardPartNumber,
     &nvml::nvmlDeviceGetBrand,
     &nvml::nvmlDeviceGetBusType,
     &nvml::nvmlDeviceGetClock,
@@ -7140,6 +7174,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetHostVgpuMode,
     &nvml::nvmlDeviceGetIndex,
     &nvml::nvmlDeviceGetInforomConfigurationChecksum,
+    &nvml::nvmlDeviceGetInforomImageVersion,
     &nvml::nvmlDeviceGetIrqNum,
     &nvml::nvmlDeviceGetJpgUtilization,
     &nvml::nvmlDeviceGetLastBBXFlushTime,
@@ -7151,6 +7186,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetMemClkMinMaxVfOffset,
     &nvml::nvmlDeviceGetMemClkVfOffset,
     &nvml::nvmlDeviceGetMemoryBusWidth,
+    &nvml::nvmlDeviceGetMemoryInfo,
+    &nvml::nvmlDeviceGetMemoryInfo_v2,
     &nvml::nvmlDeviceGetMigDeviceHandleByIndex,
     &nvml::nvmlDeviceGetMigMode,
     &nvml::nvmlDeviceGetMinMaxClockOfPState,
@@ -7158,6 +7195,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetMinorNumber,
     &nvml::nvmlDeviceGetModuleId,
     &nvml::nvmlDeviceGetMultiGpuBoard,
+    &nvml::nvmlDeviceGetName,
     &nvml::nvmlDeviceGetNumFans,
     &nvml::nvmlDeviceGetNumGpuCores,
     &nvml::nvmlDeviceGetNumaNodeId,
@@ -7167,6 +7205,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetNvLinkVersion,
     &nvml::nvmlDeviceGetOfaUtilization,
     &nvml::nvmlDeviceGetP2PStatus,
+    &nvml::nvmlDeviceGetPciInfo,
+    &nvml::nvmlDeviceGetPciInfoExt,
+    &nvml::nvmlDeviceGetPciInfo_v2,
+    &nvml::nvmlDeviceGetPciInfo_v3,
     &nvml::nvmlDeviceGetPcieLinkMaxSpeed,
     &nvml::nvmlDeviceGetPcieReplayCounter,
     &nvml::nvmlDeviceGetPcieSpeed,
@@ -7182,6 +7224,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetPowerUsage,
     &nvml::nvmlDeviceGetRemappedRows,
     &nvml::nvmlDeviceGetRetiredPagesPendingStatus,
+    &nvml::nvmlDeviceGetSerial,
     &nvml::nvmlDeviceGetSupportedClocksEventReasons,
     &nvml::nvmlDeviceGetSupportedClocksThrottleReasons,
     &nvml::nvmlDeviceGetSupportedEventTypes,
@@ -7192,6 +7235,9 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetTopologyCommonAncestor,
     &nvml::nvmlDeviceGetTopologyNearestGpus,
     &nvml::nvmlDeviceGetTotalEnergyConsumption,
+    &nvml::nvmlDeviceGetUUID,
+    &nvml::nvmlDeviceGetUtilizationRates,
+    &nvml::nvmlDeviceGetVbiosVersion,
     &nvml::nvmlDeviceGetVgpuCapabilities,
     &nvml::nvmlDeviceGetVirtualizationMode,
     &nvml::nvmlDeviceIsMigDeviceHandle,
@@ -7250,6 +7296,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlSystemGetConfComputeGpusReadyState,
     &nvml::nvmlSystemGetCudaDriverVersion,
     &nvml::nvmlSystemGetCudaDriverVersion_v2,
+    &nvml::nvmlSystemGetDriverVersion,
+    &nvml::nvmlSystemGetNVMLVersion,
     &nvml::nvmlSystemGetNvlinkBwMode,
     &nvml::nvmlSystemSetConfComputeGpusReadyState,
     &nvml::nvmlSystemSetNvlinkBwMode,
@@ -72049,8 +72097,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_22: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_23: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1832u32,
+        wire: 2150u32,
+        call: 1848u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -72076,8 +72124,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1833u32,
+        wire: 2151u32,
+        call: 1849u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -72100,8 +72148,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate1d: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1834u32,
+        wire: 2152u32,
+        call: 1850u32,
         name: "cufftEstimate1d",
         form: None,
         library: "cufft",
@@ -72139,8 +72187,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate2d: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1835u32,
+        wire: 2153u32,
+        call: 1851u32,
         name: "cufftEstimate2d",
         form: None,
         library: "cufft",
@@ -72178,8 +72226,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate3d: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1836u32,
+        wire: 2154u32,
+        call: 1852u32,
         name: "cufftEstimate3d",
         form: None,
         library: "cufft",
@@ -72221,8 +72269,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimateMany: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1837u32,
+        wire: 2155u32,
+        call: 1853u32,
         name: "cufftEstimateMany",
         form: None,
         library: "cufft",
@@ -72297,8 +72345,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2C: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1838u32,
+        wire: 2156u32,
+        call: 1854u32,
         name: "cufftExecC2C",
         form: None,
         library: "cufft",
@@ -72327,8 +72375,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2R: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1839u32,
+        wire: 2157u32,
+        call: 1855u32,
         name: "cufftExecC2R",
         form: None,
         library: "cufft",
@@ -72353,8 +72401,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecD2Z: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1840u32,
+        wire: 2158u32,
+        call: 1856u32,
         name: "cufftExecD2Z",
         form: None,
         library: "cufft",
@@ -72379,8 +72427,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecR2C: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1841u32,
+        wire: 2159u32,
+        call: 1857u32,
         name: "cufftExecR2C",
         form: None,
         library: "cufft",
@@ -72405,8 +72453,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2D: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1842u32,
+        wire: 2160u32,
+        call: 1858u32,
         name: "cufftExecZ2D",
         form: None,
         library: "cufft",
@@ -72431,8 +72479,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2Z: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1843u32,
+        wire: 2161u32,
+        call: 1859u32,
         name: "cufftExecZ2Z",
         form: None,
         library: "cufft",
@@ -72461,8 +72509,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1844u32,
+        wire: 2162u32,
+        call: 1860u32,
         name: "cufftGetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -72496,8 +72544,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetProperty: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1845u32,
+        wire: 2163u32,
+        call: 1861u32,
         name: "cufftGetProperty",
         form: None,
         library: "cufft",
@@ -72527,8 +72575,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1846u32,
+        wire: 2164u32,
+        call: 1862u32,
         name: "cufftGetSize",
         form: None,
         library: "cufft",
@@ -72558,8 +72606,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize1d: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1847u32,
+        wire: 2165u32,
+        call: 1863u32,
         name: "cufftGetSize1d",
         form: None,
         library: "cufft",
@@ -72601,8 +72649,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize2d: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1848u32,
+        wire: 2166u32,
+        call: 1864u32,
         name: "cufftGetSize2d",
         form: None,
         library: "cufft",
@@ -72644,8 +72692,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize3d: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1849u32,
+        wire: 2167u32,
+        call: 1865u32,
         name: "cufftGetSize3d",
         form: None,
         library: "cufft",
@@ -72691,8 +72739,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1850u32,
+        wire: 2168u32,
+        call: 1866u32,
         name: "cufftGetSizeMany",
         form: None,
         library: "cufft",
@@ -72771,8 +72819,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany64: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1851u32,
+        wire: 2169u32,
+        call: 1867u32,
         name: "cufftGetSizeMany64",
         form: None,
         library: "cufft",
@@ -72851,8 +72899,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetVersion: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1852u32,
+        wire: 2170u32,
+        call: 1868u32,
         name: "cufftGetVersion",
         form: None,
         library: "cufft",
@@ -72878,8 +72926,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan1d: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1853u32,
+        wire: 2171u32,
+        call: 1869u32,
         name: "cufftMakePlan1d",
         form: None,
         library: "cufft",
@@ -72921,8 +72969,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan2d: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1854u32,
+        wire: 2172u32,
+        call: 1870u32,
         name: "cufftMakePlan2d",
         form: None,
         library: "cufft",
@@ -72964,8 +73012,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan3d: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1855u32,
+        wire: 2173u32,
+        call: 1871u32,
         name: "cufftMakePlan3d",
         form: None,
         library: "cufft",
@@ -73011,8 +73059,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1856u32,
+        wire: 2174u32,
+        call: 1872u32,
         name: "cufftMakePlanMany",
         form: None,
         library: "cufft",
@@ -73091,8 +73139,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany64: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1857u32,
+        wire: 2175u32,
+        call: 1873u32,
         name: "cufftMakePlanMany64",
         form: None,
         library: "cufft",
@@ -73171,8 +73219,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan1d: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1858u32,
+        wire: 2176u32,
+        call: 1874u32,
         name: "cufftPlan1d",
         form: None,
         library: "cufft",
@@ -73210,8 +73258,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan2d: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1859u32,
+        wire: 2177u32,
+        call: 1875u32,
         name: "cufftPlan2d",
         form: None,
         library: "cufft",
@@ -73249,8 +73297,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan3d: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1860u32,
+        wire: 2178u32,
+        call: 1876u32,
         name: "cufftPlan3d",
         form: None,
         library: "cufft",
@@ -73292,8 +73340,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlanMany: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1861u32,
+        wire: 2179u32,
+        call: 1877u32,
         name: "cufftPlanMany",
         form: None,
         library: "cufft",
@@ -73368,8 +73416,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1862u32,
+        wire: 2180u32,
+        call: 1878u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -73396,8 +73444,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1863u32,
+        wire: 2181u32,
+        call: 1879u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -73424,8 +73472,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1864u32,
+        wire: 2182u32,
+        call: 1880u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -73456,8 +73504,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1865u32,
+        wire: 2183u32,
+        call: 1881u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -73484,8 +73532,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1866u32,
+        wire: 2184u32,
+        call: 1882u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -73509,8 +73557,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1867u32,
+        wire: 2185u32,
+        call: 1883u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -73537,8 +73585,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1868u32,
+        wire: 2186u32,
+        call: 1884u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -73567,8 +73615,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtGetSizeMany: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1869u32,
+        wire: 2187u32,
+        call: 1885u32,
         name: "cufftXtGetSizeMany",
         form: None,
         library: "cufft",
@@ -73655,8 +73703,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1870u32,
+        wire: 2188u32,
+        call: 1886u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -73743,8 +73791,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1871u32,
+        wire: 2189u32,
+        call: 1887u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -73775,8 +73823,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1872u32,
+        wire: 2190u32,
+        call: 1888u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -73816,8 +73864,8 @@ pub mod cufft {
 pub mod cupti {
     use chidori_protocol::desc::*;
     pub static cuptiGetVersion: CallDesc = CallDesc {
-        wire: 2880u32,
-        call: 2565u32,
+        wire: 2896u32,
+        call: 2581u32,
         name: "cuptiGetVersion",
         form: None,
         library: "cupti",
@@ -73846,8 +73894,8 @@ pub mod cupti {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1873u32,
+        wire: 2191u32,
+        call: 1889u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -73874,8 +73922,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1874u32,
+        wire: 2192u32,
+        call: 1890u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -73902,8 +73950,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1875u32,
+        wire: 2193u32,
+        call: 1891u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -73926,8 +73974,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1876u32,
+        wire: 2194u32,
+        call: 1892u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -73950,8 +73998,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerate: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1877u32,
+        wire: 2195u32,
+        call: 1893u32,
         name: "curandGenerate",
         form: None,
         library: "curand",
@@ -73979,8 +74027,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomial: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1878u32,
+        wire: 2196u32,
+        call: 1894u32,
         name: "curandGenerateBinomial",
         form: None,
         library: "curand",
@@ -74016,8 +74064,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomialMethod: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1879u32,
+        wire: 2197u32,
+        call: 1895u32,
         name: "curandGenerateBinomialMethod",
         form: None,
         library: "curand",
@@ -74057,8 +74105,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormal: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1880u32,
+        wire: 2198u32,
+        call: 1896u32,
         name: "curandGenerateLogNormal",
         form: None,
         library: "curand",
@@ -74094,8 +74142,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormalDouble: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1881u32,
+        wire: 2199u32,
+        call: 1897u32,
         name: "curandGenerateLogNormalDouble",
         form: None,
         library: "curand",
@@ -74131,8 +74179,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLongLong: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1882u32,
+        wire: 2200u32,
+        call: 1898u32,
         name: "curandGenerateLongLong",
         form: None,
         library: "curand",
@@ -74160,8 +74208,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormal: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1883u32,
+        wire: 2201u32,
+        call: 1899u32,
         name: "curandGenerateNormal",
         form: None,
         library: "curand",
@@ -74197,8 +74245,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormalDouble: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1884u32,
+        wire: 2202u32,
+        call: 1900u32,
         name: "curandGenerateNormalDouble",
         form: None,
         library: "curand",
@@ -74234,8 +74282,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoisson: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1885u32,
+        wire: 2203u32,
+        call: 1901u32,
         name: "curandGeneratePoisson",
         form: None,
         library: "curand",
@@ -74267,8 +74315,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoissonMethod: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1886u32,
+        wire: 2204u32,
+        call: 1902u32,
         name: "curandGeneratePoissonMethod",
         form: None,
         library: "curand",
@@ -74304,8 +74352,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1887u32,
+        wire: 2205u32,
+        call: 1903u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -74328,8 +74376,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniform: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1888u32,
+        wire: 2206u32,
+        call: 1904u32,
         name: "curandGenerateUniform",
         form: None,
         library: "curand",
@@ -74357,8 +74405,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniformDouble: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1889u32,
+        wire: 2207u32,
+        call: 1905u32,
         name: "curandGenerateUniformDouble",
         form: None,
         library: "curand",
@@ -74386,8 +74434,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetProperty: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1890u32,
+        wire: 2208u32,
+        call: 1906u32,
         name: "curandGetProperty",
         form: None,
         library: "curand",
@@ -74417,8 +74465,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetVersion: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1891u32,
+        wire: 2209u32,
+        call: 1907u32,
         name: "curandGetVersion",
         form: None,
         library: "curand",
@@ -74444,8 +74492,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1892u32,
+        wire: 2210u32,
+        call: 1908u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -74472,8 +74520,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1893u32,
+        wire: 2211u32,
+        call: 1909u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -74500,8 +74548,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1894u32,
+        wire: 2212u32,
+        call: 1910u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -74528,8 +74576,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1895u32,
+        wire: 2213u32,
+        call: 1911u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -74556,8 +74604,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1896u32,
+        wire: 2214u32,
+        call: 1912u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -74596,8 +74644,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2202u32,
+        wire: 2520u32,
+        call: 2218u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74635,8 +74683,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2203u32,
+        wire: 2521u32,
+        call: 2219u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -74679,8 +74727,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2204u32,
+        wire: 2522u32,
+        call: 2220u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -74723,8 +74771,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2205u32,
+        wire: 2523u32,
+        call: 2221u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -74786,8 +74834,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2206u32,
+        wire: 2524u32,
+        call: 2222u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74825,8 +74873,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2207u32,
+        wire: 2525u32,
+        call: 2223u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -74914,8 +74962,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2208u32,
+        wire: 2526u32,
+        call: 2224u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -74997,8 +75045,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2209u32,
+        wire: 2527u32,
+        call: 2225u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -75063,8 +75111,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2210u32,
+        wire: 2528u32,
+        call: 2226u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -75129,8 +75177,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2211u32,
+        wire: 2529u32,
+        call: 2227u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75196,8 +75244,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2212u32,
+        wire: 2530u32,
+        call: 2228u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75263,8 +75311,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2213u32,
+        wire: 2531u32,
+        call: 2229u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -75303,8 +75351,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2214u32,
+        wire: 2532u32,
+        call: 2230u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75347,8 +75395,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2215u32,
+        wire: 2533u32,
+        call: 2231u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -75395,8 +75443,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2216u32,
+        wire: 2534u32,
+        call: 2232u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -75443,8 +75491,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2217u32,
+        wire: 2535u32,
+        call: 2233u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75492,8 +75540,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2218u32,
+        wire: 2536u32,
+        call: 2234u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -75544,8 +75592,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2219u32,
+        wire: 2537u32,
+        call: 2235u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -75600,8 +75648,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2220u32,
+        wire: 2538u32,
+        call: 2236u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75657,8 +75705,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2221u32,
+        wire: 2539u32,
+        call: 2237u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75710,8 +75758,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2222u32,
+        wire: 2540u32,
+        call: 2238u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -75767,8 +75815,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2223u32,
+        wire: 2541u32,
+        call: 2239u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75825,8 +75873,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2224u32,
+        wire: 2542u32,
+        call: 2240u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -75886,8 +75934,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2225u32,
+        wire: 2543u32,
+        call: 2241u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75948,8 +75996,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2226u32,
+        wire: 2544u32,
+        call: 2242u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -75994,8 +76042,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2227u32,
+        wire: 2545u32,
+        call: 2243u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -76037,8 +76085,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2228u32,
+        wire: 2546u32,
+        call: 2244u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -76081,8 +76129,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2229u32,
+        wire: 2547u32,
+        call: 2245u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -76124,8 +76172,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2230u32,
+        wire: 2548u32,
+        call: 2246u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -76166,8 +76214,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2231u32,
+        wire: 2549u32,
+        call: 2247u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76210,8 +76258,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2232u32,
+        wire: 2550u32,
+        call: 2248u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -76253,8 +76301,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2233u32,
+        wire: 2551u32,
+        call: 2249u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76297,8 +76345,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2234u32,
+        wire: 2552u32,
+        call: 2250u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -76344,8 +76392,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2235u32,
+        wire: 2553u32,
+        call: 2251u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -76395,8 +76443,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2236u32,
+        wire: 2554u32,
+        call: 2252u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -76419,8 +76467,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2237u32,
+        wire: 2555u32,
+        call: 2253u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -76443,8 +76491,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2238u32,
+        wire: 2556u32,
+        call: 2254u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -76467,8 +76515,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2239u32,
+        wire: 2557u32,
+        call: 2255u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -76491,8 +76539,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2240u32,
+        wire: 2558u32,
+        call: 2256u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -76535,8 +76583,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2241u32,
+        wire: 2559u32,
+        call: 2257u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76575,8 +76623,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2242u32,
+        wire: 2560u32,
+        call: 2258u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -76619,8 +76667,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2243u32,
+        wire: 2561u32,
+        call: 2259u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76664,8 +76712,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2244u32,
+        wire: 2562u32,
+        call: 2260u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -76716,8 +76764,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2245u32,
+        wire: 2563u32,
+        call: 2261u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76769,8 +76817,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2246u32,
+        wire: 2564u32,
+        call: 2262u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -76817,8 +76865,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2247u32,
+        wire: 2565u32,
+        call: 2263u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76866,8 +76914,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2248u32,
+        wire: 2566u32,
+        call: 2264u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -76910,8 +76958,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2249u32,
+        wire: 2567u32,
+        call: 2265u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76955,8 +77003,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2250u32,
+        wire: 2568u32,
+        call: 2266u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -77016,8 +77064,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2251u32,
+        wire: 2569u32,
+        call: 2267u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77078,8 +77126,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2252u32,
+        wire: 2570u32,
+        call: 2268u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -77139,8 +77187,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2253u32,
+        wire: 2571u32,
+        call: 2269u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77201,8 +77249,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2254u32,
+        wire: 2572u32,
+        call: 2270u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -77225,8 +77273,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2255u32,
+        wire: 2573u32,
+        call: 2271u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77249,8 +77297,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2256u32,
+        wire: 2574u32,
+        call: 2272u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -77273,8 +77321,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2257u32,
+        wire: 2575u32,
+        call: 2273u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -77297,8 +77345,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2258u32,
+        wire: 2576u32,
+        call: 2274u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77336,8 +77384,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2259u32,
+        wire: 2577u32,
+        call: 2275u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -77380,8 +77428,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2260u32,
+        wire: 2578u32,
+        call: 2276u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77424,8 +77472,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2261u32,
+        wire: 2579u32,
+        call: 2277u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -77487,8 +77535,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2262u32,
+        wire: 2580u32,
+        call: 2278u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77526,8 +77574,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2263u32,
+        wire: 2581u32,
+        call: 2279u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -77615,8 +77663,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2264u32,
+        wire: 2582u32,
+        call: 2280u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77698,8 +77746,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2265u32,
+        wire: 2583u32,
+        call: 2281u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -77764,8 +77812,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2266u32,
+        wire: 2584u32,
+        call: 2282u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -77830,8 +77878,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2267u32,
+        wire: 2585u32,
+        call: 2283u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77897,8 +77945,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2268u32,
+        wire: 2586u32,
+        call: 2284u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -77964,8 +78012,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2269u32,
+        wire: 2587u32,
+        call: 2285u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -78004,8 +78052,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2270u32,
+        wire: 2588u32,
+        call: 2286u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78048,8 +78096,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2271u32,
+        wire: 2589u32,
+        call: 2287u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -78096,8 +78144,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2272u32,
+        wire: 2590u32,
+        call: 2288u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -78142,8 +78190,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2273u32,
+        wire: 2591u32,
+        call: 2289u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -78185,8 +78233,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2274u32,
+        wire: 2592u32,
+        call: 2290u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78229,8 +78277,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2275u32,
+        wire: 2593u32,
+        call: 2291u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -78281,8 +78329,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2276u32,
+        wire: 2594u32,
+        call: 2292u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78334,8 +78382,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2277u32,
+        wire: 2595u32,
+        call: 2293u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -78382,8 +78430,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2278u32,
+        wire: 2596u32,
+        call: 2294u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78431,8 +78479,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2279u32,
+        wire: 2597u32,
+        call: 2295u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -78475,8 +78523,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2280u32,
+        wire: 2598u32,
+        call: 2296u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78520,8 +78568,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2281u32,
+        wire: 2599u32,
+        call: 2297u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -78581,8 +78629,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2282u32,
+        wire: 2600u32,
+        call: 2298u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78643,8 +78691,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2283u32,
+        wire: 2601u32,
+        call: 2299u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -78704,8 +78752,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2284u32,
+        wire: 2602u32,
+        call: 2300u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78766,8 +78814,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2285u32,
+        wire: 2603u32,
+        call: 2301u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -78809,8 +78857,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2286u32,
+        wire: 2604u32,
+        call: 2302u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -78851,8 +78899,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2287u32,
+        wire: 2605u32,
+        call: 2303u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78895,8 +78943,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2288u32,
+        wire: 2606u32,
+        call: 2304u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -78938,8 +78986,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2289u32,
+        wire: 2607u32,
+        call: 2305u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -78982,8 +79030,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2290u32,
+        wire: 2608u32,
+        call: 2306u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -79029,8 +79077,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2291u32,
+        wire: 2609u32,
+        call: 2307u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -79080,8 +79128,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2292u32,
+        wire: 2610u32,
+        call: 2308u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -79128,8 +79176,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2293u32,
+        wire: 2611u32,
+        call: 2309u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79177,8 +79225,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2294u32,
+        wire: 2612u32,
+        call: 2310u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -79229,8 +79277,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2295u32,
+        wire: 2613u32,
+        call: 2311u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -79285,8 +79333,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2296u32,
+        wire: 2614u32,
+        call: 2312u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -79342,8 +79390,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2297u32,
+        wire: 2615u32,
+        call: 2313u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -79395,8 +79443,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2298u32,
+        wire: 2616u32,
+        call: 2314u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -79452,8 +79500,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2299u32,
+        wire: 2617u32,
+        call: 2315u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79510,8 +79558,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2300u32,
+        wire: 2618u32,
+        call: 2316u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -79571,8 +79619,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2301u32,
+        wire: 2619u32,
+        call: 2317u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -79633,8 +79681,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2302u32,
+        wire: 2620u32,
+        call: 2318u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -79677,8 +79725,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2303u32,
+        wire: 2621u32,
+        call: 2319u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79717,8 +79765,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2304u32,
+        wire: 2622u32,
+        call: 2320u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -79761,8 +79809,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2305u32,
+        wire: 2623u32,
+        call: 2321u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79806,8 +79854,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2306u32,
+        wire: 2624u32,
+        call: 2322u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -79834,8 +79882,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2307u32,
+        wire: 2625u32,
+        call: 2323u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -79894,8 +79942,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2308u32,
+        wire: 2626u32,
+        call: 2324u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -79918,8 +79966,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2309u32,
+        wire: 2627u32,
+        call: 2325u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -79942,8 +79990,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2310u32,
+        wire: 2628u32,
+        call: 2326u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -79966,8 +80014,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2311u32,
+        wire: 2629u32,
+        call: 2327u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -79990,8 +80038,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2312u32,
+        wire: 2630u32,
+        call: 2328u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -80014,8 +80062,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2313u32,
+        wire: 2631u32,
+        call: 2329u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -80038,8 +80086,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2314u32,
+        wire: 2632u32,
+        call: 2330u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -80062,8 +80110,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2315u32,
+        wire: 2633u32,
+        call: 2331u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -80090,8 +80138,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2316u32,
+        wire: 2634u32,
+        call: 2332u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -80118,8 +80166,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2317u32,
+        wire: 2635u32,
+        call: 2333u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -80146,8 +80194,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2318u32,
+        wire: 2636u32,
+        call: 2334u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -80174,8 +80222,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2319u32,
+        wire: 2637u32,
+        call: 2335u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -80202,8 +80250,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2320u32,
+        wire: 2638u32,
+        call: 2336u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -80234,8 +80282,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2321u32,
+        wire: 2639u32,
+        call: 2337u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -80262,8 +80310,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2322u32,
+        wire: 2640u32,
+        call: 2338u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -80290,8 +80338,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2323u32,
+        wire: 2641u32,
+        call: 2339u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -80309,8 +80357,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2324u32,
+        wire: 2642u32,
+        call: 2340u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -80333,8 +80381,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2325u32,
+        wire: 2643u32,
+        call: 2341u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -80357,8 +80405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2326u32,
+        wire: 2644u32,
+        call: 2342u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -80416,8 +80464,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2327u32,
+        wire: 2645u32,
+        call: 2343u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -80448,8 +80496,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2328u32,
+        wire: 2646u32,
+        call: 2344u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -80476,8 +80524,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2329u32,
+        wire: 2647u32,
+        call: 2345u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -80504,8 +80552,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2330u32,
+        wire: 2648u32,
+        call: 2346u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -80532,8 +80580,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2331u32,
+        wire: 2649u32,
+        call: 2347u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -80560,8 +80608,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2332u32,
+        wire: 2650u32,
+        call: 2348u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80599,8 +80647,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2333u32,
+        wire: 2651u32,
+        call: 2349u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -80643,8 +80691,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2334u32,
+        wire: 2652u32,
+        call: 2350u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80687,8 +80735,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2335u32,
+        wire: 2653u32,
+        call: 2351u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -80750,8 +80798,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2336u32,
+        wire: 2654u32,
+        call: 2352u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80789,8 +80837,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2337u32,
+        wire: 2655u32,
+        call: 2353u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -80878,8 +80926,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2338u32,
+        wire: 2656u32,
+        call: 2354u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -80961,8 +81009,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2339u32,
+        wire: 2657u32,
+        call: 2355u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -81027,8 +81075,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2340u32,
+        wire: 2658u32,
+        call: 2356u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -81093,8 +81141,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2341u32,
+        wire: 2659u32,
+        call: 2357u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81160,8 +81208,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2342u32,
+        wire: 2660u32,
+        call: 2358u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -81227,8 +81275,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2343u32,
+        wire: 2661u32,
+        call: 2359u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -81267,8 +81315,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2344u32,
+        wire: 2662u32,
+        call: 2360u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81311,8 +81359,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2345u32,
+        wire: 2663u32,
+        call: 2361u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -81359,8 +81407,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2346u32,
+        wire: 2664u32,
+        call: 2362u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -81405,8 +81453,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2347u32,
+        wire: 2665u32,
+        call: 2363u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -81448,8 +81496,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2348u32,
+        wire: 2666u32,
+        call: 2364u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -81492,8 +81540,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2349u32,
+        wire: 2667u32,
+        call: 2365u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -81544,8 +81592,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2350u32,
+        wire: 2668u32,
+        call: 2366u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81597,8 +81645,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2351u32,
+        wire: 2669u32,
+        call: 2367u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -81645,8 +81693,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2352u32,
+        wire: 2670u32,
+        call: 2368u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81694,8 +81742,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2353u32,
+        wire: 2671u32,
+        call: 2369u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -81738,8 +81786,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2354u32,
+        wire: 2672u32,
+        call: 2370u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81783,8 +81831,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2355u32,
+        wire: 2673u32,
+        call: 2371u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -81844,8 +81892,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2356u32,
+        wire: 2674u32,
+        call: 2372u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81906,8 +81954,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2357u32,
+        wire: 2675u32,
+        call: 2373u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -81967,8 +82015,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2358u32,
+        wire: 2676u32,
+        call: 2374u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82029,8 +82077,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2359u32,
+        wire: 2677u32,
+        call: 2375u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -82072,8 +82120,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2360u32,
+        wire: 2678u32,
+        call: 2376u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -82114,8 +82162,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2663u32,
-        call: 2361u32,
+        wire: 2679u32,
+        call: 2377u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82158,8 +82206,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2664u32,
-        call: 2362u32,
+        wire: 2680u32,
+        call: 2378u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -82201,8 +82249,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2665u32,
-        call: 2363u32,
+        wire: 2681u32,
+        call: 2379u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -82245,8 +82293,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2666u32,
-        call: 2364u32,
+        wire: 2682u32,
+        call: 2380u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -82292,8 +82340,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2667u32,
-        call: 2365u32,
+        wire: 2683u32,
+        call: 2381u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -82343,8 +82391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2668u32,
-        call: 2366u32,
+        wire: 2684u32,
+        call: 2382u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -82391,8 +82439,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2669u32,
-        call: 2367u32,
+        wire: 2685u32,
+        call: 2383u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -82440,8 +82488,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2670u32,
-        call: 2368u32,
+        wire: 2686u32,
+        call: 2384u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -82492,8 +82540,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2671u32,
-        call: 2369u32,
+        wire: 2687u32,
+        call: 2385u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -82548,8 +82596,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2672u32,
-        call: 2370u32,
+        wire: 2688u32,
+        call: 2386u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -82605,8 +82653,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2673u32,
-        call: 2371u32,
+        wire: 2689u32,
+        call: 2387u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -82658,8 +82706,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2674u32,
-        call: 2372u32,
+        wire: 2690u32,
+        call: 2388u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -82715,8 +82763,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2675u32,
-        call: 2373u32,
+        wire: 2691u32,
+        call: 2389u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -82773,8 +82821,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2676u32,
-        call: 2374u32,
+        wire: 2692u32,
+        call: 2390u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -82834,8 +82882,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2677u32,
-        call: 2375u32,
+        wire: 2693u32,
+        call: 2391u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -82896,8 +82944,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2678u32,
-        call: 2376u32,
+        wire: 2694u32,
+        call: 2392u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -82940,8 +82988,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2679u32,
-        call: 2377u32,
+        wire: 2695u32,
+        call: 2393u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82980,8 +83028,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2680u32,
-        call: 2378u32,
+        wire: 2696u32,
+        call: 2394u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -83024,8 +83072,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2681u32,
-        call: 2379u32,
+        wire: 2697u32,
+        call: 2395u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -83069,8 +83117,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2682u32,
-        call: 2380u32,
+        wire: 2698u32,
+        call: 2396u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -83162,8 +83210,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2683u32,
-        call: 2381u32,
+        wire: 2699u32,
+        call: 2397u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -83252,8 +83300,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2684u32,
-        call: 2382u32,
+        wire: 2700u32,
+        call: 2398u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -83323,8 +83371,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2685u32,
-        call: 2383u32,
+        wire: 2701u32,
+        call: 2399u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83391,8 +83439,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2686u32,
-        call: 2384u32,
+        wire: 2702u32,
+        call: 2400u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -83488,8 +83536,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2687u32,
-        call: 2385u32,
+        wire: 2703u32,
+        call: 2401u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83582,8 +83630,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2688u32,
-        call: 2386u32,
+        wire: 2704u32,
+        call: 2402u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -83610,8 +83658,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2689u32,
-        call: 2387u32,
+        wire: 2705u32,
+        call: 2403u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -83638,8 +83686,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2690u32,
-        call: 2388u32,
+        wire: 2706u32,
+        call: 2404u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -83666,8 +83714,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2691u32,
-        call: 2389u32,
+        wire: 2707u32,
+        call: 2405u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -83760,8 +83808,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2692u32,
-        call: 2390u32,
+        wire: 2708u32,
+        call: 2406u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -83827,8 +83875,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2693u32,
-        call: 2391u32,
+        wire: 2709u32,
+        call: 2407u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83890,8 +83938,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2694u32,
-        call: 2392u32,
+        wire: 2710u32,
+        call: 2408u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -83950,8 +83998,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2695u32,
-        call: 2393u32,
+        wire: 2711u32,
+        call: 2409u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -84016,8 +84064,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2696u32,
-        call: 2394u32,
+        wire: 2712u32,
+        call: 2410u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84079,8 +84127,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2697u32,
-        call: 2395u32,
+        wire: 2713u32,
+        call: 2411u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -84138,8 +84186,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2698u32,
-        call: 2396u32,
+        wire: 2714u32,
+        call: 2412u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -84217,8 +84265,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2699u32,
-        call: 2397u32,
+        wire: 2715u32,
+        call: 2413u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -84293,8 +84341,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2700u32,
-        call: 2398u32,
+        wire: 2716u32,
+        call: 2414u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -84368,8 +84416,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2701u32,
-        call: 2399u32,
+        wire: 2717u32,
+        call: 2415u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84440,8 +84488,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2702u32,
-        call: 2400u32,
+        wire: 2718u32,
+        call: 2416u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -84468,8 +84516,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2703u32,
-        call: 2401u32,
+        wire: 2719u32,
+        call: 2417u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -84496,8 +84544,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2704u32,
-        call: 2402u32,
+        wire: 2720u32,
+        call: 2418u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -84524,8 +84572,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2705u32,
-        call: 2403u32,
+        wire: 2721u32,
+        call: 2419u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -84596,8 +84644,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2706u32,
-        call: 2404u32,
+        wire: 2722u32,
+        call: 2420u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -84665,8 +84713,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2707u32,
-        call: 2405u32,
+        wire: 2723u32,
+        call: 2421u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -84727,8 +84775,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2708u32,
-        call: 2406u32,
+        wire: 2724u32,
+        call: 2422u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -84786,8 +84834,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2709u32,
-        call: 2407u32,
+        wire: 2725u32,
+        call: 2423u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84825,8 +84873,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2710u32,
-        call: 2408u32,
+        wire: 2726u32,
+        call: 2424u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -84869,8 +84917,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2711u32,
-        call: 2409u32,
+        wire: 2727u32,
+        call: 2425u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84913,8 +84961,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2712u32,
-        call: 2410u32,
+        wire: 2728u32,
+        call: 2426u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -84976,8 +85024,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2713u32,
-        call: 2411u32,
+        wire: 2729u32,
+        call: 2427u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85015,8 +85063,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2714u32,
-        call: 2412u32,
+        wire: 2730u32,
+        call: 2428u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -85104,8 +85152,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2715u32,
-        call: 2413u32,
+        wire: 2731u32,
+        call: 2429u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85187,8 +85235,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2716u32,
-        call: 2414u32,
+        wire: 2732u32,
+        call: 2430u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -85253,8 +85301,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2717u32,
-        call: 2415u32,
+        wire: 2733u32,
+        call: 2431u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -85319,8 +85367,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2718u32,
-        call: 2416u32,
+        wire: 2734u32,
+        call: 2432u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85386,8 +85434,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2719u32,
-        call: 2417u32,
+        wire: 2735u32,
+        call: 2433u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -85453,8 +85501,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2720u32,
-        call: 2418u32,
+        wire: 2736u32,
+        call: 2434u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -85493,8 +85541,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2721u32,
-        call: 2419u32,
+        wire: 2737u32,
+        call: 2435u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -85537,8 +85585,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2722u32,
-        call: 2420u32,
+        wire: 2738u32,
+        call: 2436u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -85585,8 +85633,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2723u32,
-        call: 2421u32,
+        wire: 2739u32,
+        call: 2437u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -85633,8 +85681,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2724u32,
-        call: 2422u32,
+        wire: 2740u32,
+        call: 2438u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85682,8 +85730,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2725u32,
-        call: 2423u32,
+        wire: 2741u32,
+        call: 2439u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -85734,8 +85782,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2726u32,
-        call: 2424u32,
+        wire: 2742u32,
+        call: 2440u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -85790,8 +85838,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2727u32,
-        call: 2425u32,
+        wire: 2743u32,
+        call: 2441u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85847,8 +85895,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2728u32,
-        call: 2426u32,
+        wire: 2744u32,
+        call: 2442u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -85900,8 +85948,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2729u32,
-        call: 2427u32,
+        wire: 2745u32,
+        call: 2443u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -85957,8 +86005,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2730u32,
-        call: 2428u32,
+        wire: 2746u32,
+        call: 2444u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -86015,8 +86063,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2731u32,
-        call: 2429u32,
+        wire: 2747u32,
+        call: 2445u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -86076,8 +86124,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2732u32,
-        call: 2430u32,
+        wire: 2748u32,
+        call: 2446u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86138,8 +86186,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2733u32,
-        call: 2431u32,
+        wire: 2749u32,
+        call: 2447u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -86184,8 +86232,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2734u32,
-        call: 2432u32,
+        wire: 2750u32,
+        call: 2448u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -86227,8 +86275,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2735u32,
-        call: 2433u32,
+        wire: 2751u32,
+        call: 2449u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -86271,8 +86319,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2736u32,
-        call: 2434u32,
+        wire: 2752u32,
+        call: 2450u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -86314,8 +86362,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2737u32,
-        call: 2435u32,
+        wire: 2753u32,
+        call: 2451u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -86356,8 +86404,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2738u32,
-        call: 2436u32,
+        wire: 2754u32,
+        call: 2452u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86400,8 +86448,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2739u32,
-        call: 2437u32,
+        wire: 2755u32,
+        call: 2453u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -86443,8 +86491,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2740u32,
-        call: 2438u32,
+        wire: 2756u32,
+        call: 2454u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -86487,8 +86535,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2741u32,
-        call: 2439u32,
+        wire: 2757u32,
+        call: 2455u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -86534,8 +86582,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2742u32,
-        call: 2440u32,
+        wire: 2758u32,
+        call: 2456u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -86585,8 +86633,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2743u32,
-        call: 2441u32,
+        wire: 2759u32,
+        call: 2457u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -86629,8 +86677,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2744u32,
-        call: 2442u32,
+        wire: 2760u32,
+        call: 2458u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86669,8 +86717,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2745u32,
-        call: 2443u32,
+        wire: 2761u32,
+        call: 2459u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -86713,8 +86761,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2746u32,
-        call: 2444u32,
+        wire: 2762u32,
+        call: 2460u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -86758,8 +86806,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2747u32,
-        call: 2445u32,
+        wire: 2763u32,
+        call: 2461u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -86810,8 +86858,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2748u32,
-        call: 2446u32,
+        wire: 2764u32,
+        call: 2462u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -86863,8 +86911,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2749u32,
-        call: 2447u32,
+        wire: 2765u32,
+        call: 2463u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -86911,8 +86959,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2750u32,
-        call: 2448u32,
+        wire: 2766u32,
+        call: 2464u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -86960,8 +87008,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2751u32,
-        call: 2449u32,
+        wire: 2767u32,
+        call: 2465u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -87004,8 +87052,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2752u32,
-        call: 2450u32,
+        wire: 2768u32,
+        call: 2466u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87049,8 +87097,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2753u32,
-        call: 2451u32,
+        wire: 2769u32,
+        call: 2467u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -87110,8 +87158,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2754u32,
-        call: 2452u32,
+        wire: 2770u32,
+        call: 2468u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87172,8 +87220,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2755u32,
-        call: 2453u32,
+        wire: 2771u32,
+        call: 2469u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -87233,8 +87281,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2756u32,
-        call: 2454u32,
+        wire: 2772u32,
+        call: 2470u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87295,8 +87343,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetProperty: CallDesc = CallDesc {
-        wire: 2757u32,
-        call: 2455u32,
+        wire: 2773u32,
+        call: 2471u32,
         name: "cusolverGetProperty",
         form: None,
         library: "cusolver",
@@ -87326,8 +87374,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetVersion: CallDesc = CallDesc {
-        wire: 2758u32,
-        call: 2456u32,
+        wire: 2774u32,
+        call: 2472u32,
         name: "cusolverGetVersion",
         form: None,
         library: "cusolver",
@@ -87353,8 +87401,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2759u32,
-        call: 2457u32,
+        wire: 2775u32,
+        call: 2473u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -87377,8 +87425,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2760u32,
-        call: 2458u32,
+        wire: 2776u32,
+        call: 2474u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -87401,8 +87449,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2761u32,
-        call: 2459u32,
+        wire: 2777u32,
+        call: 2475u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -87425,8 +87473,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2460u32,
+        wire: 2778u32,
+        call: 2476u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -87449,8 +87497,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2461u32,
+        wire: 2779u32,
+        call: 2477u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -87473,8 +87521,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2462u32,
+        wire: 2780u32,
+        call: 2478u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -87497,8 +87545,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2463u32,
+        wire: 2781u32,
+        call: 2479u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -87529,8 +87577,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2464u32,
+        wire: 2782u32,
+        call: 2480u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -87561,8 +87609,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2465u32,
+        wire: 2783u32,
+        call: 2481u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -87593,8 +87641,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2466u32,
+        wire: 2784u32,
+        call: 2482u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -87621,8 +87669,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2467u32,
+        wire: 2785u32,
+        call: 2483u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -87645,8 +87693,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2468u32,
+        wire: 2786u32,
+        call: 2484u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -87669,8 +87717,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2469u32,
+        wire: 2787u32,
+        call: 2485u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -87693,8 +87741,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2470u32,
+        wire: 2788u32,
+        call: 2486u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -87717,8 +87765,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2471u32,
+        wire: 2789u32,
+        call: 2487u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -87745,8 +87793,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2472u32,
+        wire: 2790u32,
+        call: 2488u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -88064,8 +88112,8 @@ pub mod cusparse {
         ],
     );
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1897u32,
+        wire: 2215u32,
+        call: 1913u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -88108,8 +88156,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1898u32,
+        wire: 2216u32,
+        call: 1914u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -88148,8 +88196,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1899u32,
+        wire: 2217u32,
+        call: 1915u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -88202,8 +88250,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1900u32,
+        wire: 2218u32,
+        call: 1916u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -88258,8 +88306,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1901u32,
+        wire: 2219u32,
+        call: 1917u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88316,8 +88364,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1902u32,
+        wire: 2220u32,
+        call: 1918u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -88372,8 +88420,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1903u32,
+        wire: 2221u32,
+        call: 1919u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -88428,8 +88476,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1904u32,
+        wire: 2222u32,
+        call: 1920u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88486,8 +88534,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1905u32,
+        wire: 2223u32,
+        call: 1921u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -88571,8 +88619,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1906u32,
+        wire: 2224u32,
+        call: 1922u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -88640,8 +88688,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1907u32,
+        wire: 2225u32,
+        call: 1923u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -88708,8 +88756,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1908u32,
+        wire: 2226u32,
+        call: 1924u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88778,8 +88826,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1909u32,
+        wire: 2227u32,
+        call: 1925u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88862,8 +88910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1910u32,
+        wire: 2228u32,
+        call: 1926u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88922,8 +88970,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1911u32,
+        wire: 2229u32,
+        call: 1927u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88984,8 +89032,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1912u32,
+        wire: 2230u32,
+        call: 1928u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89052,8 +89100,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1913u32,
+        wire: 2231u32,
+        call: 1929u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -89127,8 +89175,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1914u32,
+        wire: 2232u32,
+        call: 1930u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -89181,8 +89229,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1915u32,
+        wire: 2233u32,
+        call: 1931u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -89229,8 +89277,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1916u32,
+        wire: 2234u32,
+        call: 1932u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -89288,8 +89336,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1917u32,
+        wire: 2235u32,
+        call: 1933u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -89346,8 +89394,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1918u32,
+        wire: 2236u32,
+        call: 1934u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -89420,8 +89468,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1919u32,
+        wire: 2237u32,
+        call: 1935u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89500,8 +89548,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1920u32,
+        wire: 2238u32,
+        call: 1936u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -89593,8 +89641,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1921u32,
+        wire: 2239u32,
+        call: 1937u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89682,8 +89730,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1922u32,
+        wire: 2240u32,
+        call: 1938u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -89730,8 +89778,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1923u32,
+        wire: 2241u32,
+        call: 1939u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89780,8 +89828,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1924u32,
+        wire: 2242u32,
+        call: 1940u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89828,8 +89876,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1925u32,
+        wire: 2243u32,
+        call: 1941u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89878,8 +89926,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1926u32,
+        wire: 2244u32,
+        call: 1942u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89953,8 +90001,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1927u32,
+        wire: 2245u32,
+        call: 1943u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -90028,8 +90076,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1928u32,
+        wire: 2246u32,
+        call: 1944u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -90080,8 +90128,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1929u32,
+        wire: 2247u32,
+        call: 1945u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -90134,8 +90182,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1930u32,
+        wire: 2248u32,
+        call: 1946u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -90194,8 +90242,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1931u32,
+        wire: 2249u32,
+        call: 1947u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -90242,8 +90290,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1932u32,
+        wire: 2250u32,
+        call: 1948u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90292,8 +90340,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1933u32,
+        wire: 2251u32,
+        call: 1949u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -90350,8 +90398,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1934u32,
+        wire: 2252u32,
+        call: 1950u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -90404,8 +90452,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1935u32,
+        wire: 2253u32,
+        call: 1951u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -90475,8 +90523,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1936u32,
+        wire: 2254u32,
+        call: 1952u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -90545,8 +90593,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1937u32,
+        wire: 2255u32,
+        call: 1953u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -90604,8 +90652,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1938u32,
+        wire: 2256u32,
+        call: 1954u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -90663,8 +90711,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1939u32,
+        wire: 2257u32,
+        call: 1955u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -90688,8 +90736,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1940u32,
+        wire: 2258u32,
+        call: 1956u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -90713,8 +90761,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1941u32,
+        wire: 2259u32,
+        call: 1957u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -90738,8 +90786,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1942u32,
+        wire: 2260u32,
+        call: 1958u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -90763,8 +90811,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1943u32,
+        wire: 2261u32,
+        call: 1959u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -90824,8 +90872,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1944u32,
+        wire: 2262u32,
+        call: 1960u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -90891,8 +90939,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1945u32,
+        wire: 2263u32,
+        call: 1961u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -90918,8 +90966,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1946u32,
+        wire: 2264u32,
+        call: 1962u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -90950,8 +90998,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1947u32,
+        wire: 2265u32,
+        call: 1963u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -90978,8 +91026,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1948u32,
+        wire: 2266u32,
+        call: 1964u32,
         name: "cusparseCreate",
         form: Some(Form::Call),
         library: "cusparse",
@@ -91002,8 +91050,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1949u32,
+        wire: 2267u32,
+        call: 1965u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -91069,8 +91117,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1950u32,
+        wire: 2268u32,
+        call: 1966u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -91093,8 +91141,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1951u32,
+        wire: 2269u32,
+        call: 1967u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91117,8 +91165,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1952u32,
+        wire: 2270u32,
+        call: 1968u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91141,8 +91189,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1953u32,
+        wire: 2271u32,
+        call: 1969u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91165,8 +91213,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1954u32,
+        wire: 2272u32,
+        call: 1970u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -91189,8 +91237,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1955u32,
+        wire: 2273u32,
+        call: 1971u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -91256,8 +91304,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1956u32,
+        wire: 2274u32,
+        call: 1972u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -91307,8 +91355,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1957u32,
+        wire: 2275u32,
+        call: 1973u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -91362,8 +91410,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1958u32,
+        wire: 2276u32,
+        call: 1974u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -91407,8 +91455,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1959u32,
+        wire: 2277u32,
+        call: 1975u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -91440,8 +91488,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1960u32,
+        wire: 2278u32,
+        call: 1976u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -91491,8 +91539,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1961u32,
+        wire: 2279u32,
+        call: 1977u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -91541,8 +91589,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1962u32,
+        wire: 2280u32,
+        call: 1978u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -91596,8 +91644,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1963u32,
+        wire: 2281u32,
+        call: 1979u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -91620,8 +91668,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1964u32,
+        wire: 2282u32,
+        call: 1980u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -91644,8 +91692,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1965u32,
+        wire: 2283u32,
+        call: 1981u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91668,8 +91716,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1966u32,
+        wire: 2284u32,
+        call: 1982u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91692,8 +91740,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1967u32,
+        wire: 2285u32,
+        call: 1983u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91716,8 +91764,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1968u32,
+        wire: 2286u32,
+        call: 1984u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -91740,8 +91788,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1969u32,
+        wire: 2287u32,
+        call: 1985u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -91785,8 +91833,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1970u32,
+        wire: 2288u32,
+        call: 1986u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -91818,8 +91866,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1971u32,
+        wire: 2289u32,
+        call: 1987u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -91847,8 +91895,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1972u32,
+        wire: 2290u32,
+        call: 1988u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -91871,8 +91919,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1973u32,
+        wire: 2291u32,
+        call: 1989u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -91895,8 +91943,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1974u32,
+        wire: 2292u32,
+        call: 1990u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -91922,8 +91970,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1975u32,
+        wire: 2293u32,
+        call: 1991u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -91958,8 +92006,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 1976u32,
+        wire: 2294u32,
+        call: 1992u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -92012,8 +92060,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 1977u32,
+        wire: 2295u32,
+        call: 1993u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -92068,8 +92116,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 1978u32,
+        wire: 2296u32,
+        call: 1994u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92126,8 +92174,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 1979u32,
+        wire: 2297u32,
+        call: 1995u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -92182,8 +92230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 1980u32,
+        wire: 2298u32,
+        call: 1996u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92238,8 +92286,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 1981u32,
+        wire: 2299u32,
+        call: 1997u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92296,8 +92344,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 1982u32,
+        wire: 2300u32,
+        call: 1998u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -92381,8 +92429,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 1983u32,
+        wire: 2301u32,
+        call: 1999u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -92450,8 +92498,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 1984u32,
+        wire: 2302u32,
+        call: 2000u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -92518,8 +92566,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 1985u32,
+        wire: 2303u32,
+        call: 2001u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -92588,8 +92636,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 1986u32,
+        wire: 2304u32,
+        call: 2002u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -92672,8 +92720,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 1987u32,
+        wire: 2305u32,
+        call: 2003u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -92732,8 +92780,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 1988u32,
+        wire: 2306u32,
+        call: 2004u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -92794,8 +92842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 1989u32,
+        wire: 2307u32,
+        call: 2005u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -92862,8 +92910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 1990u32,
+        wire: 2308u32,
+        call: 2006u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -92937,8 +92985,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 1991u32,
+        wire: 2309u32,
+        call: 2007u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -92991,8 +93039,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 1992u32,
+        wire: 2310u32,
+        call: 2008u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -93039,8 +93087,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 1993u32,
+        wire: 2311u32,
+        call: 2009u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -93098,8 +93146,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 1994u32,
+        wire: 2312u32,
+        call: 2010u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -93156,8 +93204,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 1995u32,
+        wire: 2313u32,
+        call: 2011u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -93230,8 +93278,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 1996u32,
+        wire: 2314u32,
+        call: 2012u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93310,8 +93358,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 1997u32,
+        wire: 2315u32,
+        call: 2013u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -93403,8 +93451,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 1998u32,
+        wire: 2316u32,
+        call: 2014u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93492,8 +93540,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 1999u32,
+        wire: 2317u32,
+        call: 2015u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -93540,8 +93588,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2000u32,
+        wire: 2318u32,
+        call: 2016u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93590,8 +93638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2001u32,
+        wire: 2319u32,
+        call: 2017u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -93638,8 +93686,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2002u32,
+        wire: 2320u32,
+        call: 2018u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93688,8 +93736,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2003u32,
+        wire: 2321u32,
+        call: 2019u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -93763,8 +93811,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2004u32,
+        wire: 2322u32,
+        call: 2020u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93838,8 +93886,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2005u32,
+        wire: 2323u32,
+        call: 2021u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93890,8 +93938,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2006u32,
+        wire: 2324u32,
+        call: 2022u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93944,8 +93992,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2007u32,
+        wire: 2325u32,
+        call: 2023u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -94004,8 +94052,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2008u32,
+        wire: 2326u32,
+        call: 2024u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -94052,8 +94100,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2009u32,
+        wire: 2327u32,
+        call: 2025u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94102,8 +94150,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2010u32,
+        wire: 2328u32,
+        call: 2026u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -94139,8 +94187,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2011u32,
+        wire: 2329u32,
+        call: 2027u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -94182,8 +94230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2012u32,
+        wire: 2330u32,
+        call: 2028u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -94219,8 +94267,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2013u32,
+        wire: 2331u32,
+        call: 2029u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -94243,8 +94291,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2014u32,
+        wire: 2332u32,
+        call: 2030u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -94267,8 +94315,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2015u32,
+        wire: 2333u32,
+        call: 2031u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -94291,8 +94339,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2016u32,
+        wire: 2334u32,
+        call: 2032u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -94315,8 +94363,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2017u32,
+        wire: 2335u32,
+        call: 2033u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -94339,8 +94387,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2018u32,
+        wire: 2336u32,
+        call: 2034u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -94363,8 +94411,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2019u32,
+        wire: 2337u32,
+        call: 2035u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -94387,8 +94435,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2020u32,
+        wire: 2338u32,
+        call: 2036u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -94411,8 +94459,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2021u32,
+        wire: 2339u32,
+        call: 2037u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -94435,8 +94483,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2022u32,
+        wire: 2340u32,
+        call: 2038u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -94459,8 +94507,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2023u32,
+        wire: 2341u32,
+        call: 2039u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -94483,8 +94531,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2024u32,
+        wire: 2342u32,
+        call: 2040u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -94507,8 +94555,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2025u32,
+        wire: 2343u32,
+        call: 2041u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -94531,8 +94579,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2026u32,
+        wire: 2344u32,
+        call: 2042u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -94555,8 +94603,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2027u32,
+        wire: 2345u32,
+        call: 2043u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -94579,8 +94627,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2028u32,
+        wire: 2346u32,
+        call: 2044u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -94603,8 +94651,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2029u32,
+        wire: 2347u32,
+        call: 2045u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -94627,8 +94675,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2030u32,
+        wire: 2348u32,
+        call: 2046u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -94651,8 +94699,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2031u32,
+        wire: 2349u32,
+        call: 2047u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -94709,8 +94757,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2032u32,
+        wire: 2350u32,
+        call: 2048u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -94763,8 +94811,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2033u32,
+        wire: 2351u32,
+        call: 2049u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -94834,8 +94882,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2034u32,
+        wire: 2352u32,
+        call: 2050u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -94904,8 +94952,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2035u32,
+        wire: 2353u32,
+        call: 2051u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -94929,8 +94977,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2036u32,
+        wire: 2354u32,
+        call: 2052u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -94961,8 +95009,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2037u32,
+        wire: 2355u32,
+        call: 2053u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -94986,8 +95034,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2038u32,
+        wire: 2356u32,
+        call: 2054u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -95011,8 +95059,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2039u32,
+        wire: 2357u32,
+        call: 2055u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -95036,8 +95084,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2040u32,
+        wire: 2358u32,
+        call: 2056u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -95095,8 +95143,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2041u32,
+        wire: 2359u32,
+        call: 2057u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -95160,8 +95208,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2042u32,
+        wire: 2360u32,
+        call: 2058u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -95223,8 +95271,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2043u32,
+        wire: 2361u32,
+        call: 2059u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -95255,8 +95303,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2044u32,
+        wire: 2362u32,
+        call: 2060u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -95282,8 +95330,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2045u32,
+        wire: 2363u32,
+        call: 2061u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -95309,8 +95357,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2046u32,
+        wire: 2364u32,
+        call: 2062u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -95336,8 +95384,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2047u32,
+        wire: 2365u32,
+        call: 2063u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -95363,8 +95411,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetProperty: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2048u32,
+        wire: 2366u32,
+        call: 2064u32,
         name: "cusparseGetProperty",
         form: None,
         library: "cusparse",
@@ -95394,8 +95442,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2049u32,
+        wire: 2367u32,
+        call: 2065u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -95422,8 +95470,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetVersion: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2050u32,
+        wire: 2368u32,
+        call: 2066u32,
         name: "cusparseGetVersion",
         form: None,
         library: "cusparse",
@@ -95453,8 +95501,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2051u32,
+        wire: 2369u32,
+        call: 2067u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -95472,8 +95520,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2052u32,
+        wire: 2370u32,
+        call: 2068u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -95496,8 +95544,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2053u32,
+        wire: 2371u32,
+        call: 2069u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -95520,8 +95568,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2054u32,
+        wire: 2372u32,
+        call: 2070u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -95585,8 +95633,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2055u32,
+        wire: 2373u32,
+        call: 2071u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -95656,8 +95704,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2056u32,
+        wire: 2374u32,
+        call: 2072u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -95721,8 +95769,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2057u32,
+        wire: 2375u32,
+        call: 2073u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -95775,8 +95823,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2058u32,
+        wire: 2376u32,
+        call: 2074u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -95831,8 +95879,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2059u32,
+        wire: 2377u32,
+        call: 2075u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -95889,8 +95937,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2060u32,
+        wire: 2378u32,
+        call: 2076u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -95945,8 +95993,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2061u32,
+        wire: 2379u32,
+        call: 2077u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -96001,8 +96049,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2062u32,
+        wire: 2380u32,
+        call: 2078u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96059,8 +96107,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2063u32,
+        wire: 2381u32,
+        call: 2079u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -96144,8 +96192,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2064u32,
+        wire: 2382u32,
+        call: 2080u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -96213,8 +96261,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2065u32,
+        wire: 2383u32,
+        call: 2081u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -96281,8 +96329,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2066u32,
+        wire: 2384u32,
+        call: 2082u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -96351,8 +96399,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2067u32,
+        wire: 2385u32,
+        call: 2083u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -96435,8 +96483,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2068u32,
+        wire: 2386u32,
+        call: 2084u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -96495,8 +96543,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2069u32,
+        wire: 2387u32,
+        call: 2085u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -96557,8 +96605,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2070u32,
+        wire: 2388u32,
+        call: 2086u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -96625,8 +96673,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2071u32,
+        wire: 2389u32,
+        call: 2087u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -96700,8 +96748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2072u32,
+        wire: 2390u32,
+        call: 2088u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -96732,8 +96780,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2073u32,
+        wire: 2391u32,
+        call: 2089u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -96786,8 +96834,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2074u32,
+        wire: 2392u32,
+        call: 2090u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -96834,8 +96882,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2075u32,
+        wire: 2393u32,
+        call: 2091u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -96893,8 +96941,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2076u32,
+        wire: 2394u32,
+        call: 2092u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -96951,8 +96999,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2077u32,
+        wire: 2395u32,
+        call: 2093u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -97025,8 +97073,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2078u32,
+        wire: 2396u32,
+        call: 2094u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97105,8 +97153,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2079u32,
+        wire: 2397u32,
+        call: 2095u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -97198,8 +97246,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2080u32,
+        wire: 2398u32,
+        call: 2096u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97287,8 +97335,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2081u32,
+        wire: 2399u32,
+        call: 2097u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -97335,8 +97383,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2082u32,
+        wire: 2400u32,
+        call: 2098u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -97385,8 +97433,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2083u32,
+        wire: 2401u32,
+        call: 2099u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -97433,8 +97481,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2084u32,
+        wire: 2402u32,
+        call: 2100u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -97483,8 +97531,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2085u32,
+        wire: 2403u32,
+        call: 2101u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -97558,8 +97606,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2086u32,
+        wire: 2404u32,
+        call: 2102u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -97633,8 +97681,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2087u32,
+        wire: 2405u32,
+        call: 2103u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -97685,8 +97733,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2088u32,
+        wire: 2406u32,
+        call: 2104u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97739,8 +97787,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2089u32,
+        wire: 2407u32,
+        call: 2105u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -97799,8 +97847,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2090u32,
+        wire: 2408u32,
+        call: 2106u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -97847,8 +97895,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2091u32,
+        wire: 2409u32,
+        call: 2107u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97897,8 +97945,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2092u32,
+        wire: 2410u32,
+        call: 2108u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -97925,8 +97973,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2093u32,
+        wire: 2411u32,
+        call: 2109u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -97953,8 +98001,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2094u32,
+        wire: 2412u32,
+        call: 2110u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -97981,8 +98029,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2095u32,
+        wire: 2413u32,
+        call: 2111u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -98009,8 +98057,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2096u32,
+        wire: 2414u32,
+        call: 2112u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -98037,8 +98085,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2097u32,
+        wire: 2415u32,
+        call: 2113u32,
         name: "cusparseSetPointerMode",
         form: Some(Form::Call),
         library: "cusparse",
@@ -98065,8 +98113,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2098u32,
+        wire: 2416u32,
+        call: 2114u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -98093,8 +98141,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2099u32,
+        wire: 2417u32,
+        call: 2115u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -98151,8 +98199,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2100u32,
+        wire: 2418u32,
+        call: 2116u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -98205,8 +98253,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2101u32,
+        wire: 2419u32,
+        call: 2117u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -98276,8 +98324,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2102u32,
+        wire: 2420u32,
+        call: 2118u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -98346,8 +98394,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2103u32,
+        wire: 2421u32,
+        call: 2119u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -98422,8 +98470,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2104u32,
+        wire: 2422u32,
+        call: 2120u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -98490,8 +98538,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2105u32,
+        wire: 2423u32,
+        call: 2121u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -98514,8 +98562,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2106u32,
+        wire: 2424u32,
+        call: 2122u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -98538,8 +98586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2107u32,
+        wire: 2425u32,
+        call: 2123u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -98614,8 +98662,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2108u32,
+        wire: 2426u32,
+        call: 2124u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -98682,8 +98730,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2109u32,
+        wire: 2427u32,
+        call: 2125u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -98742,8 +98790,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2110u32,
+        wire: 2428u32,
+        call: 2126u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -98807,8 +98855,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2111u32,
+        wire: 2429u32,
+        call: 2127u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -98832,8 +98880,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2112u32,
+        wire: 2430u32,
+        call: 2128u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -98856,8 +98904,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2113u32,
+        wire: 2431u32,
+        call: 2129u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -98927,8 +98975,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2114u32,
+        wire: 2432u32,
+        call: 2130u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -98992,8 +99040,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2115u32,
+        wire: 2433u32,
+        call: 2131u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -99053,8 +99101,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2116u32,
+        wire: 2434u32,
+        call: 2132u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -99120,8 +99168,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2117u32,
+        wire: 2435u32,
+        call: 2133u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -99181,8 +99229,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2118u32,
+        wire: 2436u32,
+        call: 2134u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -99214,8 +99262,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2119u32,
+        wire: 2437u32,
+        call: 2135u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -99259,8 +99307,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2120u32,
+        wire: 2438u32,
+        call: 2136u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -99284,8 +99332,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2121u32,
+        wire: 2439u32,
+        call: 2137u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -99317,8 +99365,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2122u32,
+        wire: 2440u32,
+        call: 2138u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -99345,8 +99393,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2123u32,
+        wire: 2441u32,
+        call: 2139u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -99370,8 +99418,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2124u32,
+        wire: 2442u32,
+        call: 2140u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -99433,8 +99481,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2125u32,
+        wire: 2443u32,
+        call: 2141u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -99502,8 +99550,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2126u32,
+        wire: 2444u32,
+        call: 2142u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -99526,8 +99574,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2127u32,
+        wire: 2445u32,
+        call: 2143u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99550,8 +99598,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2128u32,
+        wire: 2446u32,
+        call: 2144u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -99612,8 +99660,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2129u32,
+        wire: 2447u32,
+        call: 2145u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -99671,8 +99719,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2130u32,
+        wire: 2448u32,
+        call: 2146u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -99736,8 +99784,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2131u32,
+        wire: 2449u32,
+        call: 2147u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -99760,8 +99808,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2132u32,
+        wire: 2450u32,
+        call: 2148u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99784,8 +99832,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2133u32,
+        wire: 2451u32,
+        call: 2149u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -99842,8 +99890,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2134u32,
+        wire: 2452u32,
+        call: 2150u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -99867,8 +99915,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2135u32,
+        wire: 2453u32,
+        call: 2151u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -99892,8 +99940,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2136u32,
+        wire: 2454u32,
+        call: 2152u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -99929,8 +99977,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2137u32,
+        wire: 2455u32,
+        call: 2153u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -99972,8 +100020,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2138u32,
+        wire: 2456u32,
+        call: 2154u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -100031,8 +100079,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2139u32,
+        wire: 2457u32,
+        call: 2155u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100096,8 +100144,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2140u32,
+        wire: 2458u32,
+        call: 2156u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -100159,8 +100207,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2141u32,
+        wire: 2459u32,
+        call: 2157u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100193,8 +100241,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2142u32,
+        wire: 2460u32,
+        call: 2158u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100227,8 +100275,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2143u32,
+        wire: 2461u32,
+        call: 2159u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100261,8 +100309,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2144u32,
+        wire: 2462u32,
+        call: 2160u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100295,8 +100343,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2145u32,
+        wire: 2463u32,
+        call: 2161u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -100333,8 +100381,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2146u32,
+        wire: 2464u32,
+        call: 2162u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -100373,8 +100421,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2147u32,
+        wire: 2465u32,
+        call: 2163u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -100413,8 +100461,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2148u32,
+        wire: 2466u32,
+        call: 2164u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100458,8 +100506,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2149u32,
+        wire: 2467u32,
+        call: 2165u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -100515,8 +100563,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2150u32,
+        wire: 2468u32,
+        call: 2166u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -100553,8 +100601,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2151u32,
+        wire: 2469u32,
+        call: 2167u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -100615,8 +100663,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2152u32,
+        wire: 2470u32,
+        call: 2168u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -100679,8 +100727,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2153u32,
+        wire: 2471u32,
+        call: 2169u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -100761,8 +100809,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2154u32,
+        wire: 2472u32,
+        call: 2170u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100795,8 +100843,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2155u32,
+        wire: 2473u32,
+        call: 2171u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100829,8 +100877,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2156u32,
+        wire: 2474u32,
+        call: 2172u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100863,8 +100911,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2157u32,
+        wire: 2475u32,
+        call: 2173u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -100907,8 +100955,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2158u32,
+        wire: 2476u32,
+        call: 2174u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100952,8 +101000,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2159u32,
+        wire: 2477u32,
+        call: 2175u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100986,8 +101034,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2160u32,
+        wire: 2478u32,
+        call: 2176u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -101042,8 +101090,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2161u32,
+        wire: 2479u32,
+        call: 2177u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -101116,8 +101164,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2162u32,
+        wire: 2480u32,
+        call: 2178u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -101170,8 +101218,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2163u32,
+        wire: 2481u32,
+        call: 2179u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -101226,8 +101274,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2164u32,
+        wire: 2482u32,
+        call: 2180u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -101284,8 +101332,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2165u32,
+        wire: 2483u32,
+        call: 2181u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -101340,8 +101388,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2166u32,
+        wire: 2484u32,
+        call: 2182u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -101396,8 +101444,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2167u32,
+        wire: 2485u32,
+        call: 2183u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -101454,8 +101502,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2168u32,
+        wire: 2486u32,
+        call: 2184u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -101539,8 +101587,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2169u32,
+        wire: 2487u32,
+        call: 2185u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -101608,8 +101656,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2170u32,
+        wire: 2488u32,
+        call: 2186u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -101676,8 +101724,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2171u32,
+        wire: 2489u32,
+        call: 2187u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -101746,8 +101794,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2172u32,
+        wire: 2490u32,
+        call: 2188u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -101830,8 +101878,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2173u32,
+        wire: 2491u32,
+        call: 2189u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -101890,8 +101938,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2174u32,
+        wire: 2492u32,
+        call: 2190u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -101952,8 +102000,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2175u32,
+        wire: 2493u32,
+        call: 2191u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -102020,8 +102068,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2176u32,
+        wire: 2494u32,
+        call: 2192u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -102095,8 +102143,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2177u32,
+        wire: 2495u32,
+        call: 2193u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -102149,8 +102197,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2178u32,
+        wire: 2496u32,
+        call: 2194u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -102197,8 +102245,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2179u32,
+        wire: 2497u32,
+        call: 2195u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -102256,8 +102304,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2180u32,
+        wire: 2498u32,
+        call: 2196u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -102314,8 +102362,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2181u32,
+        wire: 2499u32,
+        call: 2197u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -102388,8 +102436,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2182u32,
+        wire: 2500u32,
+        call: 2198u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -102468,8 +102516,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2183u32,
+        wire: 2501u32,
+        call: 2199u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -102561,8 +102609,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2184u32,
+        wire: 2502u32,
+        call: 2200u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -102650,8 +102698,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2185u32,
+        wire: 2503u32,
+        call: 2201u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -102698,8 +102746,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2186u32,
+        wire: 2504u32,
+        call: 2202u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102748,8 +102796,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2187u32,
+        wire: 2505u32,
+        call: 2203u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -102796,8 +102844,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2188u32,
+        wire: 2506u32,
+        call: 2204u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102846,8 +102894,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2189u32,
+        wire: 2507u32,
+        call: 2205u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -102921,8 +102969,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2190u32,
+        wire: 2508u32,
+        call: 2206u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -102996,8 +103044,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2191u32,
+        wire: 2509u32,
+        call: 2207u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -103048,8 +103096,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2192u32,
+        wire: 2510u32,
+        call: 2208u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -103102,8 +103150,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2193u32,
+        wire: 2511u32,
+        call: 2209u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -103162,8 +103210,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2194u32,
+        wire: 2512u32,
+        call: 2210u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -103210,8 +103258,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2195u32,
+        wire: 2513u32,
+        call: 2211u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103260,8 +103308,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2196u32,
+        wire: 2514u32,
+        call: 2212u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -103318,8 +103366,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2197u32,
+        wire: 2515u32,
+        call: 2213u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -103372,8 +103420,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2198u32,
+        wire: 2516u32,
+        call: 2214u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -103443,8 +103491,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2199u32,
+        wire: 2517u32,
+        call: 2215u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -103513,8 +103561,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2200u32,
+        wire: 2518u32,
+        call: 2216u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -103572,8 +103620,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2201u32,
+        wire: 2519u32,
+        call: 2217u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -103634,8 +103682,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2869u32,
-        call: 2560u32,
+        wire: 2885u32,
+        call: 2576u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103661,8 +103709,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2870u32,
-        call: 2560u32,
+        wire: 2886u32,
+        call: 2576u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103688,8 +103736,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2871u32,
-        call: 2560u32,
+        wire: 2887u32,
+        call: 2576u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103715,8 +103763,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtGetProperty: CallDesc = CallDesc {
-        wire: 2872u32,
-        call: 2561u32,
+        wire: 2888u32,
+        call: 2577u32,
         name: "cusparseLtGetProperty",
         form: None,
         library: "cusparselt",
@@ -103746,8 +103794,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2873u32,
-        call: 2562u32,
+        wire: 2889u32,
+        call: 2578u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103773,8 +103821,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2874u32,
-        call: 2562u32,
+        wire: 2890u32,
+        call: 2578u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103800,8 +103848,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2875u32,
-        call: 2562u32,
+        wire: 2891u32,
+        call: 2578u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103827,8 +103875,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2876u32,
-        call: 2563u32,
+        wire: 2892u32,
+        call: 2579u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -103854,8 +103902,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2877u32,
-        call: 2564u32,
+        wire: 2893u32,
+        call: 2580u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -103881,8 +103929,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2878u32,
-        call: 2564u32,
+        wire: 2894u32,
+        call: 2580u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -103908,8 +103956,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2879u32,
-        call: 2564u32,
+        wire: 2895u32,
+        call: 2580u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -121727,8 +121775,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclAllGather: CallDesc = CallDesc {
-        wire: 2811u32,
-        call: 2509u32,
+        wire: 2827u32,
+        call: 2525u32,
         name: "ncclAllGather",
         form: None,
         library: "nccl",
@@ -121765,8 +121813,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAllReduce: CallDesc = CallDesc {
-        wire: 2812u32,
-        call: 2510u32,
+        wire: 2828u32,
+        call: 2526u32,
         name: "ncclAllReduce",
         form: None,
         library: "nccl",
@@ -121807,8 +121855,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAlltoAll: CallDesc = CallDesc {
-        wire: 2813u32,
-        call: 2511u32,
+        wire: 2829u32,
+        call: 2527u32,
         name: "ncclAlltoAll",
         form: None,
         library: "nccl",
@@ -121845,8 +121893,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBcast: CallDesc = CallDesc {
-        wire: 2814u32,
-        call: 2512u32,
+        wire: 2830u32,
+        call: 2528u32,
         name: "ncclBcast",
         form: None,
         library: "nccl",
@@ -121886,8 +121934,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBroadcast: CallDesc = CallDesc {
-        wire: 2815u32,
-        call: 2513u32,
+        wire: 2831u32,
+        call: 2529u32,
         name: "ncclBroadcast",
         form: None,
         library: "nccl",
@@ -121928,8 +121976,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2816u32,
-        call: 2514u32,
+        wire: 2832u32,
+        call: 2530u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -121952,8 +122000,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCount: CallDesc = CallDesc {
-        wire: 2817u32,
-        call: 2515u32,
+        wire: 2833u32,
+        call: 2531u32,
         name: "ncclCommCount",
         form: None,
         library: "nccl",
@@ -121983,8 +122031,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCuDevice: CallDesc = CallDesc {
-        wire: 2818u32,
-        call: 2516u32,
+        wire: 2834u32,
+        call: 2532u32,
         name: "ncclCommCuDevice",
         form: None,
         library: "nccl",
@@ -122014,8 +122062,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2819u32,
-        call: 2517u32,
+        wire: 2835u32,
+        call: 2533u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -122038,8 +122086,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2820u32,
-        call: 2518u32,
+        wire: 2836u32,
+        call: 2534u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -122062,8 +122110,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommGetAsyncError: CallDesc = CallDesc {
-        wire: 2821u32,
-        call: 2519u32,
+        wire: 2837u32,
+        call: 2535u32,
         name: "ncclCommGetAsyncError",
         form: None,
         library: "nccl",
@@ -122093,8 +122141,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2822u32,
-        call: 2520u32,
+        wire: 2838u32,
+        call: 2536u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -122126,8 +122174,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu118: CallDesc = CallDesc {
-        wire: 2823u32,
-        call: 2521u32,
+        wire: 2839u32,
+        call: 2537u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122166,8 +122214,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu128: CallDesc = CallDesc {
-        wire: 2824u32,
-        call: 2521u32,
+        wire: 2840u32,
+        call: 2537u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122206,8 +122254,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu131: CallDesc = CallDesc {
-        wire: 2825u32,
-        call: 2521u32,
+        wire: 2841u32,
+        call: 2537u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122246,8 +122294,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2826u32,
-        call: 2522u32,
+        wire: 2842u32,
+        call: 2538u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -122274,8 +122322,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu118: CallDesc = CallDesc {
-        wire: 2827u32,
-        call: 2523u32,
+        wire: 2843u32,
+        call: 2539u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122317,8 +122365,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu128: CallDesc = CallDesc {
-        wire: 2828u32,
-        call: 2523u32,
+        wire: 2844u32,
+        call: 2539u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122360,8 +122408,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu131: CallDesc = CallDesc {
-        wire: 2829u32,
-        call: 2523u32,
+        wire: 2845u32,
+        call: 2539u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122403,8 +122451,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommUserRank: CallDesc = CallDesc {
-        wire: 2830u32,
-        call: 2524u32,
+        wire: 2846u32,
+        call: 2540u32,
         name: "ncclCommUserRank",
         form: None,
         library: "nccl",
@@ -122434,8 +122482,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2831u32,
-        call: 2525u32,
+        wire: 2847u32,
+        call: 2541u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122462,8 +122510,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2832u32,
-        call: 2525u32,
+        wire: 2848u32,
+        call: 2541u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122490,8 +122538,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGather: CallDesc = CallDesc {
-        wire: 2833u32,
-        call: 2526u32,
+        wire: 2849u32,
+        call: 2542u32,
         name: "ncclGather",
         form: None,
         library: "nccl",
@@ -122532,8 +122580,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetUniqueId: CallDesc = CallDesc {
-        wire: 2834u32,
-        call: 2527u32,
+        wire: 2850u32,
+        call: 2543u32,
         name: "ncclGetUniqueId",
         form: None,
         library: "nccl",
@@ -122559,8 +122607,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetVersion: CallDesc = CallDesc {
-        wire: 2835u32,
-        call: 2528u32,
+        wire: 2851u32,
+        call: 2544u32,
         name: "ncclGetVersion",
         form: None,
         library: "nccl",
@@ -122586,8 +122634,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2836u32,
-        call: 2529u32,
+        wire: 2852u32,
+        call: 2545u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -122605,8 +122653,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2837u32,
-        call: 2530u32,
+        wire: 2853u32,
+        call: 2546u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -122624,8 +122672,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRecv: CallDesc = CallDesc {
-        wire: 2838u32,
-        call: 2531u32,
+        wire: 2854u32,
+        call: 2547u32,
         name: "ncclRecv",
         form: None,
         library: "nccl",
@@ -122665,8 +122713,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2839u32,
-        call: 2532u32,
+        wire: 2855u32,
+        call: 2548u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -122693,8 +122741,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduce: CallDesc = CallDesc {
-        wire: 2840u32,
-        call: 2533u32,
+        wire: 2856u32,
+        call: 2549u32,
         name: "ncclReduce",
         form: None,
         library: "nccl",
@@ -122739,8 +122787,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduceScatter: CallDesc = CallDesc {
-        wire: 2841u32,
-        call: 2534u32,
+        wire: 2857u32,
+        call: 2550u32,
         name: "ncclReduceScatter",
         form: None,
         library: "nccl",
@@ -122781,8 +122829,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2842u32,
-        call: 2535u32,
+        wire: 2858u32,
+        call: 2551u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -122800,8 +122848,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclScatter: CallDesc = CallDesc {
-        wire: 2843u32,
-        call: 2536u32,
+        wire: 2859u32,
+        call: 2552u32,
         name: "ncclScatter",
         form: None,
         library: "nccl",
@@ -122842,8 +122890,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclSend: CallDesc = CallDesc {
-        wire: 2844u32,
-        call: 2537u32,
+        wire: 2860u32,
+        call: 2553u32,
         name: "ncclSend",
         form: None,
         library: "nccl",
@@ -122883,8 +122931,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllGather: CallDesc = CallDesc {
-        wire: 2845u32,
-        call: 2538u32,
+        wire: 2861u32,
+        call: 2554u32,
         name: "pncclAllGather",
         form: None,
         library: "nccl",
@@ -122921,8 +122969,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllReduce: CallDesc = CallDesc {
-        wire: 2846u32,
-        call: 2539u32,
+        wire: 2862u32,
+        call: 2555u32,
         name: "pncclAllReduce",
         form: None,
         library: "nccl",
@@ -122963,8 +123011,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAlltoAll: CallDesc = CallDesc {
-        wire: 2847u32,
-        call: 2540u32,
+        wire: 2863u32,
+        call: 2556u32,
         name: "pncclAlltoAll",
         form: None,
         library: "nccl",
@@ -123001,8 +123049,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBcast: CallDesc = CallDesc {
-        wire: 2848u32,
-        call: 2541u32,
+        wire: 2864u32,
+        call: 2557u32,
         name: "pncclBcast",
         form: None,
         library: "nccl",
@@ -123042,8 +123090,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBroadcast: CallDesc = CallDesc {
-        wire: 2849u32,
-        call: 2542u32,
+        wire: 2865u32,
+        call: 2558u32,
         name: "pncclBroadcast",
         form: None,
         library: "nccl",
@@ -123084,8 +123132,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2850u32,
-        call: 2543u32,
+        wire: 2866u32,
+        call: 2559u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -123108,8 +123156,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2851u32,
-        call: 2544u32,
+        wire: 2867u32,
+        call: 2560u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -123132,8 +123180,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2852u32,
-        call: 2545u32,
+        wire: 2868u32,
+        call: 2561u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -123156,8 +123204,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2853u32,
-        call: 2546u32,
+        wire: 2869u32,
+        call: 2562u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -123189,8 +123237,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2854u32,
-        call: 2547u32,
+        wire: 2870u32,
+        call: 2563u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -123217,8 +123265,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2855u32,
-        call: 2548u32,
+        wire: 2871u32,
+        call: 2564u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123245,8 +123293,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2856u32,
-        call: 2548u32,
+        wire: 2872u32,
+        call: 2564u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123273,8 +123321,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu128: CallDesc = CallDesc {
-        wire: 2857u32,
-        call: 2549u32,
+        wire: 2873u32,
+        call: 2565u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -123310,8 +123358,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu131: CallDesc = CallDesc {
-        wire: 2858u32,
-        call: 2549u32,
+        wire: 2874u32,
+        call: 2565u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -123347,8 +123395,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGather: CallDesc = CallDesc {
-        wire: 2859u32,
-        call: 2550u32,
+        wire: 2875u32,
+        call: 2566u32,
         name: "pncclGather",
         form: None,
         library: "nccl",
@@ -123389,8 +123437,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2860u32,
-        call: 2551u32,
+        wire: 2876u32,
+        call: 2567u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -123408,8 +123456,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2861u32,
-        call: 2552u32,
+        wire: 2877u32,
+        call: 2568u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -123427,8 +123475,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRecv: CallDesc = CallDesc {
-        wire: 2862u32,
-        call: 2553u32,
+        wire: 2878u32,
+        call: 2569u32,
         name: "pncclRecv",
         form: None,
         library: "nccl",
@@ -123468,8 +123516,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2863u32,
-        call: 2554u32,
+        wire: 2879u32,
+        call: 2570u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -123496,8 +123544,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduce: CallDesc = CallDesc {
-        wire: 2864u32,
-        call: 2555u32,
+        wire: 2880u32,
+        call: 2571u32,
         name: "pncclReduce",
         form: None,
         library: "nccl",
@@ -123542,8 +123590,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduceScatter: CallDesc = CallDesc {
-        wire: 2865u32,
-        call: 2556u32,
+        wire: 2881u32,
+        call: 2572u32,
         name: "pncclReduceScatter",
         form: None,
         library: "nccl",
@@ -123584,8 +123632,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2866u32,
-        call: 2557u32,
+        wire: 2882u32,
+        call: 2573u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -123603,8 +123651,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclScatter: CallDesc = CallDesc {
-        wire: 2867u32,
-        call: 2558u32,
+        wire: 2883u32,
+        call: 2574u32,
         name: "pncclScatter",
         form: None,
         library: "nccl",
@@ -123645,8 +123693,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclSend: CallDesc = CallDesc {
-        wire: 2868u32,
-        call: 2559u32,
+        wire: 2884u32,
+        call: 2575u32,
         name: "pncclSend",
         form: None,
         library: "nccl",
@@ -123689,8 +123737,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2780u32,
-        call: 2478u32,
+        wire: 2796u32,
+        call: 2494u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -123713,8 +123761,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2781u32,
-        call: 2479u32,
+        wire: 2797u32,
+        call: 2495u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -123737,8 +123785,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2782u32,
-        call: 2480u32,
+        wire: 2798u32,
+        call: 2496u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -123761,8 +123809,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2783u32,
-        call: 2481u32,
+        wire: 2799u32,
+        call: 2497u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -123785,8 +123833,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2784u32,
-        call: 2482u32,
+        wire: 2800u32,
+        call: 2498u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -123809,8 +123857,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2785u32,
-        call: 2483u32,
+        wire: 2801u32,
+        call: 2499u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -123833,8 +123881,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2786u32,
-        call: 2484u32,
+        wire: 2802u32,
+        call: 2500u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -123857,8 +123905,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2787u32,
-        call: 2485u32,
+        wire: 2803u32,
+        call: 2501u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -123881,8 +123929,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2788u32,
-        call: 2486u32,
+        wire: 2804u32,
+        call: 2502u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -123905,8 +123953,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2789u32,
-        call: 2487u32,
+        wire: 2805u32,
+        call: 2503u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -123929,8 +123977,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2790u32,
-        call: 2488u32,
+        wire: 2806u32,
+        call: 2504u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -123960,8 +124008,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2791u32,
-        call: 2489u32,
+        wire: 2807u32,
+        call: 2505u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -123991,8 +124039,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2792u32,
-        call: 2490u32,
+        wire: 2808u32,
+        call: 2506u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124022,8 +124070,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2793u32,
-        call: 2491u32,
+        wire: 2809u32,
+        call: 2507u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124053,8 +124101,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2794u32,
-        call: 2492u32,
+        wire: 2810u32,
+        call: 2508u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124084,8 +124132,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2795u32,
-        call: 2493u32,
+        wire: 2811u32,
+        call: 2509u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124115,8 +124163,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2796u32,
-        call: 2494u32,
+        wire: 2812u32,
+        call: 2510u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124146,8 +124194,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2797u32,
-        call: 2495u32,
+        wire: 2813u32,
+        call: 2511u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124177,8 +124225,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2798u32,
-        call: 2496u32,
+        wire: 2814u32,
+        call: 2512u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124208,8 +124256,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2799u32,
-        call: 2497u32,
+        wire: 2815u32,
+        call: 2513u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124239,8 +124287,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2800u32,
-        call: 2498u32,
+        wire: 2816u32,
+        call: 2514u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124270,8 +124318,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2801u32,
-        call: 2499u32,
+        wire: 2817u32,
+        call: 2515u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124301,8 +124349,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2802u32,
-        call: 2500u32,
+        wire: 2818u32,
+        call: 2516u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124332,8 +124380,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2803u32,
-        call: 2501u32,
+        wire: 2819u32,
+        call: 2517u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124363,8 +124411,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2804u32,
-        call: 2502u32,
+        wire: 2820u32,
+        call: 2518u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124394,8 +124442,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2805u32,
-        call: 2503u32,
+        wire: 2821u32,
+        call: 2519u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124425,8 +124473,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2806u32,
-        call: 2504u32,
+        wire: 2822u32,
+        call: 2520u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124456,8 +124504,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2807u32,
-        call: 2505u32,
+        wire: 2823u32,
+        call: 2521u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124487,8 +124535,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2808u32,
-        call: 2506u32,
+        wire: 2824u32,
+        call: 2522u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124518,8 +124566,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2809u32,
-        call: 2507u32,
+        wire: 2825u32,
+        call: 2523u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124549,8 +124597,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2810u32,
-        call: 2508u32,
+        wire: 2826u32,
+        call: 2524u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -124585,6 +124633,14 @@ pub mod nvjitlink {
 }
 pub mod nvml {
     use chidori_protocol::desc::*;
+    static LEN_nvmlDeviceGetBoardPartNumber_0: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetInforomImageVersion_1: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetName_2: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetSerial_3: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetUUID_4: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetVbiosVersion_5: Len = Len::Param(2u8);
+    static LEN_nvmlSystemGetDriverVersion_6: Len = Len::Param(1u8);
+    static LEN_nvmlSystemGetNVMLVersion_7: Len = Len::Param(1u8);
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
         wire: 1933u32,
         call: 1631u32,
@@ -125083,9 +125139,40 @@ pub mod nvml {
         },
         only_waits: false,
     };
-    pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
+    pub static nvmlDeviceGetBAR1MemoryInfo: CallDesc = CallDesc {
         wire: 1949u32,
         call: 1647u32,
+        name: "nvmlDeviceGetBAR1MemoryInfo",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 24u32,
+                len: None,
+                record: Some("nvmlBAR1Memory_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
+        wire: 1950u32,
+        call: 1648u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -125114,9 +125201,44 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetBoardPartNumber: CallDesc = CallDesc {
+        wire: 1951u32,
+        call: 1649u32,
+        name: "nvmlDeviceGetBoardPartNumber",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_nvmlDeviceGetBoardPartNumber_0),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1648u32,
+        wire: 1952u32,
+        call: 1650u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -125146,8 +125268,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1649u32,
+        wire: 1953u32,
+        call: 1651u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -125177,8 +125299,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1650u32,
+        wire: 1954u32,
+        call: 1652u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -125216,8 +125338,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1651u32,
+        wire: 1955u32,
+        call: 1653u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -125251,8 +125373,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1652u32,
+        wire: 1956u32,
+        call: 1654u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -125282,8 +125404,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1653u32,
+        wire: 1957u32,
+        call: 1655u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -125313,8 +125435,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1654u32,
+        wire: 1958u32,
+        call: 1656u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -125351,8 +125473,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1655u32,
+        wire: 1959u32,
+        call: 1657u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -125382,8 +125504,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1656u32,
+        wire: 1960u32,
+        call: 1658u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -125413,8 +125535,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1657u32,
+        wire: 1961u32,
+        call: 1659u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -125444,8 +125566,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1658u32,
+        wire: 1962u32,
+        call: 1660u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -125475,8 +125597,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1659u32,
+        wire: 1963u32,
+        call: 1661u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -125513,8 +125635,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1660u32,
+        wire: 1964u32,
+        call: 1662u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -125548,8 +125670,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1661u32,
+        wire: 1965u32,
+        call: 1663u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -125579,8 +125701,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1662u32,
+        wire: 1966u32,
+        call: 1664u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -125607,8 +125729,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1663u32,
+        wire: 1967u32,
+        call: 1665u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -125638,8 +125760,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1664u32,
+        wire: 1968u32,
+        call: 1666u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -125669,8 +125791,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1665u32,
+        wire: 1969u32,
+        call: 1667u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -125707,8 +125829,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1666u32,
+        wire: 1970u32,
+        call: 1668u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -125745,8 +125867,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1667u32,
+        wire: 1971u32,
+        call: 1669u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -125783,8 +125905,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1668u32,
+        wire: 1972u32,
+        call: 1670u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -125818,8 +125940,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1669u32,
+        wire: 1973u32,
+        call: 1671u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -125856,8 +125978,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1670u32,
+        wire: 1974u32,
+        call: 1672u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -125887,8 +126009,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1671u32,
+        wire: 1975u32,
+        call: 1673u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -125922,8 +126044,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1672u32,
+        wire: 1976u32,
+        call: 1674u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -125953,8 +126075,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1673u32,
+        wire: 1977u32,
+        call: 1675u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -125988,8 +126110,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1674u32,
+        wire: 1978u32,
+        call: 1676u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -126026,8 +126148,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1675u32,
+        wire: 1979u32,
+        call: 1677u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -126057,8 +126179,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1676u32,
+        wire: 1980u32,
+        call: 1678u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -126089,8 +126211,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1677u32,
+        wire: 1981u32,
+        call: 1679u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -126120,8 +126242,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1678u32,
+        wire: 1982u32,
+        call: 1680u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -126155,8 +126277,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1679u32,
+        wire: 1983u32,
+        call: 1681u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -126194,8 +126316,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1680u32,
+        wire: 1984u32,
+        call: 1682u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -126225,8 +126347,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1681u32,
+        wire: 1985u32,
+        call: 1683u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -126263,8 +126385,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1682u32,
+        wire: 1986u32,
+        call: 1684u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -126301,8 +126423,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1683u32,
+        wire: 1987u32,
+        call: 1685u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -126329,8 +126451,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1684u32,
+        wire: 1988u32,
+        call: 1686u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -126357,8 +126479,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1685u32,
+        wire: 1989u32,
+        call: 1687u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -126382,8 +126504,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1686u32,
+        wire: 1990u32,
+        call: 1688u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -126407,8 +126529,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1687u32,
+        wire: 1991u32,
+        call: 1689u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -126432,8 +126554,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1688u32,
+        wire: 1992u32,
+        call: 1690u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -126457,8 +126579,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1689u32,
+        wire: 1993u32,
+        call: 1691u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -126488,8 +126610,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1690u32,
+        wire: 1994u32,
+        call: 1692u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -126519,8 +126641,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1691u32,
+        wire: 1995u32,
+        call: 1693u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -126550,8 +126672,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1692u32,
+        wire: 1996u32,
+        call: 1694u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -126580,9 +126702,44 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetInforomImageVersion: CallDesc = CallDesc {
+        wire: 1997u32,
+        call: 1695u32,
+        name: "nvmlDeviceGetInforomImageVersion",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_nvmlDeviceGetInforomImageVersion_1),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1693u32,
+        wire: 1998u32,
+        call: 1696u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -126612,8 +126769,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1694u32,
+        wire: 1999u32,
+        call: 1697u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -126650,8 +126807,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1695u32,
+        wire: 2000u32,
+        call: 1698u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -126688,8 +126845,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1696u32,
+        wire: 2001u32,
+        call: 1699u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -126723,8 +126880,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1697u32,
+        wire: 2002u32,
+        call: 1700u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -126758,8 +126915,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1698u32,
+        wire: 2003u32,
+        call: 1701u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -126789,8 +126946,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1699u32,
+        wire: 2004u32,
+        call: 1702u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -126820,8 +126977,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1700u32,
+        wire: 2005u32,
+        call: 1703u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -126851,8 +127008,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1701u32,
+        wire: 2006u32,
+        call: 1704u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -126889,8 +127046,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1702u32,
+        wire: 2007u32,
+        call: 1705u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -126920,8 +127077,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1703u32,
+        wire: 2008u32,
+        call: 1706u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -126950,9 +127107,71 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetMemoryInfo: CallDesc = CallDesc {
+        wire: 2009u32,
+        call: 1707u32,
+        name: "nvmlDeviceGetMemoryInfo",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 24u32,
+                len: None,
+                record: Some("nvmlMemory_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetMemoryInfo_v2: CallDesc = CallDesc {
+        wire: 2010u32,
+        call: 1708u32,
+        name: "nvmlDeviceGetMemoryInfo_v2",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 40u32,
+                len: None,
+                record: Some("nvmlMemory_v2_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1704u32,
+        wire: 2011u32,
+        call: 1709u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -126983,8 +127202,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1705u32,
+        wire: 2012u32,
+        call: 1710u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -127021,8 +127240,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1706u32,
+        wire: 2013u32,
+        call: 1711u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -127067,8 +127286,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1707u32,
+        wire: 2014u32,
+        call: 1712u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -127105,8 +127324,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1708u32,
+        wire: 2015u32,
+        call: 1713u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -127136,8 +127355,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1709u32,
+        wire: 2016u32,
+        call: 1714u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -127167,8 +127386,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1710u32,
+        wire: 2017u32,
+        call: 1715u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -127197,9 +127416,44 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetName: CallDesc = CallDesc {
+        wire: 2018u32,
+        call: 1716u32,
+        name: "nvmlDeviceGetName",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_nvmlDeviceGetName_2),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1711u32,
+        wire: 2019u32,
+        call: 1717u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -127229,8 +127483,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1712u32,
+        wire: 2020u32,
+        call: 1718u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -127260,8 +127514,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1713u32,
+        wire: 2021u32,
+        call: 1719u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -127291,8 +127545,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1714u32,
+        wire: 2022u32,
+        call: 1720u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -127330,8 +127584,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1715u32,
+        wire: 2023u32,
+        call: 1721u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -127365,8 +127619,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1716u32,
+        wire: 2024u32,
+        call: 1722u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -127400,8 +127654,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1717u32,
+        wire: 2025u32,
+        call: 1723u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -127435,8 +127689,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1718u32,
+        wire: 2026u32,
+        call: 1724u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -127473,8 +127727,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1719u32,
+        wire: 2027u32,
+        call: 1725u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -127511,9 +127765,133 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetPciInfo: CallDesc = CallDesc {
+        wire: 2028u32,
+        call: 1726u32,
+        name: "nvmlDeviceGetPciInfo",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 68u32,
+                len: None,
+                record: Some("nvmlPciInfo_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetPciInfoExt: CallDesc = CallDesc {
+        wire: 2029u32,
+        call: 1727u32,
+        name: "nvmlDeviceGetPciInfoExt",
+        form: None,
+        library: "nvml",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 64u32,
+                len: None,
+                record: Some("nvmlPciInfoExt_v1_t"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetPciInfo_v2: CallDesc = CallDesc {
+        wire: 2030u32,
+        call: 1728u32,
+        name: "nvmlDeviceGetPciInfo_v2",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 68u32,
+                len: None,
+                record: Some("nvmlPciInfo_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetPciInfo_v3: CallDesc = CallDesc {
+        wire: 2031u32,
+        call: 1729u32,
+        name: "nvmlDeviceGetPciInfo_v3",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 68u32,
+                len: None,
+                record: Some("nvmlPciInfo_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1720u32,
+        wire: 2032u32,
+        call: 1730u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -127543,8 +127921,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1721u32,
+        wire: 2033u32,
+        call: 1731u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -127574,8 +127952,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1722u32,
+        wire: 2034u32,
+        call: 1732u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -127605,8 +127983,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1723u32,
+        wire: 2035u32,
+        call: 1733u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -127636,8 +128014,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1724u32,
+        wire: 2036u32,
+        call: 1734u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -127667,8 +128045,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1725u32,
+        wire: 2037u32,
+        call: 1735u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -127698,8 +128076,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1726u32,
+        wire: 2038u32,
+        call: 1736u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -127729,8 +128107,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1727u32,
+        wire: 2039u32,
+        call: 1737u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -127767,8 +128145,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1728u32,
+        wire: 2040u32,
+        call: 1738u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -127798,8 +128176,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1729u32,
+        wire: 2041u32,
+        call: 1739u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -127829,8 +128207,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1730u32,
+        wire: 2042u32,
+        call: 1740u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -127860,8 +128238,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1731u32,
+        wire: 2043u32,
+        call: 1741u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -127891,8 +128269,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1732u32,
+        wire: 2044u32,
+        call: 1742u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -127922,8 +128300,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1733u32,
+        wire: 2045u32,
+        call: 1743u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -127974,8 +128352,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1734u32,
+        wire: 2046u32,
+        call: 1744u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -128004,9 +128382,44 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetSerial: CallDesc = CallDesc {
+        wire: 2047u32,
+        call: 1745u32,
+        name: "nvmlDeviceGetSerial",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_nvmlDeviceGetSerial_3),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1735u32,
+        wire: 2048u32,
+        call: 1746u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -128036,8 +128449,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1736u32,
+        wire: 2049u32,
+        call: 1747u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -128067,8 +128480,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1737u32,
+        wire: 2050u32,
+        call: 1748u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -128098,8 +128511,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1738u32,
+        wire: 2051u32,
+        call: 1749u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -128129,8 +128542,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1739u32,
+        wire: 2052u32,
+        call: 1750u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -128164,8 +128577,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1740u32,
+        wire: 2053u32,
+        call: 1751u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -128199,8 +128612,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1741u32,
+        wire: 2054u32,
+        call: 1752u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -128234,8 +128647,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1742u32,
+        wire: 2055u32,
+        call: 1753u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -128269,8 +128682,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1743u32,
+        wire: 2056u32,
+        call: 1754u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -128308,8 +128721,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1744u32,
+        wire: 2057u32,
+        call: 1755u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -128338,9 +128751,110 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetUUID: CallDesc = CallDesc {
+        wire: 2058u32,
+        call: 1756u32,
+        name: "nvmlDeviceGetUUID",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_nvmlDeviceGetUUID_4),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetUtilizationRates: CallDesc = CallDesc {
+        wire: 2059u32,
+        call: 1757u32,
+        name: "nvmlDeviceGetUtilizationRates",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: Some("nvmlUtilization_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetVbiosVersion: CallDesc = CallDesc {
+        wire: 2060u32,
+        call: 1758u32,
+        name: "nvmlDeviceGetVbiosVersion",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_nvmlDeviceGetVbiosVersion_5),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1745u32,
+        wire: 2061u32,
+        call: 1759u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -128374,8 +128888,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1746u32,
+        wire: 2062u32,
+        call: 1760u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -128405,8 +128919,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1747u32,
+        wire: 2063u32,
+        call: 1761u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -128436,8 +128950,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1748u32,
+        wire: 2064u32,
+        call: 1762u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -128471,8 +128985,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1749u32,
+        wire: 2065u32,
+        call: 1763u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -128503,8 +129017,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1750u32,
+        wire: 2066u32,
+        call: 1764u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -128527,8 +129041,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1751u32,
+        wire: 2067u32,
+        call: 1765u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -128551,8 +129065,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1752u32,
+        wire: 2068u32,
+        call: 1766u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -128575,8 +129089,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1753u32,
+        wire: 2069u32,
+        call: 1767u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -128603,8 +129117,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1754u32,
+        wire: 2070u32,
+        call: 1768u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -128635,8 +129149,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1755u32,
+        wire: 2071u32,
+        call: 1769u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -128667,8 +129181,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1756u32,
+        wire: 2072u32,
+        call: 1770u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -128695,8 +129209,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1757u32,
+        wire: 2073u32,
+        call: 1771u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -128727,8 +129241,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1758u32,
+        wire: 2074u32,
+        call: 1772u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -128755,8 +129269,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1759u32,
+        wire: 2075u32,
+        call: 1773u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -128783,8 +129297,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1760u32,
+        wire: 2076u32,
+        call: 1774u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -128811,8 +129325,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1761u32,
+        wire: 2077u32,
+        call: 1775u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -128835,8 +129349,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1762u32,
+        wire: 2078u32,
+        call: 1776u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -128867,8 +129381,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1763u32,
+        wire: 2079u32,
+        call: 1777u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -128895,8 +129409,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1764u32,
+        wire: 2080u32,
+        call: 1778u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -128926,8 +129440,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1765u32,
+        wire: 2081u32,
+        call: 1779u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -128958,8 +129472,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1766u32,
+        wire: 2082u32,
+        call: 1780u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -128986,8 +129500,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1767u32,
+        wire: 2083u32,
+        call: 1781u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -129018,8 +129532,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1768u32,
+        wire: 2084u32,
+        call: 1782u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -129050,8 +129564,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1769u32,
+        wire: 2085u32,
+        call: 1783u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -129078,8 +129592,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1770u32,
+        wire: 2086u32,
+        call: 1784u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -129110,8 +129624,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1771u32,
+        wire: 2087u32,
+        call: 1785u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -129138,8 +129652,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1772u32,
+        wire: 2088u32,
+        call: 1786u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -129166,8 +129680,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1773u32,
+        wire: 2089u32,
+        call: 1787u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -129198,8 +129712,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1774u32,
+        wire: 2090u32,
+        call: 1788u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -129233,8 +129747,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1775u32,
+        wire: 2091u32,
+        call: 1789u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -129261,8 +129775,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1776u32,
+        wire: 2092u32,
+        call: 1790u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -129289,8 +129803,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1777u32,
+        wire: 2093u32,
+        call: 1791u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -129317,8 +129831,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1778u32,
+        wire: 2094u32,
+        call: 1792u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -129352,8 +129866,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1779u32,
+        wire: 2095u32,
+        call: 1793u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -129384,8 +129898,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1780u32,
+        wire: 2096u32,
+        call: 1794u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -129415,8 +129929,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1781u32,
+        wire: 2097u32,
+        call: 1795u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -129443,8 +129957,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1782u32,
+        wire: 2098u32,
+        call: 1796u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -129467,8 +129981,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1783u32,
+        wire: 2099u32,
+        call: 1797u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -129491,8 +130005,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1784u32,
+        wire: 2100u32,
+        call: 1798u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -129515,8 +130029,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1785u32,
+        wire: 2101u32,
+        call: 1799u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -129542,8 +130056,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1786u32,
+        wire: 2102u32,
+        call: 1800u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -129573,8 +130087,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1787u32,
+        wire: 2103u32,
+        call: 1801u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -129605,8 +130119,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1788u32,
+        wire: 2104u32,
+        call: 1802u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -129636,8 +130150,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1789u32,
+        wire: 2105u32,
+        call: 1803u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -129660,8 +130174,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1790u32,
+        wire: 2106u32,
+        call: 1804u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -129684,8 +130198,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1791u32,
+        wire: 2107u32,
+        call: 1805u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -129712,8 +130226,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1792u32,
+        wire: 2108u32,
+        call: 1806u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -129740,8 +130254,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1793u32,
+        wire: 2109u32,
+        call: 1807u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -129772,8 +130286,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1794u32,
+        wire: 2110u32,
+        call: 1808u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -129811,8 +130325,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1795u32,
+        wire: 2111u32,
+        call: 1809u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -129835,8 +130349,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1796u32,
+        wire: 2112u32,
+        call: 1810u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -129867,8 +130381,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1797u32,
+        wire: 2113u32,
+        call: 1811u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -129902,8 +130416,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1798u32,
+        wire: 2114u32,
+        call: 1812u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -129941,8 +130455,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1799u32,
+        wire: 2115u32,
+        call: 1813u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -129972,8 +130486,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1800u32,
+        wire: 2116u32,
+        call: 1814u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -129999,8 +130513,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1801u32,
+        wire: 2117u32,
+        call: 1815u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -130026,8 +130540,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1802u32,
+        wire: 2118u32,
+        call: 1816u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -130052,9 +130566,71 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlSystemGetDriverVersion: CallDesc = CallDesc {
+        wire: 2119u32,
+        call: 1817u32,
+        name: "nvmlSystemGetDriverVersion",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_nvmlSystemGetDriverVersion_6),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlSystemGetNVMLVersion: CallDesc = CallDesc {
+        wire: 2120u32,
+        call: 1818u32,
+        name: "nvmlSystemGetNVMLVersion",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_nvmlSystemGetNVMLVersion_7),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1803u32,
+        wire: 2121u32,
+        call: 1819u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -130080,8 +130656,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1804u32,
+        wire: 2122u32,
+        call: 1820u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -130104,8 +130680,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1805u32,
+        wire: 2123u32,
+        call: 1821u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -130128,8 +130704,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1806u32,
+        wire: 2124u32,
+        call: 1822u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -130155,8 +130731,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1807u32,
+        wire: 2125u32,
+        call: 1823u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -130190,8 +130766,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1808u32,
+        wire: 2126u32,
+        call: 1824u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -130218,8 +130794,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1809u32,
+        wire: 2127u32,
+        call: 1825u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -130253,8 +130829,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1810u32,
+        wire: 2128u32,
+        call: 1826u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -130281,8 +130857,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1811u32,
+        wire: 2129u32,
+        call: 1827u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -130305,8 +130881,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1812u32,
+        wire: 2130u32,
+        call: 1828u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -130336,8 +130912,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1813u32,
+        wire: 2131u32,
+        call: 1829u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -130367,8 +130943,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1814u32,
+        wire: 2132u32,
+        call: 1830u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -130398,8 +130974,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1815u32,
+        wire: 2133u32,
+        call: 1831u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -130429,8 +131005,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1816u32,
+        wire: 2134u32,
+        call: 1832u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -130460,8 +131036,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1817u32,
+        wire: 2135u32,
+        call: 1833u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -130491,8 +131067,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1818u32,
+        wire: 2136u32,
+        call: 1834u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -130522,8 +131098,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1819u32,
+        wire: 2137u32,
+        call: 1835u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -130553,8 +131129,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1820u32,
+        wire: 2138u32,
+        call: 1836u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -130581,8 +131157,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1821u32,
+        wire: 2139u32,
+        call: 1837u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -130616,8 +131192,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1822u32,
+        wire: 2140u32,
+        call: 1838u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -130654,8 +131230,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1823u32,
+        wire: 2141u32,
+        call: 1839u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -130685,8 +131261,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1824u32,
+        wire: 2142u32,
+        call: 1840u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -130716,8 +131292,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1825u32,
+        wire: 2143u32,
+        call: 1841u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -130747,8 +131323,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1826u32,
+        wire: 2144u32,
+        call: 1842u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -130778,8 +131354,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1827u32,
+        wire: 2145u32,
+        call: 1843u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -130809,8 +131385,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1828u32,
+        wire: 2146u32,
+        call: 1844u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -130844,8 +131420,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1829u32,
+        wire: 2147u32,
+        call: 1845u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -130875,8 +131451,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1830u32,
+        wire: 2148u32,
+        call: 1846u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -130906,8 +131482,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1831u32,
+        wire: 2149u32,
+        call: 1847u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -130952,8 +131528,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2473u32,
+        wire: 2791u32,
+        call: 2489u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -130979,8 +131555,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2474u32,
+        wire: 2792u32,
+        call: 2490u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -131006,8 +131582,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2475u32,
+        wire: 2793u32,
+        call: 2491u32,
         name: "nvrtcGetSupportedArchs",
         form: Some(Form::Call),
         library: "nvrtc",
@@ -131033,8 +131609,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2476u32,
+        wire: 2794u32,
+        call: 2492u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -131057,8 +131633,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2477u32,
+        wire: 2795u32,
+        call: 2493u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -30179,6 +30179,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1649u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1650u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30189,7 +30201,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1650u32 => {
+            1651u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1652u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30202,7 +30225,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1651u32 => {
+            1653u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30214,39 +30237,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1652u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1653u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1654u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30262,13 +30260,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1656u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30295,6 +30296,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1659u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1660u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1661u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -30308,7 +30331,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1660u32 => {
+            1662u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30317,28 +30340,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1661u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1662u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30365,30 +30366,24 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1665u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1666u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30407,13 +30402,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1668u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -30433,17 +30430,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1670u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1671u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30451,6 +30437,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1671u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -30479,20 +30479,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1674u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1675u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30503,7 +30489,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1676u32 => {
+            1675u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30511,6 +30497,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1676u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -30539,6 +30539,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1679u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1680u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1681u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30554,7 +30577,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1680u32 => {
+            1682u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30562,46 +30585,38 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1681u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1682u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1683u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1684u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1685u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30609,26 +30624,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1685u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1686u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1687u32 => {
@@ -30709,20 +30710,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1694u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1695u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1696u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1697u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -30732,68 +30753,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1696u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1697u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1698u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1699u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1700u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1701u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -30804,6 +30768,41 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1699u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1700u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1701u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30830,18 +30829,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1704u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1705u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -30855,7 +30842,77 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1705u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1706u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1707u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1708u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1709u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1710u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1711u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30873,7 +30930,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1707u32 => {
+            1712u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -30884,61 +30941,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1708u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1709u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1710u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1711u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1712u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30954,6 +30956,73 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1714u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1715u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1716u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1717u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1718u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1719u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1720u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30966,7 +31035,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1715u32 => {
+            1721u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30978,7 +31047,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1716u32 => {
+            1722u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30990,7 +31059,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1717u32 => {
+            1723u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31002,7 +31071,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1718u32 => {
+            1724u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -31016,7 +31085,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1719u32 => {
+            1725u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -31032,72 +31101,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1720u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1721u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1722u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1723u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1724u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1725u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1726u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -31110,16 +31113,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1727u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31179,20 +31179,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1733u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31230,13 +31223,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1737u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31252,43 +31248,53 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1739u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1740u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1741u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1742u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1743u32 => {
                 let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -31298,22 +31304,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1743u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31329,14 +31321,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1745u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
                     )) as u64
                 }
             }
@@ -31363,6 +31355,64 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1748u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1749u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1750u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1751u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1752u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1753u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -31376,7 +31426,117 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1749u32 => {
+            1754u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1755u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1756u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1757u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1758u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1759u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1760u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1761u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1762u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1763u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31388,167 +31548,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1750u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1751u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1752u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1753u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1754u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1755u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1756u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1757u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1758u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1759u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1760u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
-                }
-            }
-            1761u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1762u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1763u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
             1764u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1765u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1766u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1767u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1767u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
                 }
             }
             1768u32 => {
@@ -31564,42 +31587,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1769u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
                 }
             }
             1770u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1771u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1772u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            1773u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31611,32 +31618,46 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1772u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1773u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
             1774u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
+                }
+            }
+            1775u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1776u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as u32,
                     )) as u64
-                }
-            }
-            1775u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1776u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1777u32 => {
@@ -31648,14 +31669,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1778u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31672,6 +31692,146 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1780u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1781u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1782u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1783u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            1784u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1785u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1786u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            1787u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1788u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1789u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1790u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1791u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1792u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1793u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1794u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31682,7 +31842,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1781u32 => {
+            1795u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31690,31 +31850,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1782u32 => {
+            1796u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1783u32 => {
+            1797u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1784u32 => {
+            1798u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1785u32 => {
+            1799u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1786u32 => {
+            1800u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31722,162 +31882,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1787u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1788u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1789u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1790u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1791u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1792u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1793u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1794u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1795u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1796u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1797u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1798u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1799u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1800u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             1801u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             1802u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             1803u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -31886,46 +31912,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1804u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32)) as u64 }
-            }
-            1805u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32)) as u64 }
-            }
-            1806u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1807u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+            1805u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            1808u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+            1806u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1809u32 => {
+            1807u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31937,7 +31948,98 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1808u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1809u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
             1810u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1811u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1812u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1813u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1814u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1815u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1816u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1817u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31945,112 +32047,50 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1811u32 => {
+            1818u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1819u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1820u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32)) as u64 }
             }
-            1812u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1813u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1814u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1815u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1816u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1817u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1818u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1819u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1820u32 => {
-                let f: unsafe extern "C" fn(u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32, a[1usize] as u32)) as u64 }
-            }
             1821u32 => {
-                let f: unsafe extern "C" fn(u32, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as u32,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as u32)) as u64 }
             }
             1822u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1823u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
-                        a[0usize] as u32,
+                        a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
-                }
-            }
-            1823u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1824u32 => {
@@ -32062,30 +32102,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1825u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1826u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1827u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1828u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32095,6 +32111,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
+                }
+            }
+            1826u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1827u32 => {
+                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as u32)) as u64 }
+            }
+            1828u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1829u32 => {
@@ -32114,6 +32152,144 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1831u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1832u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1833u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1834u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1835u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1836u32 => {
+                let f: unsafe extern "C" fn(u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as u32, a[1usize] as u32)) as u64 }
+            }
+            1837u32 => {
+                let f: unsafe extern "C" fn(u32, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1838u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1839u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1840u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1841u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1842u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1843u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1844u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1845u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1846u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1847u32 => {
                 let f: unsafe extern "C" fn(u32, u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32126,19 +32302,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1832u32 => {
+            1848u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1833u32 => {
+            1849u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1834u32 => {
+            1850u32 => {
                 let f: unsafe extern "C" fn(i32, u32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32151,7 +32327,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1835u32 => {
+            1851u32 => {
                 let f: unsafe extern "C" fn(i32, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32164,7 +32340,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1836u32 => {
+            1852u32 => {
                 let f: unsafe extern "C" fn(i32, i32, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32178,7 +32354,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1837u32 => {
+            1853u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
@@ -32208,7 +32384,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1838u32 => {
+            1854u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32221,7 +32397,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1839u32 => {
+            1855u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32233,7 +32409,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1840u32 => {
+            1856u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32245,7 +32421,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1841u32 => {
+            1857u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32257,7 +32433,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1842u32 => {
+            1858u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32269,7 +32445,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1843u32 => {
+            1859u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32282,7 +32458,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1844u32 => {
+            1860u32 => {
                 let f: unsafe extern "C" fn(i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32294,7 +32470,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1845u32 => {
+            1861u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32302,7 +32478,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1846u32 => {
+            1862u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32310,7 +32486,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1847u32 => {
+            1863u32 => {
                 let f: unsafe extern "C" fn(i32, i32, u32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32324,7 +32500,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1848u32 => {
+            1864u32 => {
                 let f: unsafe extern "C" fn(i32, i32, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32338,7 +32514,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1849u32 => {
+            1865u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -32358,7 +32534,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1850u32 => {
+            1866u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -32390,7 +32566,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1851u32 => {
+            1867u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -32422,13 +32598,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1852u32 => {
+            1868u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1853u32 => {
+            1869u32 => {
                 let f: unsafe extern "C" fn(i32, i32, u32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32442,7 +32618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1854u32 => {
+            1870u32 => {
                 let f: unsafe extern "C" fn(i32, i32, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32456,7 +32632,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1855u32 => {
+            1871u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -32476,7 +32652,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1856u32 => {
+            1872u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -32508,7 +32684,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1857u32 => {
+            1873u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -32540,7 +32716,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1858u32 => {
+            1874u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, u32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32553,7 +32729,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1859u32 => {
+            1875u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32566,7 +32742,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1860u32 => {
+            1876u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32580,7 +32756,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1861u32 => {
+            1877u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -32610,19 +32786,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1862u32 => {
+            1878u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            1863u32 => {
+            1879u32 => {
                 let f: unsafe extern "C" fn(i32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as i32)) as u64 }
             }
-            1864u32 => {
+            1880u32 => {
                 let f: unsafe extern "C" fn(i32, u32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32630,7 +32806,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as i64)) as u64
                 }
             }
-            1865u32 => {
+            1881u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32638,7 +32814,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1866u32 => {
+            1882u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32646,13 +32822,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1867u32 => {
+            1883u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            1868u32 => {
+            1884u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32665,7 +32841,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1869u32 => {
+            1885u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -32701,7 +32877,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1870u32 => {
+            1886u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -32737,7 +32913,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1871u32 => {
+            1887u32 => {
                 let f: unsafe extern "C" fn(i32, u32, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32745,7 +32921,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as usize)) as u64
                 }
             }
-            1872u32 => {
+            1888u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32757,7 +32933,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1873u32 => {
+            1889u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32765,7 +32941,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1874u32 => {
+            1890u32 => {
                 let f: unsafe extern "C" fn(f64, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32774,19 +32950,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            1875u32 => {
+            1891u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1876u32 => {
+            1892u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1877u32 => {
+            1893u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32798,7 +32974,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1878u32 => {
+            1894u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32816,7 +32992,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1879u32 => {
+            1895u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32836,7 +33012,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1880u32 => {
+            1896u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32854,7 +33030,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1881u32 => {
+            1897u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32872,7 +33048,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1882u32 => {
+            1898u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32884,7 +33060,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1883u32 => {
+            1899u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32902,7 +33078,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1884u32 => {
+            1900u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32920,7 +33096,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1885u32 => {
+            1901u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32936,7 +33112,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1886u32 => {
+            1902u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32954,13 +33130,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1887u32 => {
+            1903u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1888u32 => {
+            1904u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32972,7 +33148,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1889u32 => {
+            1905u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32984,7 +33160,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1890u32 => {
+            1906u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32992,13 +33168,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1891u32 => {
+            1907u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1892u32 => {
+            1908u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33006,7 +33182,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            1893u32 => {
+            1909u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33014,7 +33190,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1894u32 => {
+            1910u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33022,7 +33198,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            1895u32 => {
+            1911u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33030,7 +33206,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1896u32 => {
+            1912u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33041,7 +33217,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1897u32 => {
+            1913u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -33059,7 +33235,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1898u32 => {
+            1914u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33073,7 +33249,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1899u32 => {
+            1915u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33107,7 +33283,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1900u32 => {
+            1916u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33139,7 +33315,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1901u32 => {
+            1917u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33169,7 +33345,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1902u32 => {
+            1918u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33201,7 +33377,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1903u32 => {
+            1919u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33233,7 +33409,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1904u32 => {
+            1920u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33263,7 +33439,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1905u32 => {
+            1921u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33309,7 +33485,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1906u32 => {
+            1922u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33347,7 +33523,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1907u32 => {
+            1923u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33385,7 +33561,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1908u32 => {
+            1924u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33421,7 +33597,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1909u32 => {
+            1925u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33469,7 +33645,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1910u32 => {
+            1926u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33503,7 +33679,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1911u32 => {
+            1927u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33535,7 +33711,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1912u32 => {
+            1928u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33575,7 +33751,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1913u32 => {
+            1929u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33619,592 +33795,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1914u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1915u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1916u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1917u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1918u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1919u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1920u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as i32,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                        a[20usize] as usize as *mut c_void,
-                        a[21usize] as usize as *mut c_void,
-                        a[22usize] as usize as *mut c_void,
-                        a[23usize] as usize as *mut c_void,
-                        a[24usize] as usize as *mut c_void,
-                        a[25usize] as usize as *mut c_void,
-                        a[26usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1921u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as i32,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1922u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1923u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1924u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1925u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1926u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1927u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1928u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1929u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1930u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -34215,11 +33805,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    i32,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
-                    *mut c_void,
-                    u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -34232,12 +33821,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
+                        a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize as *mut c_void,
-                        a[12usize] as u32,
-                        a[13usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34272,19 +33860,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1932u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
@@ -34292,6 +33886,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34308,9 +33908,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     i32,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -34325,9 +33922,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as i32,
                         a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34336,12 +33930,22 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -34349,1469 +33953,75 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
+                        a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
                         a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1935u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    u32,
-                    i32,
                     i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
                     i32,
-                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as i32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize as *mut c_void,
                         a[14usize] as usize as *mut c_void,
-                        a[15usize] as i32,
-                        a[16usize] as i32,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
                         a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1936u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as i32,
-                        a[11usize] as i32,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1937u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1938u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1939u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1940u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1941u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1942u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1943u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1944u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1945u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1946u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i64,
-                    )) as u64
-                }
-            }
-            1947u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1948u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1949u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as i64,
-                        a[5usize] as i64,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as u32,
-                        a[10usize] as u32,
-                        a[11usize] as u32,
-                        a[12usize] as u32,
-                        a[13usize] as u32,
-                    )) as u64
-                }
-            }
-            1950u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1951u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1952u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1953u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1954u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1955u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as i64,
-                        a[5usize] as i64,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as u32,
-                        a[10usize] as u32,
-                        a[11usize] as u32,
-                        a[12usize] as u32,
-                        a[13usize] as u32,
-                    )) as u64
-                }
-            }
-            1956u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                    )) as u64
-                }
-            }
-            1957u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as u32,
-                    )) as u64
-                }
-            }
-            1958u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                        a[6usize] as u32,
-                    )) as u64
-                }
-            }
-            1959u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                    )) as u64
-                }
-            }
-            1960u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                    )) as u64
-                }
-            }
-            1961u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                    )) as u64
-                }
-            }
-            1962u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as u32,
-                    )) as u64
-                }
-            }
-            1963u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1964u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1965u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1966u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1967u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1968u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1969u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                        a[6usize] as u32,
-                    )) as u64
-                }
-            }
-            1970u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                    )) as u64
-                }
-            }
-            1971u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1972u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1973u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1974u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1975u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                    )) as u64
-                }
-            }
-            1976u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1977u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1978u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1979u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1980u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1981u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1982u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as i32,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as i32,
-                    )) as u64
-                }
-            }
-            1983u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1984u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as u32,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1985u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1986u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as i32,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as i32,
-                        a[18usize] as u32,
-                        a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1987u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as u32,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1988u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1989u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as u32,
-                        a[15usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1990u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as i32,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1991u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1992u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1993u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1994u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1995u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1996u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1997u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35873,7 +34083,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1998u32 => {
+            1937u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35921,7 +34131,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1999u32 => {
+            1938u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35949,7 +34159,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2000u32 => {
+            1939u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35975,7 +34185,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2001u32 => {
+            1940u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36003,7 +34213,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2002u32 => {
+            1941u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36029,7 +34239,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2003u32 => {
+            1942u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36071,7 +34281,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2004u32 => {
+            1943u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36113,7 +34323,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2005u32 => {
+            1944u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36143,7 +34353,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2006u32 => {
+            1945u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36171,7 +34381,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2007u32 => {
+            1946u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36207,7 +34417,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2008u32 => {
+            1947u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36235,7 +34445,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2009u32 => {
+            1948u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36261,169 +34471,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2010u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2011u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2012u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2013u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2014u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2015u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2016u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2017u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2018u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2019u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2020u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2021u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2022u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2023u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2024u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2025u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2026u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2027u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2028u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2029u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2030u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2031u32 => {
+            1949u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36459,7 +34507,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2032u32 => {
+            1950u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36487,7 +34535,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2033u32 => {
+            1951u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36531,7 +34579,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2034u32 => {
+            1952u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36567,7 +34615,59 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2035u32 => {
+            1953u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1954u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1955u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -36578,7 +34678,112 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2036u32 => {
+            1956u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1957u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1958u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1959u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1960u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1961u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1962u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -36590,7 +34795,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2037u32 => {
+            1963u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -36601,142 +34806,389 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2038u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+            1964u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1965u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                        a[11usize] as u32,
+                        a[12usize] as u32,
+                        a[13usize] as u32,
+                    )) as u64
+                }
+            }
+            1966u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1967u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1968u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1969u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1970u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1971u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                        a[11usize] as u32,
+                        a[12usize] as u32,
+                        a[13usize] as u32,
+                    )) as u64
+                }
+            }
+            1972u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                    )) as u64
+                }
+            }
+            1973u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                    )) as u64
+                }
+            }
+            1974u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as u32,
+                    )) as u64
+                }
+            }
+            1975u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
                     )) as u64
                 }
             }
-            2039u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+            1976u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                    )) as u64
+                }
+            }
+            1977u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                    )) as u64
+                }
+            }
+            1978u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                    )) as u64
+                }
+            }
+            1979u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1980u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1981u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1982u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1983u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1984u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1985u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as u32,
+                    )) as u64
+                }
+            }
+            1986u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
                     )) as u64
                 }
             }
-            2040u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+            1987u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            2041u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
+            1988u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2042u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
+            1989u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2043u32 => {
+            1990u32 => {
                 let f: unsafe extern "C" fn(
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -36746,172 +35198,24 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2044u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2045u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2046u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2047u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2048u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            2049u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2050u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2051u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            2052u32 => {
-                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as i32)) as u64 }
-            }
-            2053u32 => {
-                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as i32)) as u64 }
-            }
-            2054u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            2055u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+            1991u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
                     )) as u64
                 }
             }
-            2056u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2057u32 => {
+            1992u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36945,7 +35249,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2058u32 => {
+            1993u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36977,7 +35281,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2059u32 => {
+            1994u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37007,7 +35311,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2060u32 => {
+            1995u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37039,7 +35343,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2061u32 => {
+            1996u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37071,7 +35375,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2062u32 => {
+            1997u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37101,7 +35405,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2063u32 => {
+            1998u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37147,7 +35451,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2064u32 => {
+            1999u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37185,7 +35489,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2065u32 => {
+            2000u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37223,7 +35527,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2066u32 => {
+            2001u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37259,7 +35563,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2067u32 => {
+            2002u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37307,7 +35611,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2068u32 => {
+            2003u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37341,7 +35645,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2069u32 => {
+            2004u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37373,7 +35677,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2070u32 => {
+            2005u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37413,7 +35717,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2071u32 => {
+            2006u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37457,7 +35761,1157 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2072u32 => {
+            2007u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2008u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2009u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2010u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2011u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2012u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2013u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as i32,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                        a[20usize] as usize as *mut c_void,
+                        a[21usize] as usize as *mut c_void,
+                        a[22usize] as usize as *mut c_void,
+                        a[23usize] as usize as *mut c_void,
+                        a[24usize] as usize as *mut c_void,
+                        a[25usize] as usize as *mut c_void,
+                        a[26usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2014u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2015u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2016u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2017u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2018u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2019u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2020u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2021u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2022u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2023u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as u32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2024u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2025u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2026u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2027u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2028u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2029u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2030u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2031u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2032u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2033u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2034u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2035u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2036u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2037u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2038u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2039u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2040u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2041u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2042u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2043u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2044u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2045u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2046u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2047u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2048u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2049u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as i32,
+                        a[17usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2050u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i32,
+                        a[11usize] as i32,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2051u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2052u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i64,
+                    )) as u64
+                }
+            }
+            2053u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2054u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2055u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2056u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2057u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2058u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2059u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37468,6 +36922,168 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2060u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2061u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2062u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2063u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2064u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            2065u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2066u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2067u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            2068u32 => {
+                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as i32)) as u64 }
+            }
+            2069u32 => {
+                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as i32)) as u64 }
+            }
+            2070u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2071u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2072u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37508,28 +37124,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             2074u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
+                        a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37543,12 +37163,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
-                    i32,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -37561,13 +37177,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
+                        a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37582,7 +37194,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     i32,
-                    i32,
+                    *mut c_void,
+                    u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -37596,2246 +37209,75 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as i32,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2077u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
                     i32,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
+                        a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2078u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
                     i32,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
+                        a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2079u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as i32,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                        a[20usize] as usize as *mut c_void,
-                        a[21usize] as usize as *mut c_void,
-                        a[22usize] as usize as *mut c_void,
-                        a[23usize] as usize as *mut c_void,
-                        a[24usize] as usize as *mut c_void,
-                        a[25usize] as usize as *mut c_void,
-                        a[26usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2080u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as i32,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2081u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2082u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2083u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2084u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2085u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2086u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2087u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2088u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2089u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as u32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2090u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2091u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2092u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2093u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2094u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2095u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2096u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2097u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2098u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2099u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2100u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2101u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as i32,
-                        a[16usize] as i32,
-                        a[17usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2102u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as i32,
-                        a[11usize] as i32,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2103u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2104u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2105u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2106u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2107u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2108u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2109u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2110u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2111u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2112u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2113u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2114u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2115u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2116u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2117u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2118u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize,
-                    )) as u64
-                }
-            }
-            2119u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2120u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2121u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize,
-                    )) as u64
-                }
-            }
-            2122u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            2123u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2124u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2125u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2126u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2127u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2128u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2129u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2130u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2131u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2132u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2133u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2134u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2135u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2136u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2137u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2138u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2139u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2140u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2141u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2142u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2143u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2144u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2145u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            2146u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2147u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2148u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2149u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2150u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            2151u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2152u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2153u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                        a[20usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2154u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2155u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2156u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2157u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2158u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2159u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2160u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2161u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2162u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2163u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2164u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2165u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2166u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2167u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2168u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39881,7 +37323,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2169u32 => {
+            2080u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39919,7 +37361,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2170u32 => {
+            2081u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39957,7 +37399,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2171u32 => {
+            2082u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39993,7 +37435,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2172u32 => {
+            2083u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40041,7 +37483,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2173u32 => {
+            2084u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40075,7 +37517,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2174u32 => {
+            2085u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40107,7 +37549,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2175u32 => {
+            2086u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40147,7 +37589,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2176u32 => {
+            2087u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40191,7 +37633,21 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2177u32 => {
+            2088u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2089u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40225,7 +37681,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2178u32 => {
+            2090u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40253,7 +37709,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2179u32 => {
+            2091u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40291,7 +37747,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2180u32 => {
+            2092u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40321,7 +37777,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2181u32 => {
+            2093u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40369,7 +37825,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2182u32 => {
+            2094u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40417,7 +37873,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2183u32 => {
+            2095u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40479,7 +37935,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2184u32 => {
+            2096u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40527,7 +37983,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2185u32 => {
+            2097u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40555,7 +38011,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2186u32 => {
+            2098u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40581,7 +38037,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2187u32 => {
+            2099u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40609,7 +38065,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2188u32 => {
+            2100u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40635,7 +38091,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2189u32 => {
+            2101u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40677,7 +38133,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2190u32 => {
+            2102u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40719,7 +38175,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2191u32 => {
+            2103u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40749,7 +38205,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2192u32 => {
+            2104u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40777,7 +38233,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2193u32 => {
+            2105u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40813,7 +38269,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2194u32 => {
+            2106u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40841,7 +38297,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2195u32 => {
+            2107u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40867,7 +38323,66 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2196u32 => {
+            2108u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2109u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2110u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2111u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2112u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2113u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2114u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2115u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40903,7 +38418,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2197u32 => {
+            2116u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40931,7 +38446,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2198u32 => {
+            2117u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40975,7 +38490,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2199u32 => {
+            2118u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41011,16 +38526,1998 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2200u32 => {
+            2119u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2120u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2121u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2122u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2123u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2124u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2125u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2126u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2127u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2128u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2129u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2130u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2131u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2132u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2133u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2134u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize,
+                    )) as u64
+                }
+            }
+            2135u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2136u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2137u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize,
+                    )) as u64
+                }
+            }
+            2138u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2139u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2140u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2141u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2142u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2143u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2144u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2145u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2146u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2147u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2148u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2149u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2150u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2151u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2152u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2153u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2154u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2155u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2156u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2157u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2158u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2159u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2160u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2161u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                    )) as u64
+                }
+            }
+            2162u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2163u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2164u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2165u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2166u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                    )) as u64
+                }
+            }
+            2167u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2168u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2169u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                        a[20usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2170u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2171u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2172u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2173u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2174u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2175u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2176u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2177u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2178u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2179u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2180u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2181u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2182u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2183u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2184u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as i32,
+                    )) as u64
+                }
+            }
+            2185u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2186u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as u32,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2187u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2188u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as i32,
+                        a[18usize] as u32,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2189u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2190u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2191u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as u32,
+                        a[15usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2192u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as i32,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2193u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2194u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2195u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2196u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2197u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -41030,10 +40527,179 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as i32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
+                        a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2198u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2199u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as i32,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                        a[20usize] as usize as *mut c_void,
+                        a[21usize] as usize as *mut c_void,
+                        a[22usize] as usize as *mut c_void,
+                        a[23usize] as usize as *mut c_void,
+                        a[24usize] as usize as *mut c_void,
+                        a[25usize] as usize as *mut c_void,
+                        a[26usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2200u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -41046,6 +40712,490 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2202u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2203u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2204u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2205u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2206u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2207u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2208u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2209u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as u32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2210u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2211u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2212u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2213u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2214u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as i32,
+                        a[17usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2215u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i32,
+                        a[11usize] as i32,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2216u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -41063,7 +41213,33 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2202u32 => {
+            2217u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2218u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41076,7 +41252,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2203u32 => {
+            2219u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41102,7 +41278,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2204u32 => {
+            2220u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41122,7 +41298,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2205u32 => {
+            2221u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -41162,7 +41338,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2206u32 => {
+            2222u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41175,7 +41351,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2207u32 => {
+            2223u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41225,7 +41401,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2208u32 => {
+            2224u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41269,7 +41445,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2209u32 => {
+            2225u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41309,7 +41485,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2210u32 => {
+            2226u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41349,7 +41525,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2211u32 => {
+            2227u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41385,7 +41561,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2212u32 => {
+            2228u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41421,7 +41597,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2213u32 => {
+            2229u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41445,7 +41621,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2214u32 => {
+            2230u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41465,7 +41641,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2215u32 => {
+            2231u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41493,7 +41669,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2216u32 => {
+            2232u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41521,7 +41697,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2217u32 => {
+            2233u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41545,7 +41721,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2218u32 => {
+            2234u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41575,7 +41751,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2219u32 => {
+            2235u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41607,7 +41783,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2220u32 => {
+            2236u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41635,7 +41811,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2221u32 => {
+            2237u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41661,7 +41837,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2222u32 => {
+            2238u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41695,7 +41871,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2223u32 => {
+            2239u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41725,7 +41901,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2224u32 => {
+            2240u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41761,7 +41937,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2225u32 => {
+            2241u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41793,329 +41969,27 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2226u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                    )) as u64
-                }
-            }
-            2227u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2228u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2229u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2230u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2231u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2232u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2233u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2234u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2235u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
-                }
-            }
-            2236u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2237u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2238u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2239u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2240u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2241u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2242u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    u32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
+                    i32,
                     i32,
                     *mut c_void,
+                    i32,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
+                        a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42127,6 +42001,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -42137,7 +42012,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42146,11 +42022,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -42160,14 +42031,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42176,11 +42042,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     i32,
-                    i32,
-                    i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -42188,64 +42053,53 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as i32,
                         a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2246u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
                     i32,
-                    i32,
+                    *mut c_void,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                     )) as u64
                 }
             }
             2247u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42257,7 +42111,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -42269,9 +42122,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42283,7 +42135,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -42293,7 +42144,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42301,13 +42151,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
                     i32,
                     i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -42318,18 +42163,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[2usize] as i32,
                         a[3usize] as i32,
-                        a[4usize] as i32,
+                        a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42337,101 +42177,41 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[2usize] as i32,
                         a[3usize] as i32,
-                        a[4usize] as i32,
+                        a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
+                        a[9usize] as i32,
                     )) as u64
                 }
             }
             2252u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2253u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2254u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -42446,18 +42226,414 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2256u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2257u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2258u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2259u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2260u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2261u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2262u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2263u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2264u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2265u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2266u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2267u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2268u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2269u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2270u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2258u32 => {
+            2271u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2272u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2273u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2274u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -42470,7 +42646,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2259u32 => {
+            2275u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42496,7 +42672,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2260u32 => {
+            2276u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42516,7 +42692,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2261u32 => {
+            2277u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -42556,7 +42732,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2262u32 => {
+            2278u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -42569,7 +42745,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2263u32 => {
+            2279u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42619,7 +42795,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2264u32 => {
+            2280u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42663,7 +42839,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2265u32 => {
+            2281u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42703,7 +42879,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2266u32 => {
+            2282u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42743,7 +42919,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2267u32 => {
+            2283u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42779,7 +42955,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2268u32 => {
+            2284u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42815,7 +42991,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2269u32 => {
+            2285u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42839,7 +43015,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2270u32 => {
+            2286u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42859,7 +43035,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2271u32 => {
+            2287u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42887,7 +43063,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2272u32 => {
+            2288u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42908,432 +43084,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
-                    )) as u64
-                }
-            }
-            2273u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2274u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2275u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2276u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2277u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2278u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2279u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2280u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2281u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2282u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2283u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2284u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2285u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2286u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2287u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2288u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -43345,6 +43095,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2290u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -43357,7 +43131,409 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2290u32 => {
+            2291u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2292u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2293u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2294u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2295u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2296u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2297u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2298u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2299u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2300u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2301u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2302u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2303u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2304u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2305u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2306u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43383,7 +43559,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2291u32 => {
+            2307u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43411,7 +43587,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2292u32 => {
+            2308u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43439,7 +43615,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2293u32 => {
+            2309u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43463,7 +43639,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2294u32 => {
+            2310u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43493,7 +43669,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2295u32 => {
+            2311u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43525,7 +43701,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2296u32 => {
+            2312u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43553,7 +43729,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2297u32 => {
+            2313u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43579,7 +43755,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2298u32 => {
+            2314u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43613,7 +43789,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2299u32 => {
+            2315u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43643,7 +43819,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2300u32 => {
+            2316u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43679,7 +43855,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2301u32 => {
+            2317u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43711,7 +43887,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2302u32 => {
+            2318u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43737,7 +43913,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2303u32 => {
+            2319u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43755,7 +43931,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2304u32 => {
+            2320u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43781,7 +43957,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2305u32 => {
+            2321u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43803,7 +43979,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2306u32 => {
+            2322u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43814,7 +43990,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2307u32 => {
+            2323u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -43848,49 +44024,49 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2308u32 => {
+            2324u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2309u32 => {
+            2325u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2310u32 => {
+            2326u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2311u32 => {
+            2327u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2312u32 => {
+            2328u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2313u32 => {
+            2329u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2314u32 => {
+            2330u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2315u32 => {
+            2331u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43898,7 +44074,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2316u32 => {
+            2332u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43906,7 +44082,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2317u32 => {
+            2333u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43914,7 +44090,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2318u32 => {
+            2334u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43922,7 +44098,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2319u32 => {
+            2335u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43930,7 +44106,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2320u32 => {
+            2336u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43942,7 +44118,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2321u32 => {
+            2337u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43951,7 +44127,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2322u32 => {
+            2338u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43960,25 +44136,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2323u32 => {
+            2339u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            2324u32 => {
+            2340u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2325u32 => {
+            2341u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2326u32 => {
+            2342u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -44010,7 +44186,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2327u32 => {
+            2343u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44022,7 +44198,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2328u32 => {
+            2344u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44030,7 +44206,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2329u32 => {
+            2345u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44038,7 +44214,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2330u32 => {
+            2346u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44046,7 +44222,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2331u32 => {
+            2347u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44057,7 +44233,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2332u32 => {
+            2348u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44070,7 +44246,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2333u32 => {
+            2349u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44096,7 +44272,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2334u32 => {
+            2350u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44116,7 +44292,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2335u32 => {
+            2351u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -44156,7 +44332,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2336u32 => {
+            2352u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44169,7 +44345,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2337u32 => {
+            2353u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44219,7 +44395,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2338u32 => {
+            2354u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44263,7 +44439,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2339u32 => {
+            2355u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44303,7 +44479,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2340u32 => {
+            2356u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44343,7 +44519,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2341u32 => {
+            2357u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44379,7 +44555,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2342u32 => {
+            2358u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44415,7 +44591,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2343u32 => {
+            2359u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44439,7 +44615,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2344u32 => {
+            2360u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44459,7 +44635,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2345u32 => {
+            2361u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44487,7 +44663,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2346u32 => {
+            2362u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44508,432 +44684,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
-                    )) as u64
-                }
-            }
-            2347u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2348u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2349u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2350u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2351u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2352u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2353u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2354u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2355u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2356u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2357u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2358u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2359u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2360u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2361u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2362u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -44945,6 +44695,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2364u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -44957,7 +44731,409 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2364u32 => {
+            2365u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2366u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2367u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2368u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2369u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2370u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2371u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2372u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2373u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2374u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2375u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2376u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2377u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2378u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2379u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2380u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44983,7 +45159,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2365u32 => {
+            2381u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45011,7 +45187,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2366u32 => {
+            2382u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45039,7 +45215,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2367u32 => {
+            2383u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45063,7 +45239,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2368u32 => {
+            2384u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45093,7 +45269,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2369u32 => {
+            2385u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45125,7 +45301,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2370u32 => {
+            2386u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45153,7 +45329,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2371u32 => {
+            2387u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45179,7 +45355,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2372u32 => {
+            2388u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45213,7 +45389,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2373u32 => {
+            2389u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45243,7 +45419,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2374u32 => {
+            2390u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45279,7 +45455,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2375u32 => {
+            2391u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45311,7 +45487,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2376u32 => {
+            2392u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45337,7 +45513,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2377u32 => {
+            2393u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -45355,7 +45531,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2378u32 => {
+            2394u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45381,7 +45557,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2379u32 => {
+            2395u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45403,7 +45579,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2380u32 => {
+            2396u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45455,7 +45631,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2381u32 => {
+            2397u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45501,7 +45677,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2382u32 => {
+            2398u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45539,7 +45715,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2383u32 => {
+            2399u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45571,7 +45747,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2384u32 => {
+            2400u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45625,7 +45801,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2385u32 => {
+            2401u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45673,7 +45849,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2386u32 => {
+            2402u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -45681,7 +45857,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2387u32 => {
+            2403u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -45689,7 +45865,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2388u32 => {
+            2404u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -45698,7 +45874,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2389u32 => {
+            2405u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45746,7 +45922,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2390u32 => {
+            2406u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45782,7 +45958,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2391u32 => {
+            2407u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45810,7 +45986,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2392u32 => {
+            2408u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45844,7 +46020,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2393u32 => {
+            2409u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45878,7 +46054,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2394u32 => {
+            2410u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45906,7 +46082,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2395u32 => {
+            2411u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45938,7 +46114,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2396u32 => {
+            2412u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45980,7 +46156,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2397u32 => {
+            2413u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46016,7 +46192,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2398u32 => {
+            2414u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46056,7 +46232,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2399u32 => {
+            2415u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46090,7 +46266,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2400u32 => {
+            2416u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -46098,7 +46274,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2401u32 => {
+            2417u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -46106,7 +46282,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2402u32 => {
+            2418u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -46115,7 +46291,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2403u32 => {
+            2419u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46155,7 +46331,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2404u32 => {
+            2420u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46189,7 +46365,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2405u32 => {
+            2421u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46221,7 +46397,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2406u32 => {
+            2422u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46247,7 +46423,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2407u32 => {
+            2423u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -46260,7 +46436,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2408u32 => {
+            2424u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46286,7 +46462,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2409u32 => {
+            2425u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46306,7 +46482,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2410u32 => {
+            2426u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -46346,7 +46522,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2411u32 => {
+            2427u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -46359,7 +46535,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2412u32 => {
+            2428u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46409,7 +46585,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2413u32 => {
+            2429u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46453,7 +46629,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2414u32 => {
+            2430u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46493,7 +46669,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2415u32 => {
+            2431u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46533,7 +46709,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2416u32 => {
+            2432u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46569,7 +46745,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2417u32 => {
+            2433u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46605,7 +46781,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2418u32 => {
+            2434u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46629,7 +46805,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2419u32 => {
+            2435u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46649,7 +46825,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2420u32 => {
+            2436u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46677,7 +46853,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2421u32 => {
+            2437u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46705,7 +46881,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2422u32 => {
+            2438u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46729,7 +46905,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2423u32 => {
+            2439u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46759,7 +46935,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2424u32 => {
+            2440u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46791,7 +46967,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2425u32 => {
+            2441u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46819,7 +46995,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2426u32 => {
+            2442u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46845,7 +47021,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2427u32 => {
+            2443u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46879,7 +47055,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2428u32 => {
+            2444u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46909,7 +47085,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2429u32 => {
+            2445u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46945,7 +47121,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2430u32 => {
+            2446u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46977,434 +47153,50 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2431u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                    )) as u64
-                }
-            }
-            2432u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2433u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2434u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2435u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2436u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2437u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2438u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2439u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2440u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
-                }
-            }
-            2441u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2442u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2443u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2444u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2445u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2446u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2447u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
+                        a[7usize] as i32,
                     )) as u64
                 }
             }
             2448u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
                     i32,
-                    i32,
+                    *mut c_void,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -47417,9 +47209,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -47429,9 +47218,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -47443,6 +47229,240 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2451u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2452u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2453u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2454u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2455u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2456u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            2457u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2458u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2459u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2460u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -47457,7 +47477,163 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2451u32 => {
+            2461u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2462u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2463u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2464u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2465u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2466u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2467u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47493,7 +47669,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2452u32 => {
+            2468u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47525,7 +47701,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2453u32 => {
+            2469u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47561,7 +47737,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2454u32 => {
+            2470u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47593,7 +47769,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2455u32 => {
+            2471u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -47601,137 +47777,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2456u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2457u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2458u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2459u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2460u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2461u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2462u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2463u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            2464u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            2465u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, f64, f64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        f64::from_bits(a[1usize]),
-                        f64::from_bits(a[2usize]),
-                    )) as u64
-                }
-            }
-            2466u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2467u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2468u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2469u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2470u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2471u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2472u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2473u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -47752,21 +47802,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2476u32 => {
-                let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize)) as u64 }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2477u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2478u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -47775,28 +47820,48 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2479u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
             }
             2480u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
             }
             2481u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        f64::from_bits(a[1usize]),
+                        f64::from_bits(a[2usize]),
+                    )) as u64
+                }
             }
             2482u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
             }
             2483u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -47823,10 +47888,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2487u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2488u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -47840,48 +47910,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2489u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2490u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2491u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2492u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize)) as u64 }
             }
             2493u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -47895,114 +47945,64 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2494u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2495u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2496u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2497u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2498u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2499u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2500u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2501u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2502u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2503u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2504u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -48060,114 +48060,70 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2509u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2510u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2511u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2512u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2513u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2513u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2514u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2515u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -48192,16 +48148,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2517u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2518u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2519u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -48215,6 +48181,216 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2520u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2521u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2522u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2523u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2524u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2525u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2526u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2527u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2528u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2529u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2530u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2531u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2532u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2533u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2534u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2535u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2536u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48232,7 +48408,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2521u32 => {
+            2537u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48252,7 +48428,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2522u32 => {
+            2538u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -48260,7 +48436,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2523u32 => {
+            2539u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48278,278 +48454,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2524u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2525u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2526u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2527u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2528u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2529u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            2530u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            2531u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2532u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            2533u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2534u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2535u32 => {
-                let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    {
-                        f();
-                        0
-                    }
-                }
-            }
-            2536u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2537u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2538u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2539u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2540u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2541u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -48588,101 +48511,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2545u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe { (f()) as u64 }
             }
             2546u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    chidori_cuda::types::ncclUniqueId,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        core::ptr::read(
-                            a[2usize] as usize as *const types::ncclUniqueId,
-                        ),
-                        a[3usize] as i32,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
             }
             2547u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            2548u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2549u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                    )) as u64
-                }
-            }
-            2550u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2551u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            2552u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            2553u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     usize,
@@ -48702,7 +48542,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2554u32 => {
+            2548u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -48710,7 +48550,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2555u32 => {
+            2549u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -48734,7 +48574,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2556u32 => {
+            2550u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -48756,13 +48596,137 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2557u32 => {
+            2551u32 => {
                 let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
                 unsafe {
                     {
                         f();
                         0
                     }
+                }
+            }
+            2552u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2553u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2554u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2555u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2556u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2557u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             2558u32 => {
@@ -48788,6 +48752,113 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2559u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2560u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2561u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2562u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::ncclUniqueId,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        core::ptr::read(
+                            a[2usize] as usize as *const types::ncclUniqueId,
+                        ),
+                        a[3usize] as i32,
+                    )) as u64
+                }
+            }
+            2563u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2564u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2565u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            2566u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2567u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            2568u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            2569u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     usize,
@@ -48807,13 +48878,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2560u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2561u32 => {
+            2570u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -48821,25 +48886,136 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2562u32 => {
+            2571u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2572u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2573u32 => {
+                let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f();
+                        0
+                    }
+                }
+            }
+            2574u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2575u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2576u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2563u32 => {
+            2577u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            2578u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2564u32 => {
+            2579u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2565u32 => {
+            2580u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2581u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };

@@ -3619,6 +3619,31 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "nvmlBAR1Memory_st",
+        size: 24u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "bar1Total",
+                offset: 0u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "bar1Free",
+                offset: 8u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "bar1Used",
+                offset: 16u32,
+                size: 8u32,
+                ty: "u64",
+            },
+        ],
+    },
+    StructMap {
         name: "nvmlComputeInstancePlacement_st",
         size: 8u32,
         union: false,
@@ -3743,6 +3768,117 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "nvmlMemory_st",
+        size: 24u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "total",
+                offset: 0u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "free",
+                offset: 8u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "used",
+                offset: 16u32,
+                size: 8u32,
+                ty: "u64",
+            },
+        ],
+    },
+    StructMap {
+        name: "nvmlMemory_v2_st",
+        size: 40u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "version",
+                offset: 0u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "total",
+                offset: 8u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "reserved",
+                offset: 16u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "free",
+                offset: 24u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "used",
+                offset: 32u32,
+                size: 8u32,
+                ty: "u64",
+            },
+        ],
+    },
+    StructMap {
+        name: "nvmlPciInfo_st",
+        size: 68u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "busIdLegacy",
+                offset: 0u32,
+                size: 16u32,
+                ty: "[i8; 16]",
+            },
+            FieldMap {
+                name: "domain",
+                offset: 16u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "bus",
+                offset: 20u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "device",
+                offset: 24u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "pciDeviceId",
+                offset: 28u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "pciSubSystemId",
+                offset: 32u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "busId",
+                offset: 36u32,
+                size: 32u32,
+                ty: "[i8; 32]",
+            },
+        ],
+    },
+    StructMap {
         name: "nvmlSample_st",
         size: 16u32,
         union: false,
@@ -3758,6 +3894,25 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 8u32,
                 size: 8u32,
                 ty: "nvmlValue_t",
+            },
+        ],
+    },
+    StructMap {
+        name: "nvmlUtilization_st",
+        size: 8u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "gpu",
+                offset: 0u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "memory",
+                offset: 4u32,
+                size: 4u32,
+                ty: "u32",
             },
         ],
     },
