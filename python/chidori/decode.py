@@ -133,6 +133,9 @@ class _Plan:
     streamer: Any
     padded: bool
     key: tuple[Any, ...] = field(default=())
+    # The prompt on the host (read once with the mask: each read is a round trip), for the
+    # streamer's first put.
+    input_ids_host: Any = None
 
 
 # Keyword arguments of generate the fast path understands besides generation settings.
@@ -209,19 +212,29 @@ def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
             warpers.append(p)
         elif name not in _LENGTH_PROCESSORS:
             raise _Unsupported(f"the logits processor {name}")
+    # What the host must know of the prompt (whether it is padded, and the prompt itself for
+    # a streamer) is read back in one copy: through Chidori each read waits for the server.
     mask = unused.get("attention_mask")
     if mask is None:
+        ids_host = input_ids.cpu()
         # As generate infers it: padding where the pad token (other than EOS) occurs.
-        if pad is not None and pad not in (eos or []) and bool((input_ids == pad).any()):
-            mask = input_ids.ne(pad)
+        if pad is not None and pad not in (eos or []) and bool((ids_host == pad).any()):
+            mask, mask_host = input_ids.ne(pad), ids_host.ne(pad)
         else:
-            mask = torch.ones_like(input_ids)
-    padded = bool((mask == 0).any())
+            mask, mask_host = torch.ones_like(input_ids), torch.ones_like(ids_host)
+    else:
+        mask = mask.to(input_ids.device)
+        if mask.shape == input_ids.shape:
+            both = torch.stack([input_ids, mask.to(input_ids.dtype)]).cpu()
+            ids_host, mask_host = both[0], both[1]
+        else:
+            ids_host, mask_host = input_ids.cpu(), mask.cpu()
+    padded = bool((mask_host == 0).any())
     streamer = unused.get("streamer")
     key = (id(model), tuple(input_ids.shape), max_new, min_new, tuple(eos or ()), pad, bool(config.do_sample),
            tuple(repr(vars(w)) for w in warpers), padded, str(model.dtype))
     return _Plan(input_ids, mask.to(torch.long), max_new, min_new, eos, pad, bool(config.do_sample), warpers,
-                 streamer, padded, key)
+                 streamer, padded, key, ids_host)
 
 
 # ---- The decode state a graph is captured over ----
@@ -390,6 +403,16 @@ def _generated_length(rows: Any, plan: _Plan, steps: int) -> int:
     return count.rows
 
 
+def _ended_within(rows: Any, plan: _Plan, known: int) -> bool:
+    """Whether every sequence has ended within the first ``known`` rows."""
+    count = _Streamed(None, plan, rows.shape[1])
+    for t in range(known):
+        count.put(rows[t])
+        if count.done:
+            return True
+    return False
+
+
 def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
     import torch
 
@@ -403,7 +426,14 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
     decoder.plan = plan
     batch, _ = plan.input_ids.shape
     if plan.streamer is not None:
-        plan.streamer.put(plan.input_ids.cpu())
+        plan.streamer.put(plan.input_ids_host if plan.input_ids_host is not None else plan.input_ids.cpu())
+    # The generated rows on the host, `known` of them from the first: those made before the
+    # loop (read for a streamer) and those the loop streams back as it runs. Where they
+    # already reach the end of every sequence, reading the rows again afterwards (one more
+    # round trip) is not needed. (The row the loop's last step writes does not come back
+    # with it: a generation cut by max_new_tokens still reads them.)
+    host_rows = torch.zeros(plan.max_new, batch, dtype=torch.long)
+    known = 0
     with torch.no_grad():
         decoder.prefill()
         start = 1
@@ -415,7 +445,9 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
         # writes the next row); the rows before came from the prefill and the eager step.
         streamed = _Streamed(plan.streamer, plan, batch)
         if plan.streamer is not None and start > 1:
-            for row in decoder.rows[:start - 1].cpu():
+            host_rows[:start - 1] = decoder.rows[:start - 1].cpu()
+            known = start - 1
+            for row in host_rows[:start - 1]:
                 streamed.put(row)
         if remaining > 0 and replay == "eager":
             for _ in range(remaining):
@@ -424,15 +456,27 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
                     break
         elif remaining > 0:
             row_bytes = batch * 8
+            received = start - 1
+            contiguous = known == start - 1
+
+            def on_row(raw: bytes) -> None:
+                nonlocal received, known
+                row = torch.frombuffer(bytearray(raw), dtype=torch.long)
+                if received < plan.max_new:
+                    host_rows[received] = row
+                received += 1
+                if contiguous:
+                    known = min(received, plan.max_new)
+                if plan.streamer is not None:
+                    streamed.put(row)
+
             result = run_loop(decoder.exec_handle, torch.cuda.current_stream().cuda_stream, remaining, CHECK_EVERY,
                               decoder.stop.data_ptr() if decoder.eos is not None else 0,
                               decoder.rows.data_ptr() + (start - 1) * row_bytes, row_bytes,
-                              PROGRESS_MS if plan.streamer is not None else 0,
-                              (lambda raw: streamed.put(torch.frombuffer(bytearray(raw), dtype=torch.long)))
-                              if plan.streamer is not None else None)
+                              PROGRESS_MS if plan.streamer is not None else 0, on_row)
             if result.status:
                 raise RuntimeError(f"chidori: the server-side decode loop failed with status {result.status}")
-        rows = decoder.rows.cpu()
+        rows = host_rows if _ended_within(host_rows, plan, known) else decoder.rows.cpu()
     n = _generated_length(rows, plan, plan.max_new)
     if plan.streamer is not None:
         for row in rows[min(streamed.rows, n):n]:

@@ -160,5 +160,9 @@ class DecodeWithoutTorch(unittest.TestCase):
         plan = decode._Plan(None, None, 5, 0, [2], 0, False, [], None, False)
         rows = Rows([[5, 6], [2, 7], [0, 8], [0, 2], [0, 0]])
         self.assertEqual(decode._generated_length(rows, plan, 5), 4)
+        # The rows the host has suffice once every sequence has ended within them.
+        self.assertTrue(decode._ended_within(rows, plan, 4))
+        self.assertFalse(decode._ended_within(rows, plan, 3))
         plan.eos = None
         self.assertEqual(decode._generated_length(rows, plan, 5), 5)
+        self.assertFalse(decode._ended_within(rows, plan, 5))

@@ -145,6 +145,9 @@ pub fn run_loop(request: &GraphLoop, device: &mut dyn LoopDevice, progress: &mut
     let mut sent_at = std::time::Instant::now();
     let mut pending: Vec<u8> = Vec::new();
     let mut pending_steps = 0u32;
+    // The first output goes as soon as it is known (a streamer's first token: the time to it
+    // is what its user sees), later ones every `progress_ms`.
+    let mut sent_any = false;
     let mut end = LoopEnd { steps: 0, stopped_at: None, status: 0 };
     'run: while launched < request.max_steps {
         if let Err(status) = device.launch() {
@@ -173,11 +176,13 @@ pub fn run_loop(request: &GraphLoop, device: &mut dyn LoopDevice, progress: &mut
             };
             pending.extend_from_slice(bytes);
             pending_steps = steps;
-            let due = request.progress_ms > 0 && sent_at.elapsed().as_millis() >= u128::from(request.progress_ms);
+            let due = request.progress_ms > 0
+                && (!sent_any || sent_at.elapsed().as_millis() >= u128::from(request.progress_ms));
             if due && !pending.is_empty() {
                 progress(pending_steps, &pending);
                 pending.clear();
                 sent_at = std::time::Instant::now();
+                sent_any = true;
             }
             if request.stop_flag != 0 && flag != 0 {
                 end.stopped_at = Some(steps);
@@ -256,6 +261,16 @@ mod tests {
             fake.log,
             ["check 0..4", "check 4..8", "examine at 8", "check 8..10", "examine at 10", "examine at 10"]
         );
+    }
+
+    #[test]
+    fn the_first_output_goes_at_once_and_the_rest_when_due() {
+        let mut fake = Fake { launched: 0, stop_at: u32::MAX, slots: Default::default(), log: vec![] };
+        let mut sent: Vec<(u32, Vec<u8>)> = Vec::new();
+        let slow = GraphLoop { progress_ms: 60_000, ..request(10, 4) };
+        run_loop(&slow, &mut fake, &mut |steps, b| sent.push((steps, b.to_vec())));
+        // The first checkpoint's steps at the first examine; the rest, not yet due, at the end.
+        assert_eq!(sent, vec![(4, vec![0, 1, 2, 3]), (10, (4..10).collect())]);
     }
 
     #[test]

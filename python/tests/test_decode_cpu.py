@@ -1,0 +1,125 @@
+"""Server-side decode on the CPU, where torch and transformers are installed (skipped
+elsewhere): a tiny Llama built from a config, generate natively against the fast path with
+the server's loop simulated (each step's output lags a step, as the worker sends it).
+Tokens and what a streamer receives must be native; rows already streamed back are not read
+again when every sequence has ended within them."""
+
+import importlib.util
+import os
+import unittest
+from typing import Any, Callable, Optional
+from unittest import mock
+
+HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+
+class Recorder:
+    """A streamer that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    def put(self, value: Any) -> None:
+        self.got.append(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        self.got.append("end")
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch and transformers")
+class FastPathOnCpu(unittest.TestCase):
+    def setUp(self) -> None:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        import chidori.decode as decode
+
+        self.torch, self.decode = torch, decode
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                             pad_token_id=0, eos_token_id=None)
+        self.model = LlamaForCausalLM(config).eval()
+        self.ids = torch.randint(6, 97, (2, 7))
+        self.mask = torch.ones_like(self.ids)
+        self.mask[1, :2] = 0
+        self.kw: dict[str, Any] = dict(max_new_tokens=24, do_sample=False, cache_implementation="static")
+        self.reads = 0
+        decode._decoders.clear()
+        env = mock.patch.dict(os.environ, {"CHIDORI_DECODE_REPLAY": "eager"})
+        env.start()
+        self.addCleanup(env.stop)
+
+    def simulated(self) -> list[Any]:
+        """Patches that make `_run(..., "server")` run its loop here, and count host reads."""
+        decode, torch = self.decode, self.torch
+        original_cpu = torch.Tensor.cpu
+
+        def counting_cpu(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            self.reads += 1
+            return original_cpu(tensor, *args, **kwargs)
+
+        def capture(decoder: Any) -> None:
+            decoder.decode_step()
+            decoder.graph, decoder.exec_handle = object(), 1
+
+        def loop(exec_handle: int, stream: int, max_steps: int, check_every: int, stop_flag: int, output: int,
+                 bytes_per_step: int, progress_ms: int,
+                 on_output: Optional[Callable[[bytes], None]] = None) -> Any:
+            decoder = next(iter(decode._decoders.values()))
+            first = (output - decoder.rows.data_ptr()) // bytes_per_step
+            for step in range(max_steps):
+                decoder.decode_step()
+                if on_output is not None:
+                    on_output(original_cpu(decoder.rows[first + step]).numpy().tobytes())
+                if stop_flag and (step + 1) % check_every == 0 and int(decoder.stop.item()):
+                    return decode.LoopResult(step + 1, step + 1, 0)
+            return decode.LoopResult(max_steps, 0, 0)
+
+        stream = mock.Mock(cuda_stream=0)
+        return [mock.patch.object(torch.Tensor, "cpu", counting_cpu),
+                mock.patch.object(decode._Decoder, "capture", capture),
+                mock.patch.object(decode, "run_loop", loop),
+                mock.patch.object(torch.cuda, "current_stream", lambda *a, **k: stream)]
+
+    def fast(self, ids: Any, **kwargs: Any) -> Any:
+        self.reads = 0
+        patches = self.simulated()
+        for p in patches:
+            p.start()
+        try:
+            plan = self.decode._plan(self.model, (ids,), kwargs)
+            return self.decode._run(self.model, plan, "server")
+        finally:
+            for p in reversed(patches):
+                p.stop()
+
+    def test_eager_replay_gives_native_tokens(self) -> None:
+        native = self.model.generate(self.ids, attention_mask=self.mask, **self.kw)
+        fast = self.decode.fast_generate(self.model, self.ids, attention_mask=self.mask, **self.kw)
+        self.assertTrue(self.torch.equal(native, fast))
+
+    def test_a_simulated_server_loop_gives_native_tokens(self) -> None:
+        native = self.model.generate(self.ids, attention_mask=self.mask, **self.kw)
+        for run in ("capture", "cached"):
+            self.assertTrue(self.torch.equal(native, self.fast(self.ids, attention_mask=self.mask, **self.kw)), run)
+            # The prompt and its mask in one read, the rows at the end (cut by max_new_tokens).
+            self.assertEqual(self.reads, 2, run)
+
+    def test_rows_streamed_back_are_not_read_again_once_every_sequence_ended(self) -> None:
+        one, mask = self.ids[:1], self.mask[:1]
+        probe = self.model.generate(one, attention_mask=mask, **self.kw)
+        self.model.generation_config.eos_token_id = int(probe[0, 7 + 9])
+        native = self.model.generate(one, attention_mask=mask, **self.kw)
+        self.assertLess(native.shape[1], probe.shape[1], "ends at EOS")
+        self.assertTrue(self.torch.equal(native, self.fast(one, attention_mask=mask, **self.kw)))
+        self.assertTrue(self.torch.equal(native, self.fast(one, attention_mask=mask, **self.kw)))
+        self.assertEqual(self.reads, 1, "only the prompt: the rows came back with the loop")
+        heard, native_heard = Recorder(), Recorder()
+        self.model.generate(one, attention_mask=mask, streamer=native_heard, **self.kw)
+        self.fast(one, attention_mask=mask, streamer=heard, **self.kw)
+        self.assertEqual(heard.got, native_heard.got)
+
+
+if __name__ == "__main__":
+    unittest.main()
