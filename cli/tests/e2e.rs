@@ -455,32 +455,33 @@ const GRAPH_LOOP: &str = r#"
 #include <stdio.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
-typedef uint64_t (*start_fn)(uint64_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t, uint32_t);
+typedef uint64_t (*start_fn)(uint64_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t, uint32_t, uint32_t);
 typedef int64_t (*poll_fn)(uint64_t, uint8_t *, uint64_t, uint32_t, uint32_t *, uint32_t *, uint32_t *, int64_t *);
 typedef void (*end_fn)(uint64_t);
 static start_fn start; static poll_fn poll; static end_fn end;
-/* Run a loop of up to 20 steps, checking every 4; returns the steps launched. */
-static int run(cudaGraphExec_t exec, cudaStream_t s, void *flag, void *out, int *got, uint32_t *stopped) {
-  uint64_t id = start((uint64_t)exec, (uint64_t)s, 20, 4, (uint64_t)flag, (uint64_t)out, 4, 1);
+/* Run a loop of up to 20 steps, checking every 4 (flags 1: and the slot after the last);
+   returns the steps launched. */
+static int run(cudaGraphExec_t exec, cudaStream_t s, void *flag, void *out, int *got, uint32_t *stopped, uint32_t flags) {
+  uint64_t id = start((uint64_t)exec, (uint64_t)s, 20, 4, (uint64_t)flag, (uint64_t)out, 4, 1, flags);
   if (!id) return -1;
   uint32_t steps = 0, done = 0; int64_t status = 0; int n = 0;
   while (!done) {
-    int64_t k = poll(id, (uint8_t *)(got + n), (20 - n) * 4, 1000, &steps, stopped, &done, &status);
+    int64_t k = poll(id, (uint8_t *)(got + n), (21 - n) * 4, 1000, &steps, stopped, &done, &status);
     if (k < 0 || status != 0) return -2;
     n += (int)(k / 4);
   }
   end(id);
-  return n == (*stopped ? (int)*stopped : 20) ? (int)steps : -3;
+  return n == (*stopped ? (int)*stopped : 20 + (int)(flags & 1)) ? (int)steps : -3;
 }
 int main(void) {
-  start = (start_fn)dlsym(RTLD_DEFAULT, "chidori_loop_start");
+  start = (start_fn)dlsym(RTLD_DEFAULT, "chidori_loop_start_with");
   poll = (poll_fn)dlsym(RTLD_DEFAULT, "chidori_loop_poll");
   end = (end_fn)dlsym(RTLD_DEFAULT, "chidori_loop_end");
   if (!start || !poll || !end) return 2;
-  int host[20], got[20]; void *flag, *src, *out;
-  for (int i = 0; i < 20; ++i) host[i] = 100 + i;
-  if (cudaMalloc(&flag, 4) || cudaMalloc(&src, 4) || cudaMalloc(&out, 80)) return 3;
-  if (cudaMemset(flag, 0, 4) || cudaMemset(src, 0, 4) || cudaMemcpy(out, host, 80, cudaMemcpyHostToDevice)) return 3;
+  int host[21], got[21]; void *flag, *src, *out;
+  for (int i = 0; i < 21; ++i) host[i] = 100 + i;
+  if (cudaMalloc(&flag, 4) || cudaMalloc(&src, 4) || cudaMalloc(&out, 84)) return 3;
+  if (cudaMemset(flag, 0, 4) || cudaMemset(src, 0, 4) || cudaMemcpy(out, host, 84, cudaMemcpyHostToDevice)) return 3;
   cudaStream_t s; cudaGraph_t g; cudaGraphExec_t exec;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) return 4;
   /* One step: copy src into the flag. */
@@ -488,17 +489,21 @@ int main(void) {
   if (cudaMemcpyAsync(flag, src, 4, cudaMemcpyDeviceToDevice, s)) return 5;
   if (cudaStreamEndCapture(s, &g) || cudaGraphInstantiate(&exec, g, 0)) return 6;
   uint32_t stopped = 99;
-  int steps = run(exec, s, flag, out, got, &stopped);
+  int steps = run(exec, s, flag, out, got, &stopped, 0);
   if (steps != 20 || stopped != 0) { printf("steps %d stopped %u\n", steps, stopped); return 7; }
   for (int i = 0; i < 20; ++i) if (got[i] != 100 + i) return 8;
+  /* With the tail: the slot after the last step too. */
+  steps = run(exec, s, flag, out, got, &stopped, 1);
+  if (steps != 20 || stopped != 0) { printf("tail: steps %d stopped %u\n", steps, stopped); return 13; }
+  for (int i = 0; i < 21; ++i) if (got[i] != 100 + i) return 14;
   /* Now each step sets the flag: the first check stops the loop. */
   int one = 1;
   if (cudaMemcpy(src, &one, 4, cudaMemcpyHostToDevice)) return 9;
-  steps = run(exec, s, flag, out, got, &stopped);
+  steps = run(exec, s, flag, out, got, &stopped, 1);
   if (stopped != 4 || steps < 4 || steps > 12) { printf("steps %d stopped %u\n", steps, stopped); return 10; }
   for (int i = 0; i < 4; ++i) if (got[i] != 100 + i) return 11;
   /* A graph handle of no one's is refused, not dereferenced. */
-  if (run((cudaGraphExec_t)0x1234, s, flag, out, got, &stopped) != -2) return 12;
+  if (run((cudaGraphExec_t)0x1234, s, flag, out, got, &stopped, 0) != -2) return 12;
   printf("OK\n");
   return 0;
 }
@@ -510,8 +515,8 @@ fn graphs_replay_in_a_loop_on_the_server() {
     let exe = program("graph-loop", GRAPH_LOOP);
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
-    // Two loops of one request each; no round trip per step.
-    assert_eq!(trace_row(&stderr, "chidori_loop_start"), ["3", "0"], "{stderr}");
+    // Four loops of one request each; no round trip per step.
+    assert_eq!(trace_row(&stderr, "chidori_loop_start"), ["4", "0"], "{stderr}");
 }
 
 /// `chidori run --optimize` loads the chidori package at interpreter start (after the

@@ -5,6 +5,8 @@
 //! ```c
 //! uint64_t id = chidori_loop_start(exec, stream, max_steps, check_every,
 //!                                  stop_flag, output, bytes_per_step, progress_ms);
+//! /* or chidori_loop_start_with(..., flags): CHIDORI_LOOP_TAIL (1) also sends the output
+//!    slot after the last step (a step that writes the next slot: its last output) */
 //! while (...) n = chidori_loop_poll(id, buf, cap, timeout_ms, &steps, &stopped, &done, &status);
 //! chidori_loop_end(id);
 //! ```
@@ -44,6 +46,9 @@ struct Running {
 static LOOPS: Mutex<Option<HashMap<u64, Running>>> = Mutex::new(None);
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
+/// `flags` of [`chidori_loop_start_with`]: also send the output slot after the last step.
+pub const LOOP_TAIL: u32 = 1;
+
 /// Start a loop; returns its id, or 0 when it could not start (logged).
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
@@ -57,7 +62,28 @@ pub extern "C" fn chidori_loop_start(
     bytes_per_step: u32,
     progress_ms: u32,
 ) -> u64 {
+    chidori_loop_start_with(exec, stream, max_steps, check_every, stop_flag, output, bytes_per_step, progress_ms, 0)
+}
+
+/// [`chidori_loop_start`] with `flags` ([`LOOP_TAIL`]; other bits must be 0).
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn chidori_loop_start_with(
+    exec: u64,
+    stream: u64,
+    max_steps: u32,
+    check_every: u32,
+    stop_flag: u64,
+    output: u64,
+    bytes_per_step: u32,
+    progress_ms: u32,
+    flags: u32,
+) -> u64 {
     crate::guard::ffi("chidori_loop_start", 0, || {
+        if flags & !LOOP_TAIL != 0 {
+            tracing::warn!("graph loop: unknown flags {flags:#x}");
+            return 0;
+        }
         let conn = match crate::conn::get() {
             Ok(c) => c,
             Err(e) => {
@@ -65,8 +91,9 @@ pub extern "C" fn chidori_loop_start(
                 return 0;
             }
         };
+        let tail = flags & LOOP_TAIL != 0;
         let request =
-            GraphLoop { exec, stream, max_steps, check_every, stop_flag, output, bytes_per_step, progress_ms };
+            GraphLoop { exec, stream, max_steps, check_every, stop_flag, output, bytes_per_step, progress_ms, tail };
         let (tx, rx) = std::sync::mpsc::channel();
         let (seq, slot) = match conn.start_service(&Service::GraphLoop(request), tx) {
             Ok(started) => started,

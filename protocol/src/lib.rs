@@ -23,6 +23,6 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (10: the Hello names the GPUs the
-/// program selects with `CUDA_VISIBLE_DEVICES`).
-pub const PROTOCOL_VERSION: u16 = 10;
+/// Bumped on any incompatible change to frames or messages (11: a graph loop may send the
+/// output slot after its last step, `GraphLoop::tail`).
+pub const PROTOCOL_VERSION: u16 = 11;

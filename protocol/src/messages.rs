@@ -336,7 +336,9 @@ pub enum NodeParams {
 /// device flag at `stop_flag` (0: none) and stop once it is nonzero. Each step writes
 /// `bytes_per_step` bytes of output at `output + step * bytes_per_step` (0: no output):
 /// they are streamed back in `Progress` frames at least every `progress_ms` (0: only at
-/// the end). Nothing in it knows what the graph computes (a decode step of a language
+/// the end). With `tail`, a loop that ran all `max_steps` also sends slot `max_steps` (for a
+/// graph whose step writes the next slot, as a decode step writes the next token: the last
+/// step's output). Nothing in it knows what the graph computes (a decode step of a language
 /// model, a simulation step, ...).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct GraphLoop {
@@ -348,6 +350,7 @@ pub struct GraphLoop {
     pub output: u64,
     pub bytes_per_step: u32,
     pub progress_ms: u32,
+    pub tail: bool,
 }
 
 /// Server → client during a `GraphLoop`: steps completed so far; the bulk section holds the

@@ -61,12 +61,12 @@ def _loop_api() -> Optional[ctypes.CDLL]:
     """libchidori's loop functions in this process, or None when not under ``chidori run``."""
     try:
         lib = ctypes.CDLL(None)
-        start = lib.chidori_loop_start
+        start = lib.chidori_loop_start_with
     except (OSError, AttributeError):
         return None
     start.restype = ctypes.c_uint64
     start.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64,
-                      ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
+                      ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32]
     lib.chidori_loop_poll.restype = ctypes.c_int64
     lib.chidori_loop_poll.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
                                       ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
@@ -85,15 +85,21 @@ class LoopResult:
     status: int
 
 
+# chidori_loop_start_with's flag: also send the output slot after the last step.
+LOOP_TAIL = 1
+
+
 def run_loop(exec_handle: int, stream: int, max_steps: int, check_every: int, stop_flag: int, output: int,
-             bytes_per_step: int, progress_ms: int, on_output: Optional[Callable[[bytes], None]] = None) -> LoopResult:
+             bytes_per_step: int, progress_ms: int, on_output: Optional[Callable[[bytes], None]] = None,
+             tail: bool = False) -> LoopResult:
     """Replay the graph ``exec_handle`` on ``stream`` on the server (see the module doc):
-    ``on_output`` receives each step's output bytes, in order, as they arrive."""
+    ``on_output`` receives each step's output bytes, in order, as they arrive; with ``tail``,
+    a loop that ran ``max_steps`` also sends the slot after the last step."""
     lib = _loop_api()
     if lib is None:
         raise RuntimeError("chidori: not running under `chidori run` (no libchidori in this process)")
-    loop_id = lib.chidori_loop_start(exec_handle, stream, max_steps, check_every, stop_flag, output,
-                                     bytes_per_step, progress_ms)
+    loop_id = lib.chidori_loop_start_with(exec_handle, stream, max_steps, check_every, stop_flag, output,
+                                          bytes_per_step, progress_ms, LOOP_TAIL if tail else 0)
     if not loop_id:
         raise RuntimeError("chidori: the server could not start the graph loop (see the log)")
     buf = ctypes.create_string_buffer(max(1 << 16, bytes_per_step))
@@ -428,10 +434,9 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
     if plan.streamer is not None:
         plan.streamer.put(plan.input_ids_host if plan.input_ids_host is not None else plan.input_ids.cpu())
     # The generated rows on the host, `known` of them from the first: those made before the
-    # loop (read for a streamer) and those the loop streams back as it runs. Where they
-    # already reach the end of every sequence, reading the rows again afterwards (one more
-    # round trip) is not needed. (The row the loop's last step writes does not come back
-    # with it: a generation cut by max_new_tokens still reads them.)
+    # loop (read for a streamer) and those the loop streams back as it runs (with its tail:
+    # the row its last step writes). Where they reach max_new_tokens or the end of every
+    # sequence, reading the rows again afterwards (one more round trip) is not needed.
     host_rows = torch.zeros(plan.max_new, batch, dtype=torch.long)
     known = 0
     with torch.no_grad():
@@ -473,10 +478,11 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
             result = run_loop(decoder.exec_handle, torch.cuda.current_stream().cuda_stream, remaining, CHECK_EVERY,
                               decoder.stop.data_ptr() if decoder.eos is not None else 0,
                               decoder.rows.data_ptr() + (start - 1) * row_bytes, row_bytes,
-                              PROGRESS_MS if plan.streamer is not None else 0, on_row)
+                              PROGRESS_MS if plan.streamer is not None else 0, on_row, tail=True)
             if result.status:
                 raise RuntimeError(f"chidori: the server-side decode loop failed with status {result.status}")
-        rows = host_rows if _ended_within(host_rows, plan, known) else decoder.rows.cpu()
+        complete = known >= plan.max_new or _ended_within(host_rows, plan, known)
+        rows = host_rows if complete else decoder.rows.cpu()
     n = _generated_length(rows, plan, plan.max_new)
     if plan.streamer is not None:
         for row in rows[min(streamed.rows, n):n]:

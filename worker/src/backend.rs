@@ -190,6 +190,22 @@ pub fn run_loop(request: &GraphLoop, device: &mut dyn LoopDevice, progress: &mut
             }
         }
     }
+    // The slot after the last step, for a graph whose step writes the next one.
+    if request.tail
+        && request.output != 0
+        && end.status == 0
+        && end.stopped_at.is_none()
+        && launched == request.max_steps
+    {
+        let tail = device.checkpoint(next_slot, launched, launched + 1).and_then(|()| {
+            let (_, bytes) = device.examine(next_slot)?;
+            pending.extend_from_slice(bytes);
+            Ok(())
+        });
+        if let Err(status) = tail {
+            end.status = status;
+        }
+    }
     if let Err(status) = device.drain()
         && end.status == 0
     {
@@ -246,6 +262,7 @@ mod tests {
             output: 16,
             bytes_per_step: 1,
             progress_ms: 0,
+            tail: false,
         }
     }
 
@@ -271,6 +288,21 @@ mod tests {
         run_loop(&slow, &mut fake, &mut |steps, b| sent.push((steps, b.to_vec())));
         // The first checkpoint's steps at the first examine; the rest, not yet due, at the end.
         assert_eq!(sent, vec![(4, vec![0, 1, 2, 3]), (10, (4..10).collect())]);
+    }
+
+    #[test]
+    fn a_tail_sends_the_slot_after_the_last_step() {
+        let mut fake = Fake { launched: 0, stop_at: u32::MAX, slots: Default::default(), log: vec![] };
+        let mut got = Vec::new();
+        let end =
+            run_loop(&GraphLoop { tail: true, ..request(10, 4) }, &mut fake, &mut |_, b| got.extend_from_slice(b));
+        assert_eq!(end, LoopEnd { steps: 10, stopped_at: None, status: 0 });
+        assert_eq!(got, (0..=10).collect::<Vec<u8>>());
+        // A loop the flag stopped sends no tail: the steps after the stop are not wanted.
+        let mut fake = Fake { launched: 0, stop_at: 5, slots: Default::default(), log: vec![] };
+        let mut got = Vec::new();
+        run_loop(&GraphLoop { tail: true, ..request(100, 4) }, &mut fake, &mut |_, b| got.extend_from_slice(b));
+        assert_eq!(got, (0..8).collect::<Vec<u8>>());
     }
 
     #[test]

@@ -1337,7 +1337,8 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
         return ServiceReply::Error { status: 1, message: "graph loop: output per check larger than a frame".into() };
     }
     // The flag and the output must be the session's memory (cudaErrorInvalidValue).
-    let output_len = u64::from(request.bytes_per_step).saturating_mul(u64::from(request.max_steps));
+    let slots = u64::from(request.max_steps) + u64::from(request.tail);
+    let output_len = u64::from(request.bytes_per_step).saturating_mul(slots);
     let memory = lock(&session.memory);
     let flag_ok = request.stop_flag == 0 || memory.contains(request.stop_flag, 4);
     let output_ok = request.output == 0 || output_len == 0 || memory.contains(request.output, output_len);
