@@ -207,17 +207,6 @@ def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
     if eos and pad is None:
         pad = eos[0]
     min_new = max(config.min_new_tokens or 0, (config.min_length or 0) - length, 0)
-    # The processors generate would use: only those the fast path reproduces on the device.
-    processors = model._get_logits_processor(generation_config=config, input_ids_seq_length=length,
-                                             encoder_input_ids=input_ids, prefix_allowed_tokens_fn=None,
-                                             logits_processor=None, device=input_ids.device, model_kwargs={})
-    warpers = []
-    for p in processors:
-        name = type(p).__name__
-        if name in _WARPERS:
-            warpers.append(p)
-        elif name not in _LENGTH_PROCESSORS:
-            raise _Unsupported(f"the logits processor {name}")
     # What the host must know of the prompt (whether it is padded, and the prompt itself for
     # a streamer) is read back in one copy: through Chidori each read waits for the server.
     mask = unused.get("attention_mask")
@@ -236,6 +225,18 @@ def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
         else:
             ids_host, mask_host = input_ids.cpu(), mask.cpu()
     padded = bool((mask_host == 0).any())
+    # The processors generate would use: only those the fast path reproduces on the device.
+    # (It checks its encoder ids for negative values: the host's copy answers without a wait.)
+    processors = model._get_logits_processor(generation_config=config, input_ids_seq_length=length,
+                                             encoder_input_ids=ids_host, prefix_allowed_tokens_fn=None,
+                                             logits_processor=None, device=input_ids.device, model_kwargs={})
+    warpers = []
+    for p in processors:
+        name = type(p).__name__
+        if name in _WARPERS:
+            warpers.append(p)
+        elif name not in _LENGTH_PROCESSORS:
+            raise _Unsupported(f"the logits processor {name}")
     streamer = unused.get("streamer")
     key = (id(model), tuple(input_ids.shape), max_new, min_new, tuple(eos or ()), pad, bool(config.do_sample),
            tuple(repr(vars(w)) for w in warpers), padded, str(model.dtype))
