@@ -447,6 +447,58 @@ fn pinned_memory_handed_to_the_gpu_is_mirrored() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// Managed memory: one address for the host and the GPU. The program's writes reach the
+/// GPU's accesses (a memset, copies) and the GPU's writes are seen after a synchronization;
+/// hints succeed; attributes say managed; cudaFree frees it.
+const MANAGED: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  unsigned char *m = 0, back[8192];
+  void *d;
+  if (cudaMallocManaged((void **)&m, 8192, cudaMemAttachGlobal) != cudaSuccess || !m) return 2;
+  if (cudaMallocManaged((void **)&d, 0, cudaMemAttachGlobal) != cudaErrorInvalidValue) return 3;
+  if (cudaMalloc(&d, 8192) != cudaSuccess) return 3;
+  for (int i = 0; i < 8192; ++i) m[i] = (unsigned char)(i * 3);
+  /* The GPU reads what the host wrote, through the same address. */
+  if (cudaMemcpy(d, m, 8192, cudaMemcpyDefault) != cudaSuccess) return 4;
+  if (cudaMemcpy(back, d, 8192, cudaMemcpyDeviceToHost) != cudaSuccess) return 5;
+  if (memcmp(back, m, 8192) != 0) return 6;
+  /* The GPU writes it; the host sees it after synchronizing, beside its own later write. */
+  if (cudaMemsetAsync(m + 100, 0x5a, 50, 0) != cudaSuccess) return 7;
+  if (cudaDeviceSynchronize() != cudaSuccess) return 8;
+  m[5000] = 0xee;
+  for (int i = 0; i < 8192; ++i) {
+    unsigned char want = (i >= 100 && i < 150) ? 0x5a : (i == 5000 ? 0xee : (unsigned char)(i * 3));
+    if (m[i] != want) { printf("byte %d: %d, want %d\n", i, m[i], want); return 9; }
+  }
+  /* A device-to-device copy out of it sees the host's latest write. */
+  if (cudaMemcpy(d, m, 8192, cudaMemcpyDeviceToDevice) != cudaSuccess) return 10;
+  if (cudaMemcpy(back, d, 8192, cudaMemcpyDeviceToHost) != cudaSuccess || back[5000] != 0xee || back[120] != 0x5a) return 11;
+  /* Hints succeed; attributes say managed. */
+  struct cudaMemLocation here = { cudaMemLocationTypeDevice, 0 };
+  if (cudaMemPrefetchAsync(m, 8192, here, 0, 0) != cudaSuccess) return 12;
+  if (cudaStreamAttachMemAsync(0, m, 0, cudaMemAttachGlobal) != cudaSuccess) return 13;
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, m + 10) != cudaSuccess || a.type != cudaMemoryTypeManaged || a.devicePointer != m + 10 - 10 + 10) return 14;
+  if (cudaFree(m) != cudaSuccess) return 15;
+  if (cudaPointerGetAttributes(&a, m) != cudaSuccess || a.type != cudaMemoryTypeUnregistered) return 16;
+  if (cudaFree(d) != cudaSuccess) return 17;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn managed_memory_is_coherent_between_the_host_and_the_gpu() {
+    let server = server();
+    let exe = program("managed", MANAGED);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// A graph replayed in a loop on the server (`chidori_loop_*`): the output of every step
 /// streams back, and a device flag the graph sets stops the loop at the next check.
 const GRAPH_LOOP: &str = r#"

@@ -5013,6 +5013,15 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocHost(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMallocHost(ptr, size) }
 }
+///`cudaMallocManaged` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocManaged(
+    devPtr: *mut c_void,
+    size: usize,
+    flags: u32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMallocManaged(devPtr, size, flags) }
+}
 ///`cudaMallocMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocMipmappedArray(

@@ -4817,6 +4817,15 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAllocHost_v2(pp, bytesize) }
 }
+///`cuMemAllocManaged` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocManaged(
+    dptr: *mut c_void,
+    bytesize: usize,
+    flags: u32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemAllocManaged(dptr, bytesize, flags) }
+}
 ///`cuMemAllocPitch_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocPitch_v2(

@@ -868,6 +868,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemAllocHost_v2" => {
             Some(driver::__chidori_driver_cuMemAllocHost_v2 as *const c_void)
         }
+        "cuMemAllocManaged" => {
+            Some(driver::__chidori_driver_cuMemAllocManaged as *const c_void)
+        }
         "cuMemAllocPitch_v2" => {
             Some(driver::__chidori_driver_cuMemAllocPitch_v2 as *const c_void)
         }

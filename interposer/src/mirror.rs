@@ -129,7 +129,9 @@ fn pinned_range(addr: u64) -> Option<(u64, u64)> {
         return None;
     }
     match state::find(addr)? {
-        r if matches!(r.memory, Memory::Pinned { .. } | Memory::Registered { .. }) => Some((r.base, r.len)),
+        r if matches!(r.memory, Memory::Pinned { .. } | Memory::Registered { .. } | Memory::Managed) => {
+            Some((r.base, r.len))
+        }
         _ => None,
     }
 }
@@ -141,18 +143,42 @@ pub fn is_mirrored(addr: u64) -> bool {
 }
 
 /// Before the GPU is handed `addrs` (kernel parameters, a library's device pointers):
-/// bring the mirror of every pinned range among them up to date. Returns whether any was.
+/// bring the mirror of every pinned range among them up to date, and, where the program
+/// has managed memory, every managed range (the GPU may reach one through a pointer stored
+/// in memory). Returns whether any was.
 pub fn prepare(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool {
     let mut any = false;
+    let mut handed = false;
+    let managed = state::managed_live();
     for addr in addrs {
+        handed = true;
         let Some((base, len)) = pinned_range(addr) else { continue };
         any = true;
-        push(conn, base, len);
+        // Managed ranges are all brought up to date below.
+        if !(managed && state::find(base).is_some_and(|r| matches!(r.memory, Memory::Managed))) {
+            push(conn, base, len);
+        }
+    }
+    if handed {
+        any |= prepare_managed(conn);
     }
     if any {
         PULL.store(true, Ordering::Release);
     }
     any
+}
+
+/// Bring every managed range's mirror up to date (before a launch of a graph, whose kernels
+/// hold their pointers). Returns whether there was any.
+pub fn prepare_managed(conn: &Conn) -> bool {
+    let ranges = state::managed_ranges();
+    for &(base, len) in &ranges {
+        push(conn, base, len);
+    }
+    if !ranges.is_empty() {
+        PULL.store(true, Ordering::Release);
+    }
+    !ranges.is_empty()
 }
 
 fn push(conn: &Conn, base: u64, len: u64) {

@@ -189,6 +189,32 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
 fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
     let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device)).map(|(_, a)| *a);
     crate::mirror::prepare(conn, devices);
+    if crate::state::managed_live()
+        && (desc.name.starts_with("cudaGraphLaunch") || desc.name.starts_with("cuGraphLaunch"))
+    {
+        crate::mirror::prepare_managed(conn);
+    }
+}
+
+/// Hints about managed memory (advise, prefetch, attach to a stream) for a range the client
+/// holds: there is nothing to move (the bytes travel when the GPU is handed pointers), so
+/// they succeed here. Other ranges go to the server, which answers for them.
+fn managed_hint(desc: &CallDesc, args: &[u64]) -> Option<u64> {
+    let name = desc.name.trim_end_matches("_ptsz").trim_end_matches("_v2");
+    let hint = matches!(
+        name,
+        "cudaMemAdvise"
+            | "cudaMemPrefetchAsync"
+            | "cudaStreamAttachMemAsync"
+            | "cuMemAdvise"
+            | "cuMemPrefetchAsync"
+            | "cuStreamAttachMemAsync"
+    );
+    if !hint {
+        return None;
+    }
+    let (_, &ptr) = desc.params.iter().zip(args).find(|(w, _)| matches!(w, Wire::Device))?;
+    crate::state::find(ptr).filter(|r| matches!(r.memory, crate::state::Memory::Managed)).map(|_| success(desc))
 }
 
 /// Send a call on `conn` and, unless it is async, wait for its reply.
@@ -196,6 +222,12 @@ fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
 /// # Safety
 /// As [`prepare`].
 pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64 {
+    if crate::state::managed_live()
+        && let Some(ret) = managed_hint(desc, args)
+    {
+        crate::trace::local(desc.name);
+        return ret;
+    }
     mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(desc, args) };

@@ -252,6 +252,11 @@ pub enum Memory {
     Pinned { flags: u32 },
     /// Client memory the program registered (cudaHostRegister).
     Registered { flags: u32 },
+    /// Managed memory (cudaMallocManaged): client memory at one address for the host and
+    /// the GPU. The server mirrors it (as pinned memory handed to the GPU); every call that
+    /// hands the GPU pointers brings every managed range up to date first, since the GPU may
+    /// reach one through a pointer stored in memory.
+    Managed,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -269,12 +274,26 @@ static RANGES: RwLock<BTreeMap<u64, Range>> = RwLock::new(BTreeMap::new());
 pub fn add(base: u64, len: u64, memory: Memory) {
     let reserved = matches!(memory, Memory::Device { .. }) && reserve(base, len);
     let mut r = RANGES.write().unwrap_or_else(|p| p.into_inner());
-    r.insert(base, Range { base, len, memory, reserved });
+    let old = r.insert(base, Range { base, len, memory, reserved });
+    count_managed(old.as_ref(), -1);
+    count_managed(Some(&Range { base, len, memory, reserved }), 1);
+}
+
+fn count_managed(range: Option<&Range>, by: isize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if range.is_some_and(|r| matches!(r.memory, Memory::Managed)) {
+        if by > 0 {
+            MANAGED_LIVE.fetch_add(1, Relaxed);
+        } else {
+            MANAGED_LIVE.fetch_sub(1, Relaxed);
+        }
+    }
 }
 
 /// Forget the range starting at `base`.
 pub fn remove(base: u64) -> Option<Range> {
     let removed = RANGES.write().unwrap_or_else(|p| p.into_inner()).remove(&base);
+    count_managed(removed.as_ref(), -1);
     if let Some(r) = removed.filter(|r| r.reserved) {
         // SAFETY: the range was reserved by `reserve` with exactly this base and length.
         unsafe { libc::munmap(r.base as *mut libc::c_void, page_round(r.len.max(1)) as usize) };
@@ -293,8 +312,29 @@ pub fn is_device(addr: u64) -> bool {
     matches!(find(addr), Some(Range { memory: Memory::Device { .. }, .. }))
 }
 
+/// Whether `addr` is client memory the GPU reaches at its own address: pinned, registered
+/// or managed.
 pub fn is_pinned(addr: u64) -> bool {
-    matches!(find(addr), Some(Range { memory: Memory::Pinned { .. } | Memory::Registered { .. }, .. }))
+    matches!(
+        find(addr),
+        Some(Range { memory: Memory::Pinned { .. } | Memory::Registered { .. } | Memory::Managed, .. })
+    )
+}
+
+/// Managed ranges live in this process (a cheap test on hot paths).
+static MANAGED_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+pub fn managed_live() -> bool {
+    MANAGED_LIVE.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
+/// Every managed range: (base, length).
+pub fn managed_ranges() -> Vec<(u64, u64)> {
+    if !managed_live() {
+        return Vec::new();
+    }
+    let r = RANGES.read().unwrap_or_else(|p| p.into_inner());
+    r.values().filter(|r| matches!(r.memory, Memory::Managed)).map(|r| (r.base, r.len)).collect()
 }
 
 fn page_round(n: u64) -> u64 {

@@ -409,7 +409,12 @@ pub unsafe fn cudaMallocPitch(devPtr: *mut c_void, pitch: *mut c_void, width: us
 
 fn free(desc: &'static chidori_protocol::desc::CallDesc, args: &[u64]) -> u32 {
     runtime("cudaFree", || {
+        // Managed memory is the client's: freed here (after the work queued before it, as
+        // cudaFree synchronizes).
         let conn = connection()?;
+        if memory::is_managed_base(args[0]) {
+            return Ok(memory::managed_free(&conn, &calls::cudaDeviceSynchronize, args[0]));
+        }
         // SAFETY: a device address and possibly a stream handle, by value.
         let s = unsafe { crate::runtime::call_on(&conn, desc, args) } as u32;
         if s == SUCCESS && args[0] != 0 {
@@ -444,6 +449,20 @@ pub unsafe fn cudaHostAlloc(pHost: *mut c_void, size: usize, flags: u32) -> u32 
         let p = memory::host_alloc(size, flags).ok_or(MEMORY_ALLOCATION)?;
         // SAFETY: the caller's void**.
         unsafe { put(pHost, p) }?;
+        Ok(SUCCESS)
+    })
+}
+
+/// Managed memory is client memory the server mirrors for the GPU (`state::Memory::Managed`).
+/// `flags`: cudaMemAttachGlobal (1) or cudaMemAttachHost (2), as natively.
+pub unsafe fn cudaMallocManaged(devPtr: *mut c_void, size: usize, flags: u32) -> u32 {
+    runtime("cudaMallocManaged", || {
+        if devPtr.is_null() || size == 0 || !(flags == 1 || flags == 2) {
+            return Err(INVALID_VALUE);
+        }
+        let p = memory::managed_alloc(size).ok_or(MEMORY_ALLOCATION)?;
+        // SAFETY: the caller's void**.
+        unsafe { put(devPtr, p) }?;
         Ok(SUCCESS)
     })
 }
@@ -489,7 +508,9 @@ pub unsafe fn cudaHostGetFlags(pFlags: *mut c_void, pHost: *mut c_void) -> u32 {
 /// server mirrors the memory there when the GPU is handed a pointer into it).
 pub unsafe fn cudaHostGetDevicePointer(pDevice: *mut c_void, pHost: *mut c_void, flags: u32) -> u32 {
     runtime("cudaHostGetDevicePointer", || {
-        if pDevice.is_null() || flags != 0 || !state::is_pinned(pHost as u64) {
+        let host = state::find(pHost as u64)
+            .is_some_and(|r| matches!(r.memory, Memory::Pinned { .. } | Memory::Registered { .. }));
+        if pDevice.is_null() || flags != 0 || !host {
             return Err(INVALID_VALUE);
         }
         // SAFETY: the caller's void**.
@@ -510,6 +531,8 @@ fn pointer_attributes(version: &str, attributes: *mut c_void, ptr: *mut c_void) 
         let (kind, device, device_ptr, host_ptr) = match state::find(addr).map(|r| r.memory) {
             Some(Memory::Device { device }) => (2, device, addr, 0),
             Some(Memory::Pinned { .. } | Memory::Registered { .. }) => (1, state::current_device(), 0, addr),
+            // cudaMemoryTypeManaged: one address for both.
+            Some(Memory::Managed) => (3, state::current_device(), addr, addr),
             None => (0, -2, 0, 0),
         };
         // SAFETY: the caller's struct of this version's layout.

@@ -194,12 +194,28 @@ pub unsafe fn cuMemAlloc_v2(dptr: *mut c_void, bytesize: usize) -> u32 {
 pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
     driver("cuMemFree_v2", || {
         let conn = connection()?;
+        if memory::is_managed_base(dptr) {
+            return Ok(memory::managed_free(&conn, &calls::cuCtxSynchronize, dptr));
+        }
         // SAFETY: a device address by value.
         let s = unsafe { crate::runtime::call_on(&conn, &calls::cuMemFree_v2__call, &[dptr]) } as u32;
         if s == SUCCESS {
             state::remove(dptr);
         }
         Ok(s)
+    })
+}
+
+/// Managed memory: client memory the server mirrors for the GPU (see `cudaMallocManaged`).
+/// `flags`: CU_MEM_ATTACH_GLOBAL (1) or CU_MEM_ATTACH_HOST (2).
+pub unsafe fn cuMemAllocManaged(dptr: *mut c_void, bytesize: usize, flags: u32) -> u32 {
+    driver("cuMemAllocManaged", || {
+        if dptr.is_null() || bytesize == 0 || !(flags == 1 || flags == 2) {
+            return Err(INVALID_VALUE);
+        }
+        let p = memory::managed_alloc(bytesize).ok_or(OUT_OF_MEMORY)?;
+        // SAFETY: the caller's CUdeviceptr*.
+        unsafe { put(dptr, p as u64) }
     })
 }
 
@@ -272,8 +288,11 @@ pub unsafe fn cuMemHostGetFlags(pFlags: *mut c_void, p: *mut c_void) -> u32 {
 pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64) -> u32 {
     driver("cuPointerGetAttribute", || {
         let range = state::find(ptr).ok_or(INVALID_VALUE)?;
+        let managed = matches!(range.memory, Memory::Managed);
         let device = match range.memory {
             Memory::Device { device } => Some(device),
+            // Managed memory is device memory at the host's address.
+            Memory::Managed => Some(state::current_device()),
             _ => None,
         };
         // SAFETY (all arms): `data` is the caller's storage of the attribute's type.
@@ -281,11 +300,11 @@ pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64)
             match attribute {
                 // MEMORY_TYPE: CU_MEMORYTYPE_HOST 1, DEVICE 2.
                 2 => put(data, if device.is_some() { 2u32 } else { 1u32 }),
-                // DEVICE_POINTER / HOST_POINTER.
+                // DEVICE_POINTER / HOST_POINTER (both for managed memory).
                 3 => put(data, if device.is_some() { ptr } else { 0 }),
-                4 => put(data, if device.is_some() { 0 } else { ptr }),
+                4 => put(data, if device.is_some() && !managed { 0 } else { ptr }),
                 // IS_MANAGED, MAPPED.
-                8 => put(data, 0u32),
+                8 => put(data, u32::from(managed)),
                 13 => put(data, u32::from(device.is_some())),
                 // DEVICE_ORDINAL.
                 9 => put(data, device.unwrap_or(state::current_device())),

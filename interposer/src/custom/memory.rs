@@ -16,6 +16,16 @@ pub const CHUNK: u64 = 8 << 20;
 /// arena both sides reserve, so the server can mirror it at the same address if the GPU is
 /// ever handed a pointer into it.
 pub fn host_alloc(size: usize, flags: u32) -> Option<*mut c_void> {
+    client_alloc(size, Memory::Pinned { flags })
+}
+
+/// Allocate managed memory (cudaMallocManaged): client memory like pinned memory, in the
+/// arena, which the server mirrors at the same address for the GPU.
+pub fn managed_alloc(size: usize) -> Option<*mut c_void> {
+    client_alloc(size, Memory::Managed)
+}
+
+fn client_alloc(size: usize, memory: Memory) -> Option<*mut c_void> {
     if size == 0 {
         return Some(std::ptr::null_mut());
     }
@@ -39,18 +49,38 @@ pub fn host_alloc(size: usize, flags: u32) -> Option<*mut c_void> {
             p
         }
     };
-    state::add(p as u64, size as u64, Memory::Pinned { flags });
+    state::add(p as u64, size as u64, memory);
     Some(p)
 }
 
 /// Free memory from [`host_alloc`]. False if `p` is not such memory (then nothing is
 /// touched: `p` is only looked up in the interval map).
 pub fn host_free(p: *mut c_void) -> bool {
+    client_free(p, |m| matches!(m, Memory::Pinned { .. }))
+}
+
+/// Free managed memory from [`managed_alloc`] (cudaFree, cuMemFree): after the device
+/// has finished the work queued before (as cudaFree waits natively), so no kernel still
+/// reads the server's mirror when it goes. `wait` is the API's device synchronize
+/// (cudaDeviceSynchronize, cuCtxSynchronize): its status is the answer.
+pub fn managed_free(conn: &Conn, wait: &'static CallDesc, p: u64) -> u32 {
+    // SAFETY: a synchronize takes no arguments.
+    let s = unsafe { runtime::call_on(conn, wait, &[]) } as u32;
+    client_free(p as *mut c_void, |m| matches!(m, Memory::Managed));
+    s
+}
+
+/// Whether `p` starts a managed allocation.
+pub fn is_managed_base(p: u64) -> bool {
+    state::find(p).is_some_and(|r| r.base == p && matches!(r.memory, Memory::Managed))
+}
+
+fn client_free(p: *mut c_void, kind: impl Fn(Memory) -> bool) -> bool {
     if p.is_null() {
         return true;
     }
     match state::find(p as u64) {
-        Some(r) if r.base == p as u64 && matches!(r.memory, Memory::Pinned { .. }) => {
+        Some(r) if r.base == p as u64 && kind(r.memory) => {
             crate::mirror::forget(r.base);
             state::remove(r.base);
             if !arena::free(r.base, r.len) {
