@@ -34,7 +34,7 @@ impl std::fmt::Display for ReadError {
             ReadError::Closed => f.write_str("connection closed"),
             ReadError::Timeout => f.write_str("timed out"),
             ReadError::Stalled { what, after } => {
-                write!(f, "the client stopped sending in the middle of a frame's {what} for {} s", after.as_secs())
+                write!(f, "the peer stopped sending in the middle of a frame's {what} for {} s", after.as_secs())
             }
             ReadError::Io(e) => write!(f, "{e}"),
             ReadError::Frame(e) => write!(f, "{e}"),
