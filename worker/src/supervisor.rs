@@ -52,6 +52,11 @@ pub const MAX_UNAUTHENTICATED: usize = 32;
 /// Default of `--max-sessions`: sessions per GPU.
 pub const SESSIONS_PER_GPU: usize = 16;
 
+/// How long a new session waits for a place on a full server before it is told the server
+/// is busy: a session that just ended (`chidori run`'s version check is one) frees its place
+/// only once its worker has exited.
+const BUSY_GRACE: Duration = Duration::from_secs(2);
+
 #[derive(Clone, Debug)]
 pub enum BackendChoice {
     Real { cuda_lib_dirs: Vec<PathBuf> },
@@ -182,6 +187,20 @@ impl<'a> Held<'a> {
     fn take(count: &'a AtomicUsize, max: usize) -> Option<Held<'a>> {
         count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
         Some(Held(count))
+    }
+
+    /// Take one unit, waiting up to `grace` for one to be given back.
+    fn take_within(count: &'a AtomicUsize, max: usize, grace: Duration) -> Option<Held<'a>> {
+        let until = Instant::now() + grace;
+        loop {
+            if let Some(held) = Held::take(count, max) {
+                return Some(held);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -322,7 +341,7 @@ fn hand_over(stream: TcpStream, options: &ServeOptions, counts: &Counts, max_ses
             return pass_to_session(stream, h.seq, counts);
         }
     }
-    let Some(_session) = Held::take(&counts.sessions, max_sessions) else {
+    let Some(_session) = Held::take_within(&counts.sessions, max_sessions, BUSY_GRACE) else {
         refuse_plain(
             &stream,
             RefuseReason::Busy,
