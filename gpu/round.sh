@@ -473,7 +473,7 @@ if want opinfo; then
     for f in "$B/opinfo/$run"/shard-*.log; do [[ -f $f ]] && cp "$f" "$LOGS/opinfo-logs/$run-${f##*/}"; done
   done
   grep -v "^    " "$LOGS/opinfo.txt" | tail -25
-  row "opinfo" "rc=$rc $(python3 -c "import json; s=json.load(open('$LOGS/opinfo.json'))['summary']; print(', '.join(f'{k} {s[k]}' for k in ('ops','compared','identical','within_tolerance','differ','remote_crash','remote_timeout','native_crash','not_run','seconds')))" 2>/dev/null)"
+  row "opinfo" "rc=$rc $(python3 -c "import json; s=json.load(open('$LOGS/opinfo.json'))['summary']; print(', '.join(f'{k} {s[k]}' for k in ('ops','compared','identical','within_tolerance','differ','differ_in_nondeterministic_kernels','missing','remote_crash','remote_timeout','native_crash','not_run','seconds')))" 2>/dev/null)"
 fi
 
 if want torch; then

@@ -17,8 +17,11 @@ its backward, for one dtype and sample input. Tensors are compared bit for bit
 (`identical`), else with `torch.testing.assert_close`'s tolerances for the dtype, or the
 op's own where its PyTorch tests declare looser ones (`within tolerance`); where a second
 native run (--native-twice) gives other values too, a remote result within twice the
-native runs' own spread is within tolerance as well (counted apart), else they `differ`. An error raised in both runs with the same type
-and message counts as identical. The table comes last; exit status 0 only when nothing
+native runs' own spread is within tolerance as well (counted apart), else they `differ`;
+except where PyTorch itself calls a kernel that made the native result nondeterministic
+(`run_ops.py` asks it under deterministic mode): those are counted and listed apart, as
+`nondeterministic kernel`. An error raised in both runs with the same type and message
+counts as identical. The table comes last; exit status 0 only when nothing
 differs and no op crashed remotely that did not natively.
 """
 from __future__ import annotations
@@ -159,6 +162,9 @@ class Tally:
     by_native_variation: int = 0
     # Differing or missing comparisons per op: the one line a truncated log still shows.
     by_op: dict[str, int] = field(default_factory=dict)
+    # Differing results made by kernels PyTorch calls nondeterministic (they warn under
+    # torch.use_deterministic_algorithms), listed apart from `failures`.
+    nondeterministic_kernel: list[str] = field(default_factory=list)
 
 
 def as_real(t: Any) -> Any:
@@ -238,6 +244,7 @@ def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tu
         if native2 is not None and os.path.exists(os.path.join(native2.out, name + ".pt")):
             c = torch.load(os.path.join(native2.out, name + ".pt"), weights_only=False)
         tolerances = a.get("__meta__", {}).get("tolerance", {})
+        alerted = set(a.get("__meta__", {}).get("nondeterministic", []))
         varies = False
         for key in sorted(set(a) | set(b)):
             if key == "__meta__":
@@ -271,9 +278,12 @@ def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tu
                 if "varies" in kinds:
                     tally.by_native_variation += 1
             else:
+                worst = next(i for i, v in enumerate(kinds) if v == "differ")
+                if key in alerted:
+                    tally.nondeterministic_kernel.append(f"{key}: leaf {worst}: {verdicts[worst][1]}")
+                    continue
                 tally.differ += 1
                 tally.by_op[name] = tally.by_op.get(name, 0) + 1
-                worst = next(i for i, v in enumerate(kinds) if v == "differ")
                 tally.failures.append(f"{key}: leaf {worst}: {verdicts[worst][1]}")
         if varies:
             by_state["nondeterministic natively"].append(name)
@@ -316,6 +326,10 @@ def main() -> int:
     if tally.tolerated:
         print(f"-- within tolerance, not bit-identical ({len(tally.tolerated)} ops):")
         print("   ", ", ".join(f"{k} ({v})" for k, v in sorted(tally.tolerated.items())))
+    if tally.nondeterministic_kernel:
+        print(f"-- differing where PyTorch calls the kernel nondeterministic ({len(tally.nondeterministic_kernel)}):")
+        for f in tally.nondeterministic_kernel[:100]:
+            print("   ", f)
     if tally.failures:
         print(f"-- differences ({len(tally.failures)}):")
         for f in tally.failures[:200]:
@@ -323,7 +337,8 @@ def main() -> int:
     summary = {
         "ops": len(ops), "seconds": round(ran, 1), "compared": tally.compared, "tensors": tally.tensors,
         "identical": tally.identical, "within_tolerance": tally.within, "differ": tally.differ,
-        "missing": tally.missing, "accepted_by_native_variation": tally.by_native_variation, "remote_crash": len(by_state["remote crash"]),
+        "missing": tally.missing, "accepted_by_native_variation": tally.by_native_variation,
+        "differ_in_nondeterministic_kernels": len(tally.nondeterministic_kernel), "remote_crash": len(by_state["remote crash"]),
         "remote_timeout": len(by_state["remote timeout"]), "native_crash": len(by_state["native crash"]),
         "not_run": len(by_state["not run"]), "nondeterministic_natively": len(by_state["nondeterministic natively"]),
         "restarts": {r.label: r.restarts for r in runs},
@@ -331,7 +346,8 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"summary": summary, "states": by_state, "tolerated": tally.tolerated, "by_op": tally.by_op,
-                       "failures": tally.failures}, f, indent=1)
+                       "failures": tally.failures, "nondeterministic_kernel": tally.nondeterministic_kernel}, f,
+                      indent=1)
     if tally.by_op:
         ranked = sorted(tally.by_op.items(), key=lambda kv: (-kv[1], kv[0]))
         print("differing or missing, by op:", ", ".join(f"{k} {v}" for k, v in ranked))

@@ -12,6 +12,11 @@ GPU). Results of one op go to `DIR/<op>.pt` (a dict of result key -> list of
 leaves), written when the op is done; `DIR/<op>.started` is written before it starts, so a
 driver can tell which op killed the process.
 
+Each result also records whether PyTorch itself calls the kernels that made it
+nondeterministic: the sample is run once more with `torch.use_deterministic_algorithms(True,
+warn_only=True)` (RNG state kept) and the "does not have a deterministic implementation"
+warnings counted; results of such kernels may differ from run to run, natively too.
+
 After each op the process checks that its CUDA context still works (a device
 synchronization and a tiny kernel). If it does not, the op is recorded as having broken the
 context and the process exits with status 3: every later CUDA call of this process would
@@ -26,7 +31,8 @@ import random
 import sys
 import time
 import traceback
-from typing import Any, Iterable
+import warnings
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -141,7 +147,43 @@ def own_tolerance(op: Any, dtype: torch.dtype) -> tuple[float, float]:
     return atol, rtol
 
 
-def run_dtype(op: Any, dtype_name: str, results: dict[str, Any]) -> None:
+def nondeterministic(step: Callable[[], Any]) -> bool:
+    """Whether `step` runs a kernel PyTorch calls nondeterministic (it warns under
+    deterministic mode), leaving the RNGs as they were."""
+    devices = [torch.cuda.current_device()] if DEVICE == "cuda" else []
+    was, was_warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    with torch.random.fork_rng(devices=devices), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - the probe's own failure says nothing
+            pass
+        finally:
+            torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
+    return any("does not have a deterministic implementation" in str(w.message) for w in caught)
+
+
+def run_backward(sample: Any, out: Any, key: str, results: dict[str, Any], alerts: dict[str, bool]) -> None:
+    """The gradients of one sample's outputs (seeded random cotangents) for its inputs."""
+    try:
+        outs = [t for t in tree_flatten(sample.output_process_fn_grad(out))[0]
+                if isinstance(t, torch.Tensor) and t.requires_grad]
+        ins = grad_inputs(sample)
+        if not outs or not ins:
+            return
+        torch.manual_seed(seed_for(key))
+        grads = [torch.randn_like(t) for t in outs]
+        alert = nondeterministic(lambda: torch.autograd.grad(outs, ins, grads, allow_unused=True, retain_graph=True))
+        got = torch.autograd.grad(outs, ins, grads, allow_unused=True)
+        results[key + "|bwd"] = leaves(list(got), False)
+        if alert:
+            alerts[key + "|bwd"] = True
+    except Exception as e:  # noqa: BLE001
+        results[key + "|bwd"] = [("error", describe_error(e))]
+
+
+def run_dtype(op: Any, dtype_name: str, results: dict[str, Any], alerts: dict[str, bool]) -> None:
     dtype = DTYPES[dtype_name]
     name = full_name(op)
     backward = op.supports_autograd and dtype in op.supported_backward_dtypes(DEVICE)
@@ -157,20 +199,11 @@ def run_dtype(op: Any, dtype_name: str, results: dict[str, Any]) -> None:
             except Exception as e:  # noqa: BLE001 - the op's own error is a result too
                 results[key + "|fwd"] = [("error", describe_error(e))]
                 continue
-            if not backward or metadata_only:
-                continue
-            try:
-                outs = [t for t in tree_flatten(sample.output_process_fn_grad(out))[0]
-                        if isinstance(t, torch.Tensor) and t.requires_grad]
-                ins = grad_inputs(sample)
-                if not outs or not ins:
-                    continue
-                torch.manual_seed(seed_for(key))
-                grads = [torch.randn_like(t) for t in outs]
-                got = torch.autograd.grad(outs, ins, grads, allow_unused=True)
-                results[key + "|bwd"] = leaves(list(got), False)
-            except Exception as e:  # noqa: BLE001
-                results[key + "|bwd"] = [("error", describe_error(e))]
+            if backward and not metadata_only:
+                run_backward(sample, out, key, results, alerts)
+            # Last: an in-place op run again changes its input, which nothing reads after.
+            if nondeterministic(lambda: op(sample.input, *sample.args, **sample.kwargs)):
+                alerts[key + "|fwd"] = True
     except Exception as e:  # noqa: BLE001 - sample generation itself failed
         results[f"{name}|{dtype_name}|samples"] = [("error", describe_error(e))]
 
@@ -204,12 +237,14 @@ def main() -> int:
         results: dict[str, Any] = {}
         supported = op.supported_dtypes(DEVICE)
         tolerances: dict[str, tuple[float, float]] = {}
+        alerts: dict[str, bool] = {}
         for dtype_name in dtypes:
             if DTYPES[dtype_name] in supported:
-                run_dtype(op, dtype_name, results)
+                run_dtype(op, dtype_name, results, alerts)
                 tolerances[dtype_name] = own_tolerance(op, DTYPES[dtype_name])
         alive = context_alive()
-        results["__meta__"] = {"seconds": time.monotonic() - started, "context_alive": alive, "tolerance": tolerances}
+        results["__meta__"] = {"seconds": time.monotonic() - started, "context_alive": alive, "tolerance": tolerances,
+                               "nondeterministic": sorted(alerts)}
         tmp = os.path.join(args.out, name + ".pt.tmp")
         torch.save(results, tmp)
         os.replace(tmp, os.path.join(args.out, name + ".pt"))
