@@ -147,8 +147,18 @@ pub fn is_mirrored(addr: u64) -> bool {
 /// has managed memory, every managed range (the GPU may reach one through a pointer stored
 /// in memory). Returns whether any was.
 pub fn prepare(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool {
+    prepare_with(conn, addrs, false)
+}
+
+/// [`prepare`] for a kernel launch: every managed range is brought up to date even when
+/// the kernel takes no pointer (it may read one from device memory).
+pub fn prepare_launch(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool {
+    prepare_with(conn, addrs, true)
+}
+
+fn prepare_with(conn: &Conn, addrs: impl IntoIterator<Item = u64>, launch: bool) -> bool {
     let mut any = false;
-    let mut handed = false;
+    let mut handed = launch;
     let managed = state::managed_live();
     for addr in addrs {
         handed = true;

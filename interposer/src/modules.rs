@@ -510,7 +510,7 @@ fn pointer_params<'a>(params: &'a [(u32, u32)], packed: &'a [u8]) -> impl Iterat
 /// A pointer-sized parameter may point into the program's pinned memory, which the kernel
 /// then reads directly: the server's mirror must hold it first.
 pub fn prepare_mirrors(conn: &Conn, params: &[(u32, u32)], packed: &[u8]) {
-    crate::mirror::prepare(conn, pointer_params(params, packed));
+    crate::mirror::prepare_launch(conn, pointer_params(params, packed));
 }
 
 /// Everything about one launch but the function.
@@ -528,7 +528,7 @@ pub struct LaunchShape {
 pub fn launch(conn: &Conn, function: &Function, shape: LaunchShape, packed: &[u8]) -> Result<(), u32> {
     // A pointer-sized parameter may point into the program's pinned memory, which the
     // kernel then reads directly (zero-copy): the server's mirror must hold it first.
-    crate::mirror::prepare(conn, pointer_params(&function.params, packed));
+    crate::mirror::prepare_launch(conn, pointer_params(&function.params, packed));
     let l = Launch {
         function: function.handle,
         grid: shape.grid,
