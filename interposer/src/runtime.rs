@@ -75,12 +75,8 @@ impl codec::Client for ThisClient {
         unsafe { CStr::from_ptr(addr as *const c_char) }.to_bytes_with_nul().len() as u64
     }
 
-    fn device_mode(&mut self, mode: u64) -> bool {
-        crate::scalars::device_mode(mode)
-    }
-
-    fn scalar_size(&mut self, mode: u64) -> Option<u64> {
-        crate::scalars::size(mode)
+    fn scalar_mode(&mut self, mode: u64) -> codec::ScalarMode {
+        crate::scalars::mode(mode)
     }
 
     fn new_name(&mut self) -> u64 {

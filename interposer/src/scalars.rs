@@ -5,41 +5,38 @@
 //! cuBLASLt host scalar is as wide as its descriptor's scale type, which no argument of
 //! `cublasLtMatmul` gives: the client keeps it per descriptor.
 
+use chidori_protocol::codec::ScalarMode;
+
 use crate::state::CLIENT;
+
+/// How the scalars of calls on `handle` travel (one lookup: the encoder asks per scalar).
+pub fn mode(handle: u64) -> ScalarMode {
+    CLIENT.scalar_modes.get(&handle).unwrap_or_default()
+}
 
 /// Whether scalars of calls on `handle` are device addresses.
 pub fn device_mode(handle: u64) -> bool {
-    CLIENT.device_modes.contains(&handle)
+    mode(handle).device
 }
 
 /// Record the mode of `handle` (a new handle starts in host mode: call with false).
 pub fn set_device_mode(handle: u64, device: bool) {
-    if device {
-        CLIENT.device_modes.insert(handle, ());
-    } else {
-        CLIENT.device_modes.remove(&handle);
-    }
+    CLIENT.scalar_modes.update(handle, |m| m.device = device);
 }
 
 /// Bytes of the host scalars of calls on `handle`, where the client knows them.
 pub fn size(handle: u64) -> Option<u64> {
-    CLIENT.scalar_sizes.get(&handle)
+    mode(handle).bytes
 }
 
 /// Record the bytes of `handle`'s host scalars (None: not known, the widest is read).
 pub fn set_size(handle: u64, bytes: Option<u64>) {
-    match bytes {
-        Some(b) => CLIENT.scalar_sizes.insert(handle, b),
-        None => {
-            CLIENT.scalar_sizes.remove(&handle);
-        }
-    }
+    CLIENT.scalar_modes.update(handle, |m| m.bytes = bytes);
 }
 
 /// Forget `handle` (destroyed).
 pub fn forget(handle: u64) {
-    set_device_mode(handle, false);
-    set_size(handle, None);
+    CLIENT.scalar_modes.remove(&handle);
 }
 
 /// Bytes of one value of a `cudaDataType` (a cuBLASLt scale type); None for a type that is

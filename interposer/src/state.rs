@@ -24,12 +24,10 @@ use crate::conn::Slot;
 /// `crate::ahead`, the registry of nvcc's registrations and the pinned-memory mirrors keep
 /// their own state.
 pub struct Client {
-    /// Handles whose scalars are device addresses: cuBLAS handles, cuBLASLt matmul
-    /// descriptors, cuSPARSE handles in device pointer mode.
-    pub device_modes: Table<u64, ()>,
-    /// Bytes of the host scalars of calls on a handle whose type no argument gives: the
-    /// scale type of each cuBLASLt matmul descriptor.
-    pub scalar_sizes: Table<u64, u64>,
+    /// How the scalars of calls on a handle travel, for handles not in the default (host
+    /// values of the parameter's widest size): cuBLAS and cuSPARSE handles and cuBLASLt
+    /// matmul descriptors in device pointer mode, and each descriptor's scale type's width.
+    pub scalar_modes: Table<u64, chidori_protocol::codec::ScalarMode>,
     /// cuBLAS math mode per handle, as last set.
     pub math_modes: Table<u64, u32>,
     /// Streams being captured, in the order their captures began.
@@ -47,8 +45,7 @@ pub struct Client {
 }
 
 pub static CLIENT: Client = Client {
-    device_modes: Table::new(),
-    scalar_sizes: Table::new(),
+    scalar_modes: Table::new(),
     math_modes: Table::new(),
     capturing: Mutex::new(Vec::new()),
     primary: Table::new(),
@@ -86,6 +83,22 @@ impl<K: Eq + Hash, V: Clone> Table<K, V> {
 
     pub fn remove(&self, key: &K) -> Option<V> {
         self.lock().as_mut()?.remove(key)
+    }
+
+    /// Change the value at `key` (a default one if absent); a value left at its default is
+    /// removed.
+    pub fn update(&self, key: K, f: impl FnOnce(&mut V))
+    where
+        K: Clone,
+        V: Default + PartialEq,
+    {
+        let mut guard = self.lock();
+        let map = guard.get_or_insert_with(HashMap::new);
+        let value = map.entry(key.clone()).or_default();
+        f(value);
+        if *value == V::default() {
+            map.remove(&key);
+        }
     }
 
     pub fn clear(&self) {

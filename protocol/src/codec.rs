@@ -35,18 +35,21 @@ pub const MAX_BUFFER: u64 = crate::frame::MAX_BULK;
 pub trait Client {
     /// Bytes of the NUL-terminated string at `addr`, the NUL included.
     fn c_str_len(&mut self, addr: u64) -> u64;
-    /// Whether the scalars of a call whose pointer-mode argument (a library handle) is
-    /// `mode` are device addresses.
-    fn device_mode(&mut self, mode: u64) -> bool;
-    /// Bytes of an input scalar whose size no argument gives, where the pointer-mode
-    /// argument `mode` says it (cuBLASLt: the matmul descriptor's scale type). None: the
-    /// widest the parameter may be is read.
-    fn scalar_size(&mut self, mode: u64) -> Option<u64> {
-        let _ = mode;
-        None
-    }
+    /// How the scalars of a call whose pointer-mode argument (a library handle) is `mode`
+    /// travel: one lookup per scalar, on every BLAS call.
+    fn scalar_mode(&mut self, mode: u64) -> ScalarMode;
     /// A new name for a handle the client names itself.
     fn new_name(&mut self) -> u64;
+}
+
+/// What the client knows of a handle's scalars.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScalarMode {
+    /// Device pointer mode: the scalars are device addresses.
+    pub device: bool,
+    /// Bytes of an input scalar whose size no argument gives (cuBLASLt: the matmul
+    /// descriptor's scale type). None: the widest the parameter may be is read.
+    pub bytes: Option<u64>,
 }
 
 /// A range of the program's memory and the parameter it belongs to.
@@ -131,13 +134,13 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
                 inputs.push(span(len));
             }
             Wire::Scalar { dir, mode, size, bytes: widest } => {
-                let handle = args.get(usize::from(mode)).copied().unwrap_or(0);
-                if client.device_mode(handle) {
+                let known = client.scalar_mode(args.get(usize::from(mode)).copied().unwrap_or(0));
+                if known.device {
                     lens[i] = DEVICE_LEN;
                     continue;
                 }
                 let told = match (dir, size) {
-                    (Dir::In, None) => client.scalar_size(handle).filter(|&b| b > 0 && b <= u64::from(widest)),
+                    (Dir::In, None) => known.bytes.filter(|&b| b > 0 && b <= u64::from(widest)),
                     _ => None,
                 };
                 let Some(bytes) = told.or_else(|| scalar_bytes(wire, args)).filter(|&b| b <= MAX_BUFFER) else {

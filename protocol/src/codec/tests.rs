@@ -25,12 +25,8 @@ impl Client for FakeClient {
         s.iter().position(|&b| b == 0).expect("a test string has its NUL") as u64 + 1
     }
 
-    fn device_mode(&mut self, mode: u64) -> bool {
-        self.device_mode.contains(&mode)
-    }
-
-    fn scalar_size(&mut self, mode: u64) -> Option<u64> {
-        self.scalar_sizes.get(&mode).copied()
+    fn scalar_mode(&mut self, mode: u64) -> ScalarMode {
+        ScalarMode { device: self.device_mode.contains(&mode), bytes: self.scalar_sizes.get(&mode).copied() }
     }
 
     fn new_name(&mut self) -> u64 {
