@@ -123,17 +123,18 @@ fn maybe_pinned(addr: u64) -> bool {
     in_arena(addr) || (REGISTERED.load(Ordering::Relaxed) && addr >= (64 << 10))
 }
 
-/// The pinned range containing `addr`, if any.
-fn pinned_range(addr: u64) -> Option<(u64, u64)> {
+/// The pinned (or registered, or managed) range containing `addr`, if any.
+fn pinned(addr: u64) -> Option<state::Range> {
     if !maybe_pinned(addr) {
         return None;
     }
-    match state::find(addr)? {
-        r if matches!(r.memory, Memory::Pinned { .. } | Memory::Registered { .. } | Memory::Managed) => {
-            Some((r.base, r.len))
-        }
-        _ => None,
-    }
+    state::find(addr)
+        .filter(|r| matches!(r.memory, Memory::Pinned { .. } | Memory::Registered { .. } | Memory::Managed))
+}
+
+/// [`pinned`]'s (base, length).
+fn pinned_range(addr: u64) -> Option<(u64, u64)> {
+    pinned(addr).map(|r| (r.base, r.len))
 }
 
 /// Whether `addr` lies in pinned memory the server mirrors.
@@ -162,11 +163,11 @@ fn prepare_with(conn: &Conn, addrs: impl IntoIterator<Item = u64>, launch: bool)
     let managed = state::managed_live();
     for addr in addrs {
         handed = true;
-        let Some((base, len)) = pinned_range(addr) else { continue };
+        let Some(range) = pinned(addr) else { continue };
         any = true;
         // Managed ranges are all brought up to date below.
-        if !(managed && state::find(base).is_some_and(|r| matches!(r.memory, Memory::Managed))) {
-            push(conn, base, len);
+        if !(managed && matches!(range.memory, Memory::Managed)) {
+            push(conn, range.base, range.len);
         }
     }
     if handed {
