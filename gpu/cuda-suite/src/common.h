@@ -17,6 +17,17 @@
     }                                                                                \
   } while (0)
 
+// A library call whose status type has success at 0 (cuFFT, cuRAND, ...): on failure it names
+// the call and the status, then exits 1.
+#define CHECK_STATUS(call)                                                                 \
+  do {                                                                                     \
+    int status_ = (int)(call);                                                             \
+    if (status_ != 0) {                                                                    \
+      fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, status_); \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
 // A <<<>>> launch returns nothing; this picks up its configuration errors.
 #define CHECK_LAUNCH() CHECK(cudaGetLastError())
 

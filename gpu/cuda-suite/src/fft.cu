@@ -13,16 +13,6 @@
 
 #include "common.h"
 
-#define FFT_CHECK(call)                                                                     \
-  do {                                                                                      \
-    cufftResult fft_err_ = (call);                                                          \
-    if (fft_err_ != CUFFT_SUCCESS) {                                                        \
-      fprintf(stderr, "%s:%d: %s failed: cufftResult %d\n", __FILE__, __LINE__, #call,      \
-              (int)fft_err_);                                                               \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
-
 template <typename T>
 static std::vector<T> download(const T* d, size_t n) {
   std::vector<T> out(n);
@@ -41,9 +31,9 @@ static double max_error(const std::vector<T>& a, const std::vector<T>& b, double
 int main() {
   Report report;
   int version = 0;
-  FFT_CHECK(cufftGetVersion(&version));
+  CHECK_STATUS(cufftGetVersion(&version));
   int major = 0;
-  FFT_CHECK(cufftGetProperty(MAJOR_VERSION, &major));
+  CHECK_STATUS(cufftGetProperty(MAJOR_VERSION, &major));
   EXPECT(version > 0 && major > 0);
 
   // 1. cufftPlan1d: 8 complex transforms of 1024, forward then inverse, in place.
@@ -55,15 +45,15 @@ int main() {
     CHECK(cudaMalloc(&data, host.size() * sizeof(float)));
     CHECK(cudaMemcpy(data, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
     cufftHandle plan;
-    FFT_CHECK(cufftPlan1d(&plan, n, CUFFT_C2C, batch));
-    FFT_CHECK(cufftExecC2C(plan, data, data, CUFFT_FORWARD));
+    CHECK_STATUS(cufftPlan1d(&plan, n, CUFFT_C2C, batch));
+    CHECK_STATUS(cufftExecC2C(plan, data, data, CUFFT_FORWARD));
     std::vector<float> spectrum = download((float*)data, host.size());
     report.line("c2c forward", checksum(spectrum));
-    FFT_CHECK(cufftExecC2C(plan, data, data, CUFFT_INVERSE));
+    CHECK_STATUS(cufftExecC2C(plan, data, data, CUFFT_INVERSE));
     std::vector<float> back = download((float*)data, host.size());
     EXPECT(max_error(back, host, 1.0 / n) < 1e-3);
     report.line("c2c inverse", checksum(back));
-    FFT_CHECK(cufftDestroy(plan));
+    CHECK_STATUS(cufftDestroy(plan));
     CHECK(cudaFree(data));
   }
 
@@ -80,12 +70,12 @@ int main() {
     CHECK(cudaMalloc(&spectrum, (size_t)nx * half * batch * sizeof(cufftComplex)));
     CHECK(cudaMemcpy(real, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
     size_t estimate = 0, size = 0;
-    FFT_CHECK(cufftEstimateMany(2, dims, nullptr, 1, 0, nullptr, 1, 0, CUFFT_R2C, batch, &estimate));
+    CHECK_STATUS(cufftEstimateMany(2, dims, nullptr, 1, 0, nullptr, 1, 0, CUFFT_R2C, batch, &estimate));
     cufftHandle forward;
-    FFT_CHECK(cufftPlanMany(&forward, 2, dims, nullptr, 1, 0, nullptr, 1, 0, CUFFT_R2C, batch));
-    FFT_CHECK(cufftGetSizeMany(forward, 2, dims, nullptr, 1, 0, nullptr, 1, 0, CUFFT_R2C, batch, &size));
+    CHECK_STATUS(cufftPlanMany(&forward, 2, dims, nullptr, 1, 0, nullptr, 1, 0, CUFFT_R2C, batch));
+    CHECK_STATUS(cufftGetSizeMany(forward, 2, dims, nullptr, 1, 0, nullptr, 1, 0, CUFFT_R2C, batch, &size));
     report.line("work sizes", estimate * 1000003ull + size);
-    FFT_CHECK(cufftExecR2C(forward, real, spectrum));
+    CHECK_STATUS(cufftExecR2C(forward, real, spectrum));
     std::vector<cufftComplex> spec = download(spectrum, (size_t)nx * half * batch);
     report.line("r2c 2d", checksum(spec));
 
@@ -95,15 +85,15 @@ int main() {
     CHECK(cudaMemset(strided, 0, 2 * host.size() * sizeof(float)));
     int inembed[2] = {nx, half}, onembed[2] = {nx, ny};
     cufftHandle inverse;
-    FFT_CHECK(cufftPlanMany(&inverse, 2, dims, inembed, 1, nx * half, onembed, 2, 2 * nx * ny, CUFFT_C2R, batch));
-    FFT_CHECK(cufftExecC2R(inverse, spectrum, strided));
+    CHECK_STATUS(cufftPlanMany(&inverse, 2, dims, inembed, 1, nx * half, onembed, 2, 2 * nx * ny, CUFFT_C2R, batch));
+    CHECK_STATUS(cufftExecC2R(inverse, spectrum, strided));
     std::vector<float> wide = download(strided, 2 * host.size());
     std::vector<float> back(host.size());
     for (size_t i = 0; i < back.size(); ++i) back[i] = wide[2 * i];
     EXPECT(max_error(back, host, 1.0 / (nx * ny)) < 1e-3);
     report.line("c2r strided", checksum(wide));
-    FFT_CHECK(cufftDestroy(forward));
-    FFT_CHECK(cufftDestroy(inverse));
+    CHECK_STATUS(cufftDestroy(forward));
+    CHECK_STATUS(cufftDestroy(inverse));
     CHECK(cudaFree(real));
     CHECK(cudaFree(spectrum));
     CHECK(cudaFree(strided));
@@ -122,26 +112,26 @@ int main() {
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cufftHandle plan;
-    FFT_CHECK(cufftCreate(&plan));
-    FFT_CHECK(cufftSetAutoAllocation(plan, 0));
+    CHECK_STATUS(cufftCreate(&plan));
+    CHECK_STATUS(cufftSetAutoAllocation(plan, 0));
     long long dims[1] = {n};
     size_t work_size = 0, queried = 0;
-    FFT_CHECK(cufftMakePlanMany64(plan, 1, dims, nullptr, 1, n, nullptr, 1, n, CUFFT_Z2Z, batch, &work_size));
-    FFT_CHECK(cufftGetSize(plan, &queried));
+    CHECK_STATUS(cufftMakePlanMany64(plan, 1, dims, nullptr, 1, n, nullptr, 1, n, CUFFT_Z2Z, batch, &work_size));
+    CHECK_STATUS(cufftGetSize(plan, &queried));
     EXPECT(queried == work_size);
     void* work = nullptr;
     if (work_size > 0) CHECK(cudaMalloc(&work, work_size));
-    FFT_CHECK(cufftSetWorkArea(plan, work));
-    FFT_CHECK(cufftSetStream(plan, stream));
-    FFT_CHECK(cufftExecZ2Z(plan, in, out, CUFFT_FORWARD));
-    FFT_CHECK(cufftExecZ2Z(plan, out, in, CUFFT_INVERSE));
+    CHECK_STATUS(cufftSetWorkArea(plan, work));
+    CHECK_STATUS(cufftSetStream(plan, stream));
+    CHECK_STATUS(cufftExecZ2Z(plan, in, out, CUFFT_FORWARD));
+    CHECK_STATUS(cufftExecZ2Z(plan, out, in, CUFFT_INVERSE));
     CHECK(cudaStreamSynchronize(stream));
     std::vector<double> spectrum = download((double*)out, host.size());
     std::vector<double> back = download((double*)in, host.size());
     EXPECT(max_error(back, host, 1.0 / n) < 1e-9);
     report.line("z2z work area", checksum(spectrum));
     report.line("z2z inverse", checksum(back));
-    FFT_CHECK(cufftDestroy(plan));
+    CHECK_STATUS(cufftDestroy(plan));
     CHECK(cudaStreamDestroy(stream));
     if (work) CHECK(cudaFree(work));
     CHECK(cudaFree(in));
@@ -160,18 +150,18 @@ int main() {
     CHECK(cudaMalloc(&data, host.size() * sizeof(__half)));
     CHECK(cudaMemcpy(data, host.data(), host.size() * sizeof(__half), cudaMemcpyHostToDevice));
     cufftHandle plan;
-    FFT_CHECK(cufftCreate(&plan));
+    CHECK_STATUS(cufftCreate(&plan));
     long long dims[1] = {n};
     size_t work_size = 0, again = 0;
-    FFT_CHECK(cufftXtMakePlanMany(plan, 1, dims, nullptr, 1, 1, CUDA_C_16F, nullptr, 1, 1, CUDA_C_16F, batch,
+    CHECK_STATUS(cufftXtMakePlanMany(plan, 1, dims, nullptr, 1, 1, CUDA_C_16F, nullptr, 1, 1, CUDA_C_16F, batch,
                                   &work_size, CUDA_C_16F));
-    FFT_CHECK(cufftXtGetSizeMany(plan, 1, dims, nullptr, 1, 1, CUDA_C_16F, nullptr, 1, 1, CUDA_C_16F, batch,
+    CHECK_STATUS(cufftXtGetSizeMany(plan, 1, dims, nullptr, 1, 1, CUDA_C_16F, nullptr, 1, 1, CUDA_C_16F, batch,
                                  &again, CUDA_C_16F));
     EXPECT(again == work_size);
-    FFT_CHECK(cufftXtExec(plan, data, data, CUFFT_FORWARD));
+    CHECK_STATUS(cufftXtExec(plan, data, data, CUFFT_FORWARD));
     std::vector<__half> spectrum = download((__half*)data, host.size());
     report.line("xt c2c half", fnv1a(spectrum.data(), spectrum.size() * sizeof(__half)));
-    FFT_CHECK(cufftDestroy(plan));
+    CHECK_STATUS(cufftDestroy(plan));
     CHECK(cudaFree(data));
   }
 

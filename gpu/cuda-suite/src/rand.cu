@@ -6,16 +6,6 @@
 
 #include "common.h"
 
-#define RAND_CHECK(call)                                                                    \
-  do {                                                                                      \
-    curandStatus_t rand_err_ = (call);                                                      \
-    if (rand_err_ != CURAND_STATUS_SUCCESS) {                                               \
-      fprintf(stderr, "%s:%d: %s failed: curandStatus %d\n", __FILE__, __LINE__, #call,     \
-              (int)rand_err_);                                                              \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
-
 template <typename T>
 static unsigned long long device_checksum(const T* d, size_t n) {
   std::vector<T> host(n);
@@ -26,8 +16,8 @@ static unsigned long long device_checksum(const T* d, size_t n) {
 int main() {
   Report report;
   int version = 0, major = 0;
-  RAND_CHECK(curandGetVersion(&version));
-  RAND_CHECK(curandGetProperty(MAJOR_VERSION, &major));
+  CHECK_STATUS(curandGetVersion(&version));
+  CHECK_STATUS(curandGetProperty(MAJOR_VERSION, &major));
   EXPECT(version > 0 && major > 0);
 
   const size_t n = 1 << 20;
@@ -46,69 +36,69 @@ int main() {
   const char* names[] = {"xorwow", "philox", "mrg32k3a", "mt19937"};
   for (int k = 0; k < 4; ++k) {
     curandGenerator_t gen;
-    RAND_CHECK(curandCreateGenerator(&gen, kinds[k]));
-    RAND_CHECK(curandSetPseudoRandomGeneratorSeed(gen, 1234ull + k));
-    RAND_CHECK(curandSetStream(gen, stream));
+    CHECK_STATUS(curandCreateGenerator(&gen, kinds[k]));
+    CHECK_STATUS(curandSetPseudoRandomGeneratorSeed(gen, 1234ull + k));
+    CHECK_STATUS(curandSetStream(gen, stream));
     char label[32];
-    RAND_CHECK(curandGenerate(gen, u, n));
+    CHECK_STATUS(curandGenerate(gen, u, n));
     CHECK(cudaStreamSynchronize(stream));
     snprintf(label, sizeof label, "%s bits", names[k]);
     report.line(label, device_checksum(u, n));
-    RAND_CHECK(curandGenerateUniform(gen, f, n));
+    CHECK_STATUS(curandGenerateUniform(gen, f, n));
     CHECK(cudaStreamSynchronize(stream));
     snprintf(label, sizeof label, "%s uniform", names[k]);
     report.line(label, device_checksum(f, n));
-    RAND_CHECK(curandGenerateNormal(gen, f, n, 1.5f, 0.25f));
+    CHECK_STATUS(curandGenerateNormal(gen, f, n, 1.5f, 0.25f));
     CHECK(cudaStreamSynchronize(stream));
     snprintf(label, sizeof label, "%s normal", names[k]);
     report.line(label, device_checksum(f, n));
-    RAND_CHECK(curandGenerateLogNormalDouble(gen, d, n, 0.0, 0.5));
+    CHECK_STATUS(curandGenerateLogNormalDouble(gen, d, n, 0.0, 0.5));
     CHECK(cudaStreamSynchronize(stream));
     snprintf(label, sizeof label, "%s lognormal", names[k]);
     report.line(label, device_checksum(d, n));
-    RAND_CHECK(curandDestroyGenerator(gen));
+    CHECK_STATUS(curandDestroyGenerator(gen));
   }
 
   // Offsets and orderings: Philox skipped ahead, XORWOW in its seeded ordering.
   {
     curandGenerator_t gen;
-    RAND_CHECK(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
-    RAND_CHECK(curandSetPseudoRandomGeneratorSeed(gen, 99));
-    RAND_CHECK(curandSetGeneratorOffset(gen, 1ull << 33));
-    RAND_CHECK(curandGenerateUniformDouble(gen, d, n));
+    CHECK_STATUS(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10));
+    CHECK_STATUS(curandSetPseudoRandomGeneratorSeed(gen, 99));
+    CHECK_STATUS(curandSetGeneratorOffset(gen, 1ull << 33));
+    CHECK_STATUS(curandGenerateUniformDouble(gen, d, n));
     report.line("philox offset", device_checksum(d, n));
-    RAND_CHECK(curandGeneratePoisson(gen, u, n, 4.5));
+    CHECK_STATUS(curandGeneratePoisson(gen, u, n, 4.5));
     report.line("philox poisson", device_checksum(u, n));
-    RAND_CHECK(curandDestroyGenerator(gen));
-    RAND_CHECK(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_XORWOW));
-    RAND_CHECK(curandSetGeneratorOrdering(gen, CURAND_ORDERING_PSEUDO_SEEDED));
-    RAND_CHECK(curandSetPseudoRandomGeneratorSeed(gen, 7));
-    RAND_CHECK(curandGenerateSeeds(gen));
-    RAND_CHECK(curandGenerateNormalDouble(gen, d, n, -2.0, 3.0));
+    CHECK_STATUS(curandDestroyGenerator(gen));
+    CHECK_STATUS(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_XORWOW));
+    CHECK_STATUS(curandSetGeneratorOrdering(gen, CURAND_ORDERING_PSEUDO_SEEDED));
+    CHECK_STATUS(curandSetPseudoRandomGeneratorSeed(gen, 7));
+    CHECK_STATUS(curandGenerateSeeds(gen));
+    CHECK_STATUS(curandGenerateNormalDouble(gen, d, n, -2.0, 3.0));
     report.line("xorwow seeded", device_checksum(d, n));
-    RAND_CHECK(curandDestroyGenerator(gen));
+    CHECK_STATUS(curandDestroyGenerator(gen));
   }
 
   // Quasi-random: 4-dimensional Sobol, 32 and 64 bits.
   {
     curandGenerator_t gen;
-    RAND_CHECK(curandCreateGenerator(&gen, CURAND_RNG_QUASI_SCRAMBLED_SOBOL32));
-    RAND_CHECK(curandSetQuasiRandomGeneratorDimensions(gen, 4));
-    RAND_CHECK(curandGenerateUniform(gen, f, n));
+    CHECK_STATUS(curandCreateGenerator(&gen, CURAND_RNG_QUASI_SCRAMBLED_SOBOL32));
+    CHECK_STATUS(curandSetQuasiRandomGeneratorDimensions(gen, 4));
+    CHECK_STATUS(curandGenerateUniform(gen, f, n));
     report.line("sobol32", device_checksum(f, n));
-    RAND_CHECK(curandDestroyGenerator(gen));
-    RAND_CHECK(curandCreateGenerator(&gen, CURAND_RNG_QUASI_SOBOL64));
-    RAND_CHECK(curandSetQuasiRandomGeneratorDimensions(gen, 2));
-    RAND_CHECK(curandGenerateLongLong(gen, ull, n));
+    CHECK_STATUS(curandDestroyGenerator(gen));
+    CHECK_STATUS(curandCreateGenerator(&gen, CURAND_RNG_QUASI_SOBOL64));
+    CHECK_STATUS(curandSetQuasiRandomGeneratorDimensions(gen, 2));
+    CHECK_STATUS(curandGenerateLongLong(gen, ull, n));
     report.line("sobol64", device_checksum(ull, n));
-    RAND_CHECK(curandDestroyGenerator(gen));
+    CHECK_STATUS(curandDestroyGenerator(gen));
   }
 
   // A discrete distribution made by the library, then freed.
   {
     curandDiscreteDistribution_t poisson;
-    RAND_CHECK(curandCreatePoissonDistribution(12.0, &poisson));
-    RAND_CHECK(curandDestroyDistribution(poisson));
+    CHECK_STATUS(curandCreatePoissonDistribution(12.0, &poisson));
+    CHECK_STATUS(curandDestroyDistribution(poisson));
   }
 
   CHECK(cudaStreamDestroy(stream));
