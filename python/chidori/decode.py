@@ -400,24 +400,25 @@ class _Streamed:
             self.done = all(self.finished)
 
 
-def _generated_length(rows: Any, plan: _Plan, steps: int) -> int:
-    """How many tokens generate returns: up to the step where every sequence had ended."""
+def _scan(rows: Any, plan: _Plan, steps: int) -> _Streamed:
+    """The first ``steps`` rows counted as generate counts them, up to the step where every
+    sequence had ended (``done``)."""
     count = _Streamed(None, plan, rows.shape[1])
     for t in range(steps):
         count.put(rows[t])
         if count.done:
             break
-    return count.rows
+    return count
+
+
+def _generated_length(rows: Any, plan: _Plan, steps: int) -> int:
+    """How many tokens generate returns: up to the step where every sequence had ended."""
+    return _scan(rows, plan, steps).rows
 
 
 def _ended_within(rows: Any, plan: _Plan, known: int) -> bool:
     """Whether every sequence has ended within the first ``known`` rows."""
-    count = _Streamed(None, plan, rows.shape[1])
-    for t in range(known):
-        count.put(rows[t])
-        if count.done:
-            return True
-    return False
+    return _scan(rows, plan, known).done
 
 
 def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
