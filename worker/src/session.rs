@@ -1543,6 +1543,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_check_tables_are_sorted_for_their_binary_search() {
+        use chidori_cuda::checks::{FIXED, PARAMS, SAME, fixed, params, same};
+        assert!(PARAMS.windows(2).all(|w| w[0].0 <= w[1].0));
+        assert!(FIXED.windows(2).all(|w| w[0].0 <= w[1].0));
+        assert!(SAME.windows(2).all(|w| w[0].0 <= w[1].0));
+        // Every entry is found by its lookup, and a name no table has finds nothing.
+        for (f, i, values) in PARAMS {
+            assert!(params(f).any(|(j, v)| j == *i && v == *values), "{f}");
+        }
+        for (f, form, i, value) in FIXED {
+            assert!(fixed(f, *form).any(|(j, v)| j == *i && v == *value), "{f}");
+        }
+        for (f, form, i, other) in SAME {
+            assert!(same(f, *form).any(|(j, o)| j == *i && o == *other), "{f}");
+        }
+        assert_eq!(params("cudaNoSuchFunction").count(), 0);
+    }
+
+    #[test]
     fn frames_of_different_threads_run_in_issue_order() {
         let turn = Arc::new(Turn::default());
         let log = Arc::new(Mutex::new(Vec::new()));

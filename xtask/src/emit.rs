@@ -495,22 +495,29 @@ impl<'a> Emitter<'a> {
                 }
                 /// (function, parameter index, the values it may hold), sorted.
                 pub static PARAMS: &[(&str, u8, &[u64])] = &[#(#params),*];
+                /// The entries of `table` (sorted by function name) for `function`: a binary
+                /// search, since the worker asks for every call.
+                fn of<T>(table: &'static [T], function: &str, name: impl Fn(&T) -> &'static str) -> &'static [T] {
+                    let start = table.partition_point(|e| name(e) < function);
+                    let len = table[start..].partition_point(|e| name(e) == function);
+                    &table[start..start + len]
+                }
                 /// The restricted parameters of `function`: (index, allowed values).
                 pub fn params(function: &str) -> impl Iterator<Item = (u8, &'static [u64])> + '_ {
-                    PARAMS.iter().filter(move |(f, _, _)| *f == function).map(|(_, i, v)| (*i, *v))
+                    of(PARAMS, function, |e| e.0).iter().map(|(_, i, v)| (*i, *v))
                 }
                 /// (function, wire form, parameter index, the value the worker passes), sorted.
                 pub static FIXED: &[(&str, Form, u8, u64)] = &[#(#fixed),*];
                 /// The parameters wire form `form` of `function` fixes: (index, value).
                 pub fn fixed(function: &str, form: Form) -> impl Iterator<Item = (u8, u64)> + '_ {
-                    FIXED.iter().filter(move |(f, w, _, _)| *f == function && *w == form).map(|(_, _, i, v)| (*i, *v))
+                    of(FIXED, function, |e| e.0).iter().filter(move |(_, w, _, _)| *w == form).map(|(_, _, i, v)| (*i, *v))
                 }
                 /// (function, wire form, parameter index, the parameter whose value it takes), sorted.
                 pub static SAME: &[(&str, Form, u8, u8)] = &[#(#same),*];
                 /// The parameters wire form `form` of `function` sets to another's value: (index,
                 /// the other's index).
                 pub fn same(function: &str, form: Form) -> impl Iterator<Item = (u8, u8)> + '_ {
-                    SAME.iter().filter(move |(f, w, _, _)| *f == function && *w == form).map(|(_, _, i, j)| (*i, *j))
+                    of(SAME, function, |e| e.0).iter().filter(move |(_, w, _, _)| *w == form).map(|(_, _, i, j)| (*i, *j))
                 }
             },
         )

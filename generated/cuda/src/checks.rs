@@ -2099,9 +2099,20 @@ pub static PARAMS: &[(&str, u8, &[u64])] = &[
     ("cudaStreamSetAttribute", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
     ("cudaStreamSetAttribute_ptsz", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
 ];
+/// The entries of `table` (sorted by function name) for `function`: a binary
+/// search, since the worker asks for every call.
+fn of<T>(
+    table: &'static [T],
+    function: &str,
+    name: impl Fn(&T) -> &'static str,
+) -> &'static [T] {
+    let start = table.partition_point(|e| name(e) < function);
+    let len = table[start..].partition_point(|e| name(e) == function);
+    &table[start..start + len]
+}
 /// The restricted parameters of `function`: (index, allowed values).
 pub fn params(function: &str) -> impl Iterator<Item = (u8, &'static [u64])> + '_ {
-    PARAMS.iter().filter(move |(f, _, _)| *f == function).map(|(_, i, v)| (*i, *v))
+    of(PARAMS, function, |e| e.0).iter().map(|(_, i, v)| (*i, *v))
 }
 /// (function, wire form, parameter index, the value the worker passes), sorted.
 pub static FIXED: &[(&str, Form, u8, u64)] = &[
@@ -2167,9 +2178,9 @@ pub static FIXED: &[(&str, Form, u8, u64)] = &[
 ];
 /// The parameters wire form `form` of `function` fixes: (index, value).
 pub fn fixed(function: &str, form: Form) -> impl Iterator<Item = (u8, u64)> + '_ {
-    FIXED
+    of(FIXED, function, |e| e.0)
         .iter()
-        .filter(move |(f, w, _, _)| *f == function && *w == form)
+        .filter(move |(_, w, _, _)| *w == form)
         .map(|(_, _, i, v)| (*i, *v))
 }
 /// (function, wire form, parameter index, the parameter whose value it takes), sorted.
@@ -2194,7 +2205,8 @@ pub static SAME: &[(&str, Form, u8, u8)] = &[
 /// The parameters wire form `form` of `function` sets to another's value: (index,
 /// the other's index).
 pub fn same(function: &str, form: Form) -> impl Iterator<Item = (u8, u8)> + '_ {
-    SAME.iter()
-        .filter(move |(f, w, _, _)| *f == function && *w == form)
+    of(SAME, function, |e| e.0)
+        .iter()
+        .filter(move |(_, w, _, _)| *w == form)
         .map(|(_, _, i, j)| (*i, *j))
 }
