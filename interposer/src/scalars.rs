@@ -24,11 +24,6 @@ pub fn set_device_mode(handle: u64, device: bool) {
     CLIENT.scalar_modes.update(handle, |m| m.device = device);
 }
 
-/// Bytes of the host scalars of calls on `handle`, where the client knows them.
-pub fn size(handle: u64) -> Option<u64> {
-    mode(handle).bytes
-}
-
 /// Record the bytes of `handle`'s host scalars (None: not known, the widest is read).
 pub fn set_size(handle: u64, bytes: Option<u64>) {
     CLIENT.scalar_modes.update(handle, |m| m.bytes = bytes);
@@ -75,10 +70,10 @@ mod tests {
         assert_eq!(data_type_bytes(u64::from(T::CUDA_C_64F)), Some(16));
         assert_eq!(data_type_bytes(u64::from(T::CUDA_R_16F)), Some(2));
         assert_eq!(data_type_bytes(9999), None);
-        assert_eq!(size(0x4321), None);
+        assert_eq!(mode(0x4321).bytes, None);
         set_size(0x4321, Some(4));
-        assert_eq!(size(0x4321), Some(4));
+        assert_eq!(mode(0x4321).bytes, Some(4));
         forget(0x4321);
-        assert_eq!(size(0x4321), None);
+        assert_eq!(mode(0x4321).bytes, None);
     }
 }
