@@ -447,11 +447,18 @@ if want libs; then
   # chidori on loopback; the printed values must be equal.
   for script in ${LIBS:-gpu/libs/jax_smoke.py gpu/libs/cupy_smoke.py gpu/libs/nvml_smoke.py}; do
     name=$(basename "$script" .py)
-    timeout ${RUN_TIMEOUT:-150} python3 "$script" > "$LOGS/$name-native.out" 2> "$LOGS/$name-native.err"
+    # -X faulthandler: a crash prints the Python stack it happened under.
+    timeout ${RUN_TIMEOUT:-150} python3 -X faulthandler "$script" > "$LOGS/$name-native.out" \
+      2> "$LOGS/$name-native.err"
     native_rc=$?
-    timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- python3 "$script" > "$LOGS/$name-remote.out" \
-      2> "$LOGS/$name-remote.err"
+    timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- python3 -X faulthandler "$script" \
+      > "$LOGS/$name-remote.out" 2> "$LOGS/$name-remote.err"
     remote_rc=$?
+    if ((remote_rc == 139)) && command -v gdb >/dev/null; then
+      # A native crash remotely: once more under gdb for the C stacks of every thread.
+      timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- gdb -q -batch -ex run \
+        -ex 'thread apply all bt 25' --args python3 "$script" > "$LOGS/$name-gdb.txt" 2>&1
+    fi
     if ((native_rc == 0 && remote_rc == 0)) && cmp -s "$LOGS/$name-native.out" "$LOGS/$name-remote.out"; then
       row "$name" "match: $(head -1 "$LOGS/$name-native.out")"
     else

@@ -108,6 +108,18 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetVersion() -> usize {
             as usize
     }
 }
+///`cublasLtHeuristicsCacheGetCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtHeuristicsCacheGetCapacity(
+    capacity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtHeuristicsCacheGetCapacity,
+            &[(capacity) as usize as u64],
+        ) as u32
+    }
+}
 ///`cublasLtHeuristicsCacheSetCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtHeuristicsCacheSetCapacity(
@@ -234,6 +246,126 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmul__cu126(
                 (workspace) as usize as u64,
                 (workspaceSizeInBytes) as u64,
                 (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoCapGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoCapGetAttribute(
+    algo: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoCapGetAttribute,
+            &[
+                (algo) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoCheck` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoCheck__cu118(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    algo: *mut c_void,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoCheck__cu118,
+            &[
+                (lightHandle) as usize as u64,
+                (operationDesc) as usize as u64,
+                (Adesc) as usize as u64,
+                (Bdesc) as usize as u64,
+                (Cdesc) as usize as u64,
+                (Ddesc) as usize as u64,
+                (algo) as usize as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoCheck` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoCheck__cu126(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    algo: *mut c_void,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoCheck__cu126,
+            &[
+                (lightHandle) as usize as u64,
+                (operationDesc) as usize as u64,
+                (Adesc) as usize as u64,
+                (Bdesc) as usize as u64,
+                (Cdesc) as usize as u64,
+                (Ddesc) as usize as u64,
+                (algo) as usize as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoConfigGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoConfigGetAttribute(
+    algo: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoConfigGetAttribute,
+            &[
+                (algo) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoConfigSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoConfigSetAttribute(
+    algo: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoConfigSetAttribute,
+            &[
+                (algo) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
             ],
         ) as u32
     }
@@ -373,6 +505,68 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu12
         )
     }
 }
+///`cublasLtMatmulAlgoGetIds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetIds(
+    lightHandle: *mut c_void,
+    computeType: u32,
+    scaleType: u32,
+    Atype: u32,
+    Btype: u32,
+    Ctype: u32,
+    Dtype: u32,
+    requestedAlgoCount: i32,
+    algoIdsArray: *mut c_void,
+    returnAlgoCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetIds,
+            &[
+                (lightHandle) as usize as u64,
+                (computeType) as u64,
+                (scaleType) as u64,
+                (Atype) as u64,
+                (Btype) as u64,
+                (Ctype) as u64,
+                (Dtype) as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (algoIdsArray) as usize as u64,
+                (returnAlgoCount) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoInit(
+    lightHandle: *mut c_void,
+    computeType: u32,
+    scaleType: u32,
+    Atype: u32,
+    Btype: u32,
+    Ctype: u32,
+    Dtype: u32,
+    algoId: i32,
+    algo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoInit,
+            &[
+                (lightHandle) as usize as u64,
+                (computeType) as u64,
+                (scaleType) as u64,
+                (Atype) as u64,
+                (Btype) as u64,
+                (Ctype) as u64,
+                (Dtype) as u64,
+                (algoId) as i64 as u64,
+                (algo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasLtMatmulDescCreate` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu118(
@@ -481,6 +675,50 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu126(
             },
         };
         crate::custom::cublaslt::descriptor_destroy(&CTX, matmulDesc)
+    }
+}
+///`cublasLtMatmulDescGetAttribute` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescGetAttribute__cu118(
+    matmulDesc: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulDescGetAttribute__cu118,
+            &[
+                (matmulDesc) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulDescGetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescGetAttribute__cu126(
+    matmulDesc: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulDescGetAttribute__cu126,
+            &[
+                (matmulDesc) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cublasLtMatmulDescInit_internal` for CUDA 11.8, 12.1 (sync).
@@ -685,6 +923,50 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu1
         crate::custom::cublaslt::descriptor_destroy(&CTX, pref)
     }
 }
+///`cublasLtMatmulPreferenceGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceGetAttribute__cu118(
+    pref: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceGetAttribute__cu118,
+            &[
+                (pref) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulPreferenceGetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceGetAttribute__cu121(
+    pref: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceGetAttribute__cu121,
+            &[
+                (pref) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasLtMatmulPreferenceInit_internal` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceInit_internal__cu118(
@@ -830,6 +1112,28 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy(
             },
         };
         crate::custom::cublaslt::descriptor_destroy(&CTX, matLayout)
+    }
+}
+///`cublasLtMatrixLayoutGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute(
+    matLayout: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutGetAttribute,
+            &[
+                (matLayout) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cublasLtMatrixLayoutInit_internal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -664,6 +664,42 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanSpeed_v2(
         ) as u32
     }
 }
+///`nvmlDeviceGetFieldValues` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFieldValues__cu118(
+    device: *mut c_void,
+    valuesCount: i32,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetFieldValues__cu118,
+            &[
+                (device) as usize as u64,
+                (valuesCount) as i64 as u64,
+                (values) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetFieldValues` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFieldValues__cu126(
+    device: *mut c_void,
+    valuesCount: i32,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetFieldValues__cu126,
+            &[
+                (device) as usize as u64,
+                (valuesCount) as i64 as u64,
+                (values) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetGpcClkMinMaxVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpcClkMinMaxVfOffset(
@@ -692,6 +728,58 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpcClkVfOffset(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetGpcClkVfOffset,
             &[(device) as usize as u64, (offset) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGpuFabricInfo` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfo__cu121(
+    device: *mut c_void,
+    gpuFabricInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuFabricInfo__cu121,
+            &[(device) as usize as u64, (gpuFabricInfo) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGpuFabricInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfo__cu126(
+    device: *mut c_void,
+    gpuFabricInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuFabricInfo__cu126,
+            &[(device) as usize as u64, (gpuFabricInfo) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGpuFabricInfoV` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu126(
+    device: *mut c_void,
+    gpuFabricInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuFabricInfoV__cu126,
+            &[(device) as usize as u64, (gpuFabricInfo) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGpuFabricInfoV` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu130(
+    device: *mut c_void,
+    gpuFabricInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuFabricInfoV__cu130,
+            &[(device) as usize as u64, (gpuFabricInfo) as usize as u64],
         ) as u32
     }
 }

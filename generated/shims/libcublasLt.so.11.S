@@ -957,10 +957,7 @@ cublasLtHeuristicLutSerializeEntry:
     .globl cublasLtHeuristicsCacheGetCapacity
     .type cublasLtHeuristicsCacheGetCapacity, @function
 cublasLtHeuristicsCacheGetCapacity:
-    leaq .Lname116(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtHeuristicsCacheGetCapacity@PLT
     .size cublasLtHeuristicsCacheGetCapacity, .-cublasLtHeuristicsCacheGetCapacity
     .globl cublasLtHeuristicsCacheSetCapacity
     .type cublasLtHeuristicsCacheSetCapacity, @function
@@ -970,7 +967,7 @@ cublasLtHeuristicsCacheSetCapacity:
     .globl cublasLtKCCMatmul
     .type cublasLtKCCMatmul, @function
 cublasLtKCCMatmul:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -978,7 +975,7 @@ cublasLtKCCMatmul:
     .globl cublasLtKCCMatmulAlgoCapGetAttribute
     .type cublasLtKCCMatmulAlgoCapGetAttribute, @function
 cublasLtKCCMatmulAlgoCapGetAttribute:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -986,7 +983,7 @@ cublasLtKCCMatmulAlgoCapGetAttribute:
     .globl cublasLtKCCMatmulAlgoCheck
     .type cublasLtKCCMatmulAlgoCheck, @function
 cublasLtKCCMatmulAlgoCheck:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -994,7 +991,7 @@ cublasLtKCCMatmulAlgoCheck:
     .globl cublasLtKCCMatmulAlgoGetHeuristic
     .type cublasLtKCCMatmulAlgoGetHeuristic, @function
 cublasLtKCCMatmulAlgoGetHeuristic:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1002,7 +999,7 @@ cublasLtKCCMatmulAlgoGetHeuristic:
     .globl cublasLtKCCMatmulAlgoGetIds
     .type cublasLtKCCMatmulAlgoGetIds, @function
 cublasLtKCCMatmulAlgoGetIds:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1010,7 +1007,7 @@ cublasLtKCCMatmulAlgoGetIds:
     .globl cublasLtKCCMatmulAlgoInit
     .type cublasLtKCCMatmulAlgoInit, @function
 cublasLtKCCMatmulAlgoInit:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1018,7 +1015,7 @@ cublasLtKCCMatmulAlgoInit:
     .globl cublasLtKCKMatmul
     .type cublasLtKCKMatmul, @function
 cublasLtKCKMatmul:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1026,7 +1023,7 @@ cublasLtKCKMatmul:
     .globl cublasLtKCKMatmulAlgoCapGetAttribute
     .type cublasLtKCKMatmulAlgoCapGetAttribute, @function
 cublasLtKCKMatmulAlgoCapGetAttribute:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1034,7 +1031,7 @@ cublasLtKCKMatmulAlgoCapGetAttribute:
     .globl cublasLtKCKMatmulAlgoCheck
     .type cublasLtKCKMatmulAlgoCheck, @function
 cublasLtKCKMatmulAlgoCheck:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1042,7 +1039,7 @@ cublasLtKCKMatmulAlgoCheck:
     .globl cublasLtKCKMatmulAlgoGetHeuristic
     .type cublasLtKCKMatmulAlgoGetHeuristic, @function
 cublasLtKCKMatmulAlgoGetHeuristic:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1050,7 +1047,7 @@ cublasLtKCKMatmulAlgoGetHeuristic:
     .globl cublasLtKCKMatmulAlgoGetIds
     .type cublasLtKCKMatmulAlgoGetIds, @function
 cublasLtKCKMatmulAlgoGetIds:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1058,7 +1055,7 @@ cublasLtKCKMatmulAlgoGetIds:
     .globl cublasLtKCKMatmulAlgoInit
     .type cublasLtKCKMatmulAlgoInit, @function
 cublasLtKCKMatmulAlgoInit:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1066,7 +1063,7 @@ cublasLtKCKMatmulAlgoInit:
     .globl cublasLtLegacyGemmACC
     .type cublasLtLegacyGemmACC, @function
 cublasLtLegacyGemmACC:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1074,7 +1071,7 @@ cublasLtLegacyGemmACC:
     .globl cublasLtLegacyGemmBII
     .type cublasLtLegacyGemmBII, @function
 cublasLtLegacyGemmBII:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1082,7 +1079,7 @@ cublasLtLegacyGemmBII:
     .globl cublasLtLegacyGemmBSS
     .type cublasLtLegacyGemmBSS, @function
 cublasLtLegacyGemmBSS:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1090,7 +1087,7 @@ cublasLtLegacyGemmBSS:
     .globl cublasLtLegacyGemmCCC
     .type cublasLtLegacyGemmCCC, @function
 cublasLtLegacyGemmCCC:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1098,7 +1095,7 @@ cublasLtLegacyGemmCCC:
     .globl cublasLtLegacyGemmDDD
     .type cublasLtLegacyGemmDDD, @function
 cublasLtLegacyGemmDDD:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1106,7 +1103,7 @@ cublasLtLegacyGemmDDD:
     .globl cublasLtLegacyGemmHHH
     .type cublasLtLegacyGemmHHH, @function
 cublasLtLegacyGemmHHH:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1114,7 +1111,7 @@ cublasLtLegacyGemmHHH:
     .globl cublasLtLegacyGemmHSH
     .type cublasLtLegacyGemmHSH, @function
 cublasLtLegacyGemmHSH:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1122,7 +1119,7 @@ cublasLtLegacyGemmHSH:
     .globl cublasLtLegacyGemmHSS
     .type cublasLtLegacyGemmHSS, @function
 cublasLtLegacyGemmHSS:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1130,7 +1127,7 @@ cublasLtLegacyGemmHSS:
     .globl cublasLtLegacyGemmSSS
     .type cublasLtLegacyGemmSSS, @function
 cublasLtLegacyGemmSSS:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1138,7 +1135,7 @@ cublasLtLegacyGemmSSS:
     .globl cublasLtLegacyGemmTSS
     .type cublasLtLegacyGemmTSS, @function
 cublasLtLegacyGemmTSS:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1146,7 +1143,7 @@ cublasLtLegacyGemmTSS:
     .globl cublasLtLegacyGemmTST
     .type cublasLtLegacyGemmTST, @function
 cublasLtLegacyGemmTST:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1154,7 +1151,7 @@ cublasLtLegacyGemmTST:
     .globl cublasLtLegacyGemmUtilizationCCC
     .type cublasLtLegacyGemmUtilizationCCC, @function
 cublasLtLegacyGemmUtilizationCCC:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1162,7 +1159,7 @@ cublasLtLegacyGemmUtilizationCCC:
     .globl cublasLtLegacyGemmUtilizationDDD
     .type cublasLtLegacyGemmUtilizationDDD, @function
 cublasLtLegacyGemmUtilizationDDD:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1170,7 +1167,7 @@ cublasLtLegacyGemmUtilizationDDD:
     .globl cublasLtLegacyGemmUtilizationZZZ
     .type cublasLtLegacyGemmUtilizationZZZ, @function
 cublasLtLegacyGemmUtilizationZZZ:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1178,7 +1175,7 @@ cublasLtLegacyGemmUtilizationZZZ:
     .globl cublasLtLegacyGemmZZZ
     .type cublasLtLegacyGemmZZZ, @function
 cublasLtLegacyGemmZZZ:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1191,7 +1188,7 @@ cublasLtLoggerForceDisable:
     .globl cublasLtLoggerOpenFile
     .type cublasLtLoggerOpenFile, @function
 cublasLtLoggerOpenFile:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1199,7 +1196,7 @@ cublasLtLoggerOpenFile:
     .globl cublasLtLoggerSetCallback
     .type cublasLtLoggerSetCallback, @function
 cublasLtLoggerSetCallback:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1207,7 +1204,7 @@ cublasLtLoggerSetCallback:
     .globl cublasLtLoggerSetFile
     .type cublasLtLoggerSetFile, @function
 cublasLtLoggerSetFile:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1230,31 +1227,22 @@ cublasLtMatmul:
     .globl cublasLtMatmulAlgoCapGetAttribute
     .type cublasLtMatmulAlgoCapGetAttribute, @function
 cublasLtMatmulAlgoCapGetAttribute:
-    leaq .Lname147(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoCapGetAttribute@PLT
     .size cublasLtMatmulAlgoCapGetAttribute, .-cublasLtMatmulAlgoCapGetAttribute
     .globl cublasLtMatmulAlgoCheck
     .type cublasLtMatmulAlgoCheck, @function
 cublasLtMatmulAlgoCheck:
-    leaq .Lname148(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoCheck__cu118@PLT
     .size cublasLtMatmulAlgoCheck, .-cublasLtMatmulAlgoCheck
     .globl cublasLtMatmulAlgoConfigGetAttribute
     .type cublasLtMatmulAlgoConfigGetAttribute, @function
 cublasLtMatmulAlgoConfigGetAttribute:
-    leaq .Lname149(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoConfigGetAttribute@PLT
     .size cublasLtMatmulAlgoConfigGetAttribute, .-cublasLtMatmulAlgoConfigGetAttribute
     .globl cublasLtMatmulAlgoConfigGetAttributeRange
     .type cublasLtMatmulAlgoConfigGetAttributeRange, @function
 cublasLtMatmulAlgoConfigGetAttributeRange:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1262,10 +1250,7 @@ cublasLtMatmulAlgoConfigGetAttributeRange:
     .globl cublasLtMatmulAlgoConfigSetAttribute
     .type cublasLtMatmulAlgoConfigSetAttribute, @function
 cublasLtMatmulAlgoConfigSetAttribute:
-    leaq .Lname151(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoConfigSetAttribute@PLT
     .size cublasLtMatmulAlgoConfigSetAttribute, .-cublasLtMatmulAlgoConfigSetAttribute
     .globl cublasLtMatmulAlgoGetHeuristic
     .type cublasLtMatmulAlgoGetHeuristic, @function
@@ -1275,18 +1260,12 @@ cublasLtMatmulAlgoGetHeuristic:
     .globl cublasLtMatmulAlgoGetIds
     .type cublasLtMatmulAlgoGetIds, @function
 cublasLtMatmulAlgoGetIds:
-    leaq .Lname152(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoGetIds@PLT
     .size cublasLtMatmulAlgoGetIds, .-cublasLtMatmulAlgoGetIds
     .globl cublasLtMatmulAlgoInit
     .type cublasLtMatmulAlgoInit, @function
 cublasLtMatmulAlgoInit:
-    leaq .Lname153(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoInit@PLT
     .size cublasLtMatmulAlgoInit, .-cublasLtMatmulAlgoInit
     .globl cublasLtMatmulDescCreate
     .type cublasLtMatmulDescCreate, @function
@@ -1301,10 +1280,7 @@ cublasLtMatmulDescDestroy:
     .globl cublasLtMatmulDescGetAttribute
     .type cublasLtMatmulDescGetAttribute, @function
 cublasLtMatmulDescGetAttribute:
-    leaq .Lname154(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulDescGetAttribute__cu118@PLT
     .size cublasLtMatmulDescGetAttribute, .-cublasLtMatmulDescGetAttribute
     .globl cublasLtMatmulDescInit_internal
     .type cublasLtMatmulDescInit_internal, @function
@@ -1329,10 +1305,7 @@ cublasLtMatmulPreferenceDestroy:
     .globl cublasLtMatmulPreferenceGetAttribute
     .type cublasLtMatmulPreferenceGetAttribute, @function
 cublasLtMatmulPreferenceGetAttribute:
-    leaq .Lname155(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulPreferenceGetAttribute__cu118@PLT
     .size cublasLtMatmulPreferenceGetAttribute, .-cublasLtMatmulPreferenceGetAttribute
     .globl cublasLtMatmulPreferenceInit_internal
     .type cublasLtMatmulPreferenceInit_internal, @function
@@ -1357,10 +1330,7 @@ cublasLtMatrixLayoutDestroy:
     .globl cublasLtMatrixLayoutGetAttribute
     .type cublasLtMatrixLayoutGetAttribute, @function
 cublasLtMatrixLayoutGetAttribute:
-    leaq .Lname156(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute@PLT
     .size cublasLtMatrixLayoutGetAttribute, .-cublasLtMatrixLayoutGetAttribute
     .globl cublasLtMatrixLayoutInit_internal
     .type cublasLtMatrixLayoutInit_internal, @function
@@ -1375,7 +1345,7 @@ cublasLtMatrixLayoutSetAttribute:
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1393,7 +1363,7 @@ cublasLtMatrixTransformDescDestroy:
     .globl cublasLtMatrixTransformDescGetAttribute
     .type cublasLtMatrixTransformDescGetAttribute, @function
 cublasLtMatrixTransformDescGetAttribute:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1406,7 +1376,7 @@ cublasLtMatrixTransformDescInit_internal:
     .globl cublasLtMatrixTransformDescSetAttribute
     .type cublasLtMatrixTransformDescSetAttribute, @function
 cublasLtMatrixTransformDescSetAttribute:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1414,7 +1384,7 @@ cublasLtMatrixTransformDescSetAttribute:
     .globl cublasLtSSSMatmul
     .type cublasLtSSSMatmul, @function
 cublasLtSSSMatmul:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1422,7 +1392,7 @@ cublasLtSSSMatmul:
     .globl cublasLtSSSMatmulAlgoCapGetAttribute
     .type cublasLtSSSMatmulAlgoCapGetAttribute, @function
 cublasLtSSSMatmulAlgoCapGetAttribute:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1430,7 +1400,7 @@ cublasLtSSSMatmulAlgoCapGetAttribute:
     .globl cublasLtSSSMatmulAlgoCheck
     .type cublasLtSSSMatmulAlgoCheck, @function
 cublasLtSSSMatmulAlgoCheck:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1438,7 +1408,7 @@ cublasLtSSSMatmulAlgoCheck:
     .globl cublasLtSSSMatmulAlgoGetHeuristic
     .type cublasLtSSSMatmulAlgoGetHeuristic, @function
 cublasLtSSSMatmulAlgoGetHeuristic:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1446,7 +1416,7 @@ cublasLtSSSMatmulAlgoGetHeuristic:
     .globl cublasLtSSSMatmulAlgoGetIds
     .type cublasLtSSSMatmulAlgoGetIds, @function
 cublasLtSSSMatmulAlgoGetIds:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1454,7 +1424,7 @@ cublasLtSSSMatmulAlgoGetIds:
     .globl cublasLtSSSMatmulAlgoInit
     .type cublasLtSSSMatmulAlgoInit, @function
 cublasLtSSSMatmulAlgoInit:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1462,7 +1432,7 @@ cublasLtSSSMatmulAlgoInit:
     .globl cublasLtShutdownCtx
     .type cublasLtShutdownCtx, @function
 cublasLtShutdownCtx:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1470,7 +1440,7 @@ cublasLtShutdownCtx:
     .globl cublasLtTSSMatmul
     .type cublasLtTSSMatmul, @function
 cublasLtTSSMatmul:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1478,7 +1448,7 @@ cublasLtTSSMatmul:
     .globl cublasLtTSSMatmulAlgoCapGetAttribute
     .type cublasLtTSSMatmulAlgoCapGetAttribute, @function
 cublasLtTSSMatmulAlgoCapGetAttribute:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1486,7 +1456,7 @@ cublasLtTSSMatmulAlgoCapGetAttribute:
     .globl cublasLtTSSMatmulAlgoCheck
     .type cublasLtTSSMatmulAlgoCheck, @function
 cublasLtTSSMatmulAlgoCheck:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1494,7 +1464,7 @@ cublasLtTSSMatmulAlgoCheck:
     .globl cublasLtTSSMatmulAlgoGetHeuristic
     .type cublasLtTSSMatmulAlgoGetHeuristic, @function
 cublasLtTSSMatmulAlgoGetHeuristic:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1502,7 +1472,7 @@ cublasLtTSSMatmulAlgoGetHeuristic:
     .globl cublasLtTSSMatmulAlgoGetIds
     .type cublasLtTSSMatmulAlgoGetIds, @function
 cublasLtTSSMatmulAlgoGetIds:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1510,7 +1480,7 @@ cublasLtTSSMatmulAlgoGetIds:
     .globl cublasLtTSSMatmulAlgoInit
     .type cublasLtTSSMatmulAlgoInit, @function
 cublasLtTSSMatmulAlgoInit:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1518,7 +1488,7 @@ cublasLtTSSMatmulAlgoInit:
     .globl cublasLtTSTMatmul
     .type cublasLtTSTMatmul, @function
 cublasLtTSTMatmul:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1526,7 +1496,7 @@ cublasLtTSTMatmul:
     .globl cublasLtTSTMatmulAlgoCapGetAttribute
     .type cublasLtTSTMatmulAlgoCapGetAttribute, @function
 cublasLtTSTMatmulAlgoCapGetAttribute:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1534,7 +1504,7 @@ cublasLtTSTMatmulAlgoCapGetAttribute:
     .globl cublasLtTSTMatmulAlgoCheck
     .type cublasLtTSTMatmulAlgoCheck, @function
 cublasLtTSTMatmulAlgoCheck:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1542,7 +1512,7 @@ cublasLtTSTMatmulAlgoCheck:
     .globl cublasLtTSTMatmulAlgoGetHeuristic
     .type cublasLtTSTMatmulAlgoGetHeuristic, @function
 cublasLtTSTMatmulAlgoGetHeuristic:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1550,7 +1520,7 @@ cublasLtTSTMatmulAlgoGetHeuristic:
     .globl cublasLtTSTMatmulAlgoGetIds
     .type cublasLtTSTMatmulAlgoGetIds, @function
 cublasLtTSTMatmulAlgoGetIds:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1558,7 +1528,7 @@ cublasLtTSTMatmulAlgoGetIds:
     .globl cublasLtTSTMatmulAlgoInit
     .type cublasLtTSTMatmulAlgoInit, @function
 cublasLtTSTMatmulAlgoInit:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1566,7 +1536,7 @@ cublasLtTSTMatmulAlgoInit:
     .globl cublasLtVCCMatmul
     .type cublasLtVCCMatmul, @function
 cublasLtVCCMatmul:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1574,7 +1544,7 @@ cublasLtVCCMatmul:
     .globl cublasLtVCCMatmulAlgoCapGetAttribute
     .type cublasLtVCCMatmulAlgoCapGetAttribute, @function
 cublasLtVCCMatmulAlgoCapGetAttribute:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1582,7 +1552,7 @@ cublasLtVCCMatmulAlgoCapGetAttribute:
     .globl cublasLtVCCMatmulAlgoCheck
     .type cublasLtVCCMatmulAlgoCheck, @function
 cublasLtVCCMatmulAlgoCheck:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1590,7 +1560,7 @@ cublasLtVCCMatmulAlgoCheck:
     .globl cublasLtVCCMatmulAlgoGetHeuristic
     .type cublasLtVCCMatmulAlgoGetHeuristic, @function
 cublasLtVCCMatmulAlgoGetHeuristic:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1598,7 +1568,7 @@ cublasLtVCCMatmulAlgoGetHeuristic:
     .globl cublasLtVCCMatmulAlgoGetIds
     .type cublasLtVCCMatmulAlgoGetIds, @function
 cublasLtVCCMatmulAlgoGetIds:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1606,7 +1576,7 @@ cublasLtVCCMatmulAlgoGetIds:
     .globl cublasLtVCCMatmulAlgoInit
     .type cublasLtVCCMatmulAlgoInit, @function
 cublasLtVCCMatmulAlgoInit:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1614,7 +1584,7 @@ cublasLtVCCMatmulAlgoInit:
     .globl cublasLtVCVMatmul
     .type cublasLtVCVMatmul, @function
 cublasLtVCVMatmul:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1622,7 +1592,7 @@ cublasLtVCVMatmul:
     .globl cublasLtVCVMatmulAlgoCapGetAttribute
     .type cublasLtVCVMatmulAlgoCapGetAttribute, @function
 cublasLtVCVMatmulAlgoCapGetAttribute:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1630,7 +1600,7 @@ cublasLtVCVMatmulAlgoCapGetAttribute:
     .globl cublasLtVCVMatmulAlgoCheck
     .type cublasLtVCVMatmulAlgoCheck, @function
 cublasLtVCVMatmulAlgoCheck:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1638,7 +1608,7 @@ cublasLtVCVMatmulAlgoCheck:
     .globl cublasLtVCVMatmulAlgoGetHeuristic
     .type cublasLtVCVMatmulAlgoGetHeuristic, @function
 cublasLtVCVMatmulAlgoGetHeuristic:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1646,7 +1616,7 @@ cublasLtVCVMatmulAlgoGetHeuristic:
     .globl cublasLtVCVMatmulAlgoGetIds
     .type cublasLtVCVMatmulAlgoGetIds, @function
 cublasLtVCVMatmulAlgoGetIds:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1654,7 +1624,7 @@ cublasLtVCVMatmulAlgoGetIds:
     .globl cublasLtVCVMatmulAlgoInit
     .type cublasLtVCVMatmulAlgoInit, @function
 cublasLtVCVMatmulAlgoInit:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1662,7 +1632,7 @@ cublasLtVCVMatmulAlgoInit:
     .globl cublasLtZZZMatmul
     .type cublasLtZZZMatmul, @function
 cublasLtZZZMatmul:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1670,7 +1640,7 @@ cublasLtZZZMatmul:
     .globl cublasLtZZZMatmulAlgoCapGetAttribute
     .type cublasLtZZZMatmulAlgoCapGetAttribute, @function
 cublasLtZZZMatmulAlgoCapGetAttribute:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1678,7 +1648,7 @@ cublasLtZZZMatmulAlgoCapGetAttribute:
     .globl cublasLtZZZMatmulAlgoCheck
     .type cublasLtZZZMatmulAlgoCheck, @function
 cublasLtZZZMatmulAlgoCheck:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1686,7 +1656,7 @@ cublasLtZZZMatmulAlgoCheck:
     .globl cublasLtZZZMatmulAlgoGetHeuristic
     .type cublasLtZZZMatmulAlgoGetHeuristic, @function
 cublasLtZZZMatmulAlgoGetHeuristic:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1694,7 +1664,7 @@ cublasLtZZZMatmulAlgoGetHeuristic:
     .globl cublasLtZZZMatmulAlgoGetIds
     .type cublasLtZZZMatmulAlgoGetIds, @function
 cublasLtZZZMatmulAlgoGetIds:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1702,7 +1672,7 @@ cublasLtZZZMatmulAlgoGetIds:
     .globl cublasLtZZZMatmulAlgoInit
     .type cublasLtZZZMatmulAlgoInit, @function
 cublasLtZZZMatmulAlgoInit:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1710,7 +1680,7 @@ cublasLtZZZMatmulAlgoInit:
     .globl cublasLt_for_cublas_BII
     .type cublasLt_for_cublas_BII, @function
 cublasLt_for_cublas_BII:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1718,7 +1688,7 @@ cublasLt_for_cublas_BII:
     .globl cublasLt_for_cublas_BSS
     .type cublasLt_for_cublas_BSS, @function
 cublasLt_for_cublas_BSS:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1726,7 +1696,7 @@ cublasLt_for_cublas_BSS:
     .globl cublasLt_for_cublas_CCC
     .type cublasLt_for_cublas_CCC, @function
 cublasLt_for_cublas_CCC:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1734,7 +1704,7 @@ cublasLt_for_cublas_CCC:
     .globl cublasLt_for_cublas_DDD
     .type cublasLt_for_cublas_DDD, @function
 cublasLt_for_cublas_DDD:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1742,7 +1712,7 @@ cublasLt_for_cublas_DDD:
     .globl cublasLt_for_cublas_HHH
     .type cublasLt_for_cublas_HHH, @function
 cublasLt_for_cublas_HHH:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1750,7 +1720,7 @@ cublasLt_for_cublas_HHH:
     .globl cublasLt_for_cublas_HSH
     .type cublasLt_for_cublas_HSH, @function
 cublasLt_for_cublas_HSH:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1758,7 +1728,7 @@ cublasLt_for_cublas_HSH:
     .globl cublasLt_for_cublas_HSS
     .type cublasLt_for_cublas_HSS, @function
 cublasLt_for_cublas_HSS:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1766,7 +1736,7 @@ cublasLt_for_cublas_HSS:
     .globl cublasLt_for_cublas_SSS
     .type cublasLt_for_cublas_SSS, @function
 cublasLt_for_cublas_SSS:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1774,7 +1744,7 @@ cublasLt_for_cublas_SSS:
     .globl cublasLt_for_cublas_TSS
     .type cublasLt_for_cublas_TSS, @function
 cublasLt_for_cublas_TSS:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1782,7 +1752,7 @@ cublasLt_for_cublas_TSS:
     .globl cublasLt_for_cublas_TST
     .type cublasLt_for_cublas_TST, @function
 cublasLt_for_cublas_TST:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1790,7 +1760,7 @@ cublasLt_for_cublas_TST:
     .globl cublasLt_for_cublas_ZZZ
     .type cublasLt_for_cublas_ZZZ, @function
 cublasLt_for_cublas_ZZZ:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2029,187 +1999,167 @@ cublasLt_for_cublas_ZZZ:
 .Lname115:
     .asciz "cublasLtHeuristicLutSerializeEntry"
 .Lname116:
-    .asciz "cublasLtHeuristicsCacheGetCapacity"
-.Lname117:
     .asciz "cublasLtKCCMatmul"
-.Lname118:
+.Lname117:
     .asciz "cublasLtKCCMatmulAlgoCapGetAttribute"
-.Lname119:
+.Lname118:
     .asciz "cublasLtKCCMatmulAlgoCheck"
-.Lname120:
+.Lname119:
     .asciz "cublasLtKCCMatmulAlgoGetHeuristic"
-.Lname121:
+.Lname120:
     .asciz "cublasLtKCCMatmulAlgoGetIds"
-.Lname122:
+.Lname121:
     .asciz "cublasLtKCCMatmulAlgoInit"
-.Lname123:
+.Lname122:
     .asciz "cublasLtKCKMatmul"
-.Lname124:
+.Lname123:
     .asciz "cublasLtKCKMatmulAlgoCapGetAttribute"
-.Lname125:
+.Lname124:
     .asciz "cublasLtKCKMatmulAlgoCheck"
-.Lname126:
+.Lname125:
     .asciz "cublasLtKCKMatmulAlgoGetHeuristic"
-.Lname127:
+.Lname126:
     .asciz "cublasLtKCKMatmulAlgoGetIds"
-.Lname128:
+.Lname127:
     .asciz "cublasLtKCKMatmulAlgoInit"
-.Lname129:
+.Lname128:
     .asciz "cublasLtLegacyGemmACC"
-.Lname130:
+.Lname129:
     .asciz "cublasLtLegacyGemmBII"
-.Lname131:
+.Lname130:
     .asciz "cublasLtLegacyGemmBSS"
-.Lname132:
+.Lname131:
     .asciz "cublasLtLegacyGemmCCC"
-.Lname133:
+.Lname132:
     .asciz "cublasLtLegacyGemmDDD"
-.Lname134:
+.Lname133:
     .asciz "cublasLtLegacyGemmHHH"
-.Lname135:
+.Lname134:
     .asciz "cublasLtLegacyGemmHSH"
-.Lname136:
+.Lname135:
     .asciz "cublasLtLegacyGemmHSS"
-.Lname137:
+.Lname136:
     .asciz "cublasLtLegacyGemmSSS"
-.Lname138:
+.Lname137:
     .asciz "cublasLtLegacyGemmTSS"
-.Lname139:
+.Lname138:
     .asciz "cublasLtLegacyGemmTST"
-.Lname140:
+.Lname139:
     .asciz "cublasLtLegacyGemmUtilizationCCC"
-.Lname141:
+.Lname140:
     .asciz "cublasLtLegacyGemmUtilizationDDD"
-.Lname142:
+.Lname141:
     .asciz "cublasLtLegacyGemmUtilizationZZZ"
-.Lname143:
+.Lname142:
     .asciz "cublasLtLegacyGemmZZZ"
-.Lname144:
+.Lname143:
     .asciz "cublasLtLoggerOpenFile"
-.Lname145:
+.Lname144:
     .asciz "cublasLtLoggerSetCallback"
-.Lname146:
+.Lname145:
     .asciz "cublasLtLoggerSetFile"
-.Lname147:
-    .asciz "cublasLtMatmulAlgoCapGetAttribute"
-.Lname148:
-    .asciz "cublasLtMatmulAlgoCheck"
-.Lname149:
-    .asciz "cublasLtMatmulAlgoConfigGetAttribute"
-.Lname150:
+.Lname146:
     .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
-.Lname151:
-    .asciz "cublasLtMatmulAlgoConfigSetAttribute"
-.Lname152:
-    .asciz "cublasLtMatmulAlgoGetIds"
-.Lname153:
-    .asciz "cublasLtMatmulAlgoInit"
-.Lname154:
-    .asciz "cublasLtMatmulDescGetAttribute"
-.Lname155:
-    .asciz "cublasLtMatmulPreferenceGetAttribute"
-.Lname156:
-    .asciz "cublasLtMatrixLayoutGetAttribute"
-.Lname157:
+.Lname147:
     .asciz "cublasLtMatrixTransform"
-.Lname158:
+.Lname148:
     .asciz "cublasLtMatrixTransformDescGetAttribute"
-.Lname159:
+.Lname149:
     .asciz "cublasLtMatrixTransformDescSetAttribute"
-.Lname160:
+.Lname150:
     .asciz "cublasLtSSSMatmul"
-.Lname161:
+.Lname151:
     .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
-.Lname162:
+.Lname152:
     .asciz "cublasLtSSSMatmulAlgoCheck"
-.Lname163:
+.Lname153:
     .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
-.Lname164:
+.Lname154:
     .asciz "cublasLtSSSMatmulAlgoGetIds"
-.Lname165:
+.Lname155:
     .asciz "cublasLtSSSMatmulAlgoInit"
-.Lname166:
+.Lname156:
     .asciz "cublasLtShutdownCtx"
-.Lname167:
+.Lname157:
     .asciz "cublasLtTSSMatmul"
-.Lname168:
+.Lname158:
     .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
-.Lname169:
+.Lname159:
     .asciz "cublasLtTSSMatmulAlgoCheck"
-.Lname170:
+.Lname160:
     .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
-.Lname171:
+.Lname161:
     .asciz "cublasLtTSSMatmulAlgoGetIds"
-.Lname172:
+.Lname162:
     .asciz "cublasLtTSSMatmulAlgoInit"
-.Lname173:
+.Lname163:
     .asciz "cublasLtTSTMatmul"
-.Lname174:
+.Lname164:
     .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
-.Lname175:
+.Lname165:
     .asciz "cublasLtTSTMatmulAlgoCheck"
-.Lname176:
+.Lname166:
     .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
-.Lname177:
+.Lname167:
     .asciz "cublasLtTSTMatmulAlgoGetIds"
-.Lname178:
+.Lname168:
     .asciz "cublasLtTSTMatmulAlgoInit"
-.Lname179:
+.Lname169:
     .asciz "cublasLtVCCMatmul"
-.Lname180:
+.Lname170:
     .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
-.Lname181:
+.Lname171:
     .asciz "cublasLtVCCMatmulAlgoCheck"
-.Lname182:
+.Lname172:
     .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
-.Lname183:
+.Lname173:
     .asciz "cublasLtVCCMatmulAlgoGetIds"
-.Lname184:
+.Lname174:
     .asciz "cublasLtVCCMatmulAlgoInit"
-.Lname185:
+.Lname175:
     .asciz "cublasLtVCVMatmul"
-.Lname186:
+.Lname176:
     .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
-.Lname187:
+.Lname177:
     .asciz "cublasLtVCVMatmulAlgoCheck"
-.Lname188:
+.Lname178:
     .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
-.Lname189:
+.Lname179:
     .asciz "cublasLtVCVMatmulAlgoGetIds"
-.Lname190:
+.Lname180:
     .asciz "cublasLtVCVMatmulAlgoInit"
-.Lname191:
+.Lname181:
     .asciz "cublasLtZZZMatmul"
-.Lname192:
+.Lname182:
     .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
-.Lname193:
+.Lname183:
     .asciz "cublasLtZZZMatmulAlgoCheck"
-.Lname194:
+.Lname184:
     .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
-.Lname195:
+.Lname185:
     .asciz "cublasLtZZZMatmulAlgoGetIds"
-.Lname196:
+.Lname186:
     .asciz "cublasLtZZZMatmulAlgoInit"
-.Lname197:
+.Lname187:
     .asciz "cublasLt_for_cublas_BII"
-.Lname198:
+.Lname188:
     .asciz "cublasLt_for_cublas_BSS"
-.Lname199:
+.Lname189:
     .asciz "cublasLt_for_cublas_CCC"
-.Lname200:
+.Lname190:
     .asciz "cublasLt_for_cublas_DDD"
-.Lname201:
+.Lname191:
     .asciz "cublasLt_for_cublas_HHH"
-.Lname202:
+.Lname192:
     .asciz "cublasLt_for_cublas_HSH"
-.Lname203:
+.Lname193:
     .asciz "cublasLt_for_cublas_HSS"
-.Lname204:
+.Lname194:
     .asciz "cublasLt_for_cublas_SSS"
-.Lname205:
+.Lname195:
     .asciz "cublasLt_for_cublas_TSS"
-.Lname206:
+.Lname196:
     .asciz "cublasLt_for_cublas_TST"
-.Lname207:
+.Lname197:
     .asciz "cublasLt_for_cublas_ZZZ"
     .section .note.GNU-stack,"",@progbits

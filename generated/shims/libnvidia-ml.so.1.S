@@ -519,10 +519,7 @@ nvmlDeviceGetFanSpeed_v2:
     .globl nvmlDeviceGetFieldValues
     .type nvmlDeviceGetFieldValues, @function
 nvmlDeviceGetFieldValues:
-    leaq .Lname35(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetFieldValues__cu126@PLT
     .size nvmlDeviceGetFieldValues, .-nvmlDeviceGetFieldValues
     .globl nvmlDeviceGetGpcClkMinMaxVfOffset
     .type nvmlDeviceGetGpcClkMinMaxVfOffset, @function
@@ -537,18 +534,12 @@ nvmlDeviceGetGpcClkVfOffset:
     .globl nvmlDeviceGetGpuFabricInfo
     .type nvmlDeviceGetGpuFabricInfo, @function
 nvmlDeviceGetGpuFabricInfo:
-    leaq .Lname36(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGpuFabricInfo__cu126@PLT
     .size nvmlDeviceGetGpuFabricInfo, .-nvmlDeviceGetGpuFabricInfo
     .globl nvmlDeviceGetGpuFabricInfoV
     .type nvmlDeviceGetGpuFabricInfoV, @function
 nvmlDeviceGetGpuFabricInfoV:
-    leaq .Lname37(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu130@PLT
     .size nvmlDeviceGetGpuFabricInfoV, .-nvmlDeviceGetGpuFabricInfoV
     .globl nvmlDeviceGetGpuInstanceById
     .type nvmlDeviceGetGpuInstanceById, @function
@@ -563,7 +554,7 @@ nvmlDeviceGetGpuInstanceId:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements
     .type nvmlDeviceGetGpuInstancePossiblePlacements, @function
 nvmlDeviceGetGpuInstancePossiblePlacements:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -571,7 +562,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements_v2
     .type nvmlDeviceGetGpuInstancePossiblePlacements_v2, @function
 nvmlDeviceGetGpuInstancePossiblePlacements_v2:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -579,7 +570,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements_v2:
     .globl nvmlDeviceGetGpuInstanceProfileInfo
     .type nvmlDeviceGetGpuInstanceProfileInfo, @function
 nvmlDeviceGetGpuInstanceProfileInfo:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -587,7 +578,7 @@ nvmlDeviceGetGpuInstanceProfileInfo:
     .globl nvmlDeviceGetGpuInstanceProfileInfoByIdV
     .type nvmlDeviceGetGpuInstanceProfileInfoByIdV, @function
 nvmlDeviceGetGpuInstanceProfileInfoByIdV:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -595,7 +586,7 @@ nvmlDeviceGetGpuInstanceProfileInfoByIdV:
     .globl nvmlDeviceGetGpuInstanceProfileInfoV
     .type nvmlDeviceGetGpuInstanceProfileInfoV, @function
 nvmlDeviceGetGpuInstanceProfileInfoV:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -623,7 +614,7 @@ nvmlDeviceGetGpuOperationMode:
     .globl nvmlDeviceGetGraphicsRunningProcesses
     .type nvmlDeviceGetGraphicsRunningProcesses, @function
 nvmlDeviceGetGraphicsRunningProcesses:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -631,7 +622,7 @@ nvmlDeviceGetGraphicsRunningProcesses:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v2
     .type nvmlDeviceGetGraphicsRunningProcesses_v2, @function
 nvmlDeviceGetGraphicsRunningProcesses_v2:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -639,7 +630,7 @@ nvmlDeviceGetGraphicsRunningProcesses_v2:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v3
     .type nvmlDeviceGetGraphicsRunningProcesses_v3, @function
 nvmlDeviceGetGraphicsRunningProcesses_v3:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -647,7 +638,7 @@ nvmlDeviceGetGraphicsRunningProcesses_v3:
     .globl nvmlDeviceGetGridLicensableFeatures
     .type nvmlDeviceGetGridLicensableFeatures, @function
 nvmlDeviceGetGridLicensableFeatures:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -655,7 +646,7 @@ nvmlDeviceGetGridLicensableFeatures:
     .globl nvmlDeviceGetGridLicensableFeatures_v2
     .type nvmlDeviceGetGridLicensableFeatures_v2, @function
 nvmlDeviceGetGridLicensableFeatures_v2:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -663,7 +654,7 @@ nvmlDeviceGetGridLicensableFeatures_v2:
     .globl nvmlDeviceGetGridLicensableFeatures_v3
     .type nvmlDeviceGetGridLicensableFeatures_v3, @function
 nvmlDeviceGetGridLicensableFeatures_v3:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -671,7 +662,7 @@ nvmlDeviceGetGridLicensableFeatures_v3:
     .globl nvmlDeviceGetGridLicensableFeatures_v4
     .type nvmlDeviceGetGridLicensableFeatures_v4, @function
 nvmlDeviceGetGridLicensableFeatures_v4:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -684,7 +675,7 @@ nvmlDeviceGetGspFirmwareMode:
     .globl nvmlDeviceGetGspFirmwareVersion
     .type nvmlDeviceGetGspFirmwareVersion, @function
 nvmlDeviceGetGspFirmwareVersion:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -732,7 +723,7 @@ nvmlDeviceGetHostVgpuMode:
     .globl nvmlDeviceGetHostname_v1
     .type nvmlDeviceGetHostname_v1, @function
 nvmlDeviceGetHostname_v1:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -755,7 +746,7 @@ nvmlDeviceGetInforomImageVersion:
     .globl nvmlDeviceGetInforomVersion
     .type nvmlDeviceGetInforomVersion, @function
 nvmlDeviceGetInforomVersion:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -778,7 +769,7 @@ nvmlDeviceGetLastBBXFlushTime:
     .globl nvmlDeviceGetMPSComputeRunningProcesses
     .type nvmlDeviceGetMPSComputeRunningProcesses, @function
 nvmlDeviceGetMPSComputeRunningProcesses:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -786,7 +777,7 @@ nvmlDeviceGetMPSComputeRunningProcesses:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v2
     .type nvmlDeviceGetMPSComputeRunningProcesses_v2, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v2:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -794,7 +785,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v2:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v3
     .type nvmlDeviceGetMPSComputeRunningProcesses_v3, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v3:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -802,7 +793,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v3:
     .globl nvmlDeviceGetMarginTemperature
     .type nvmlDeviceGetMarginTemperature, @function
 nvmlDeviceGetMarginTemperature:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -845,7 +836,7 @@ nvmlDeviceGetMemClkVfOffset:
     .globl nvmlDeviceGetMemoryAffinity
     .type nvmlDeviceGetMemoryAffinity, @function
 nvmlDeviceGetMemoryAffinity:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -858,7 +849,7 @@ nvmlDeviceGetMemoryBusWidth:
     .globl nvmlDeviceGetMemoryErrorCounter
     .type nvmlDeviceGetMemoryErrorCounter, @function
 nvmlDeviceGetMemoryErrorCounter:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -936,7 +927,7 @@ nvmlDeviceGetNvLinkCapability:
     .globl nvmlDeviceGetNvLinkErrorCounter
     .type nvmlDeviceGetNvLinkErrorCounter, @function
 nvmlDeviceGetNvLinkErrorCounter:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -944,7 +935,7 @@ nvmlDeviceGetNvLinkErrorCounter:
     .globl nvmlDeviceGetNvLinkInfo
     .type nvmlDeviceGetNvLinkInfo, @function
 nvmlDeviceGetNvLinkInfo:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -957,7 +948,7 @@ nvmlDeviceGetNvLinkRemoteDeviceType:
     .globl nvmlDeviceGetNvLinkRemotePciInfo
     .type nvmlDeviceGetNvLinkRemotePciInfo, @function
 nvmlDeviceGetNvLinkRemotePciInfo:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -965,7 +956,7 @@ nvmlDeviceGetNvLinkRemotePciInfo:
     .globl nvmlDeviceGetNvLinkRemotePciInfo_v2
     .type nvmlDeviceGetNvLinkRemotePciInfo_v2, @function
 nvmlDeviceGetNvLinkRemotePciInfo_v2:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -978,7 +969,7 @@ nvmlDeviceGetNvLinkState:
     .globl nvmlDeviceGetNvLinkUtilizationControl
     .type nvmlDeviceGetNvLinkUtilizationControl, @function
 nvmlDeviceGetNvLinkUtilizationControl:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -986,7 +977,7 @@ nvmlDeviceGetNvLinkUtilizationControl:
     .globl nvmlDeviceGetNvLinkUtilizationCounter
     .type nvmlDeviceGetNvLinkUtilizationCounter, @function
 nvmlDeviceGetNvLinkUtilizationCounter:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -999,7 +990,7 @@ nvmlDeviceGetNvLinkVersion:
     .globl nvmlDeviceGetNvlinkBwMode
     .type nvmlDeviceGetNvlinkBwMode, @function
 nvmlDeviceGetNvlinkBwMode:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1007,7 +998,7 @@ nvmlDeviceGetNvlinkBwMode:
     .globl nvmlDeviceGetNvlinkSupportedBwModes
     .type nvmlDeviceGetNvlinkSupportedBwModes, @function
 nvmlDeviceGetNvlinkSupportedBwModes:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1060,7 +1051,7 @@ nvmlDeviceGetPcieSpeed:
     .globl nvmlDeviceGetPcieThroughput
     .type nvmlDeviceGetPcieThroughput, @function
 nvmlDeviceGetPcieThroughput:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1068,7 +1059,7 @@ nvmlDeviceGetPcieThroughput:
     .globl nvmlDeviceGetPdi
     .type nvmlDeviceGetPdi, @function
 nvmlDeviceGetPdi:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1076,7 +1067,7 @@ nvmlDeviceGetPdi:
     .globl nvmlDeviceGetPerformanceModes
     .type nvmlDeviceGetPerformanceModes, @function
 nvmlDeviceGetPerformanceModes:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1094,7 +1085,7 @@ nvmlDeviceGetPersistenceMode:
     .globl nvmlDeviceGetPgpuMetadataString
     .type nvmlDeviceGetPgpuMetadataString, @function
 nvmlDeviceGetPgpuMetadataString:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1102,7 +1093,7 @@ nvmlDeviceGetPgpuMetadataString:
     .globl nvmlDeviceGetPlatformInfo
     .type nvmlDeviceGetPlatformInfo, @function
 nvmlDeviceGetPlatformInfo:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1130,7 +1121,7 @@ nvmlDeviceGetPowerManagementMode:
     .globl nvmlDeviceGetPowerMizerMode_v1
     .type nvmlDeviceGetPowerMizerMode_v1, @function
 nvmlDeviceGetPowerMizerMode_v1:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1158,7 +1149,7 @@ nvmlDeviceGetPowerUsage:
     .globl nvmlDeviceGetProcessUtilization
     .type nvmlDeviceGetProcessUtilization, @function
 nvmlDeviceGetProcessUtilization:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1166,7 +1157,7 @@ nvmlDeviceGetProcessUtilization:
     .globl nvmlDeviceGetProcessesUtilizationInfo
     .type nvmlDeviceGetProcessesUtilizationInfo, @function
 nvmlDeviceGetProcessesUtilizationInfo:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1179,7 +1170,7 @@ nvmlDeviceGetRemappedRows:
     .globl nvmlDeviceGetRepairStatus
     .type nvmlDeviceGetRepairStatus, @function
 nvmlDeviceGetRepairStatus:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1187,7 +1178,7 @@ nvmlDeviceGetRepairStatus:
     .globl nvmlDeviceGetRetiredPages
     .type nvmlDeviceGetRetiredPages, @function
 nvmlDeviceGetRetiredPages:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1200,7 +1191,7 @@ nvmlDeviceGetRetiredPagesPendingStatus:
     .globl nvmlDeviceGetRetiredPages_v2
     .type nvmlDeviceGetRetiredPages_v2, @function
 nvmlDeviceGetRetiredPages_v2:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1208,7 +1199,7 @@ nvmlDeviceGetRetiredPages_v2:
     .globl nvmlDeviceGetRowRemapperHistogram
     .type nvmlDeviceGetRowRemapperHistogram, @function
 nvmlDeviceGetRowRemapperHistogram:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1216,7 +1207,7 @@ nvmlDeviceGetRowRemapperHistogram:
     .globl nvmlDeviceGetRunningProcessDetailList
     .type nvmlDeviceGetRunningProcessDetailList, @function
 nvmlDeviceGetRunningProcessDetailList:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1224,7 +1215,7 @@ nvmlDeviceGetRunningProcessDetailList:
     .globl nvmlDeviceGetSamples
     .type nvmlDeviceGetSamples, @function
 nvmlDeviceGetSamples:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1237,7 +1228,7 @@ nvmlDeviceGetSerial:
     .globl nvmlDeviceGetSramEccErrorStatus
     .type nvmlDeviceGetSramEccErrorStatus, @function
 nvmlDeviceGetSramEccErrorStatus:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1245,7 +1236,7 @@ nvmlDeviceGetSramEccErrorStatus:
     .globl nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     .type nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts, @function
 nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1268,7 +1259,7 @@ nvmlDeviceGetSupportedEventTypes:
     .globl nvmlDeviceGetSupportedGraphicsClocks
     .type nvmlDeviceGetSupportedGraphicsClocks, @function
 nvmlDeviceGetSupportedGraphicsClocks:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1276,7 +1267,7 @@ nvmlDeviceGetSupportedGraphicsClocks:
     .globl nvmlDeviceGetSupportedMemoryClocks
     .type nvmlDeviceGetSupportedMemoryClocks, @function
 nvmlDeviceGetSupportedMemoryClocks:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1284,7 +1275,7 @@ nvmlDeviceGetSupportedMemoryClocks:
     .globl nvmlDeviceGetSupportedPerformanceStates
     .type nvmlDeviceGetSupportedPerformanceStates, @function
 nvmlDeviceGetSupportedPerformanceStates:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1297,7 +1288,7 @@ nvmlDeviceGetSupportedPowerModes:
     .globl nvmlDeviceGetSupportedVgpus
     .type nvmlDeviceGetSupportedVgpus, @function
 nvmlDeviceGetSupportedVgpus:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1320,7 +1311,7 @@ nvmlDeviceGetTemperatureThreshold:
     .globl nvmlDeviceGetTemperatureV
     .type nvmlDeviceGetTemperatureV, @function
 nvmlDeviceGetTemperatureV:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1328,7 +1319,7 @@ nvmlDeviceGetTemperatureV:
     .globl nvmlDeviceGetThermalSettings
     .type nvmlDeviceGetThermalSettings, @function
 nvmlDeviceGetThermalSettings:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1346,7 +1337,7 @@ nvmlDeviceGetTopologyNearestGpus:
     .globl nvmlDeviceGetTotalEccErrors
     .type nvmlDeviceGetTotalEccErrors, @function
 nvmlDeviceGetTotalEccErrors:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1364,7 +1355,7 @@ nvmlDeviceGetUUID:
     .globl nvmlDeviceGetUnrepairableMemoryFlag_v1
     .type nvmlDeviceGetUnrepairableMemoryFlag_v1, @function
 nvmlDeviceGetUnrepairableMemoryFlag_v1:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1387,7 +1378,7 @@ nvmlDeviceGetVgpuCapabilities:
     .globl nvmlDeviceGetVgpuHeterogeneousMode
     .type nvmlDeviceGetVgpuHeterogeneousMode, @function
 nvmlDeviceGetVgpuHeterogeneousMode:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1395,7 +1386,7 @@ nvmlDeviceGetVgpuHeterogeneousMode:
     .globl nvmlDeviceGetVgpuInstancesUtilizationInfo
     .type nvmlDeviceGetVgpuInstancesUtilizationInfo, @function
 nvmlDeviceGetVgpuInstancesUtilizationInfo:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1403,7 +1394,7 @@ nvmlDeviceGetVgpuInstancesUtilizationInfo:
     .globl nvmlDeviceGetVgpuMetadata
     .type nvmlDeviceGetVgpuMetadata, @function
 nvmlDeviceGetVgpuMetadata:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1411,7 +1402,7 @@ nvmlDeviceGetVgpuMetadata:
     .globl nvmlDeviceGetVgpuProcessUtilization
     .type nvmlDeviceGetVgpuProcessUtilization, @function
 nvmlDeviceGetVgpuProcessUtilization:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1419,7 +1410,7 @@ nvmlDeviceGetVgpuProcessUtilization:
     .globl nvmlDeviceGetVgpuProcessesUtilizationInfo
     .type nvmlDeviceGetVgpuProcessesUtilizationInfo, @function
 nvmlDeviceGetVgpuProcessesUtilizationInfo:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1427,7 +1418,7 @@ nvmlDeviceGetVgpuProcessesUtilizationInfo:
     .globl nvmlDeviceGetVgpuSchedulerCapabilities
     .type nvmlDeviceGetVgpuSchedulerCapabilities, @function
 nvmlDeviceGetVgpuSchedulerCapabilities:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1435,7 +1426,7 @@ nvmlDeviceGetVgpuSchedulerCapabilities:
     .globl nvmlDeviceGetVgpuSchedulerLog
     .type nvmlDeviceGetVgpuSchedulerLog, @function
 nvmlDeviceGetVgpuSchedulerLog:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1443,7 +1434,7 @@ nvmlDeviceGetVgpuSchedulerLog:
     .globl nvmlDeviceGetVgpuSchedulerState
     .type nvmlDeviceGetVgpuSchedulerState, @function
 nvmlDeviceGetVgpuSchedulerState:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1451,7 +1442,7 @@ nvmlDeviceGetVgpuSchedulerState:
     .globl nvmlDeviceGetVgpuTypeCreatablePlacements
     .type nvmlDeviceGetVgpuTypeCreatablePlacements, @function
 nvmlDeviceGetVgpuTypeCreatablePlacements:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1459,7 +1450,7 @@ nvmlDeviceGetVgpuTypeCreatablePlacements:
     .globl nvmlDeviceGetVgpuTypeSupportedPlacements
     .type nvmlDeviceGetVgpuTypeSupportedPlacements, @function
 nvmlDeviceGetVgpuTypeSupportedPlacements:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1467,7 +1458,7 @@ nvmlDeviceGetVgpuTypeSupportedPlacements:
     .globl nvmlDeviceGetVgpuUtilization
     .type nvmlDeviceGetVgpuUtilization, @function
 nvmlDeviceGetVgpuUtilization:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1475,7 +1466,7 @@ nvmlDeviceGetVgpuUtilization:
     .globl nvmlDeviceGetViolationStatus
     .type nvmlDeviceGetViolationStatus, @function
 nvmlDeviceGetViolationStatus:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,7 +1484,7 @@ nvmlDeviceIsMigDeviceHandle:
     .globl nvmlDeviceModifyDrainState
     .type nvmlDeviceModifyDrainState, @function
 nvmlDeviceModifyDrainState:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1506,7 +1497,7 @@ nvmlDeviceOnSameBoard:
     .globl nvmlDevicePowerSmoothingActivatePresetProfile
     .type nvmlDevicePowerSmoothingActivatePresetProfile, @function
 nvmlDevicePowerSmoothingActivatePresetProfile:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1514,7 +1505,7 @@ nvmlDevicePowerSmoothingActivatePresetProfile:
     .globl nvmlDevicePowerSmoothingSetState
     .type nvmlDevicePowerSmoothingSetState, @function
 nvmlDevicePowerSmoothingSetState:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1522,7 +1513,7 @@ nvmlDevicePowerSmoothingSetState:
     .globl nvmlDevicePowerSmoothingUpdatePresetProfileParam
     .type nvmlDevicePowerSmoothingUpdatePresetProfileParam, @function
 nvmlDevicePowerSmoothingUpdatePresetProfileParam:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1530,7 +1521,7 @@ nvmlDevicePowerSmoothingUpdatePresetProfileParam:
     .globl nvmlDeviceQueryDrainState
     .type nvmlDeviceQueryDrainState, @function
 nvmlDeviceQueryDrainState:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1538,7 +1529,7 @@ nvmlDeviceQueryDrainState:
     .globl nvmlDeviceReadPRMCounters_v1
     .type nvmlDeviceReadPRMCounters_v1, @function
 nvmlDeviceReadPRMCounters_v1:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1546,7 +1537,7 @@ nvmlDeviceReadPRMCounters_v1:
     .globl nvmlDeviceReadWritePRM_v1
     .type nvmlDeviceReadWritePRM_v1, @function
 nvmlDeviceReadWritePRM_v1:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1559,7 +1550,7 @@ nvmlDeviceRegisterEvents:
     .globl nvmlDeviceRemoveGpu
     .type nvmlDeviceRemoveGpu, @function
 nvmlDeviceRemoveGpu:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1567,7 +1558,7 @@ nvmlDeviceRemoveGpu:
     .globl nvmlDeviceRemoveGpu_v2
     .type nvmlDeviceRemoveGpu_v2, @function
 nvmlDeviceRemoveGpu_v2:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1620,7 +1611,7 @@ nvmlDeviceSetAutoBoostedClocksEnabled:
     .globl nvmlDeviceSetClockOffsets
     .type nvmlDeviceSetClockOffsets, @function
 nvmlDeviceSetClockOffsets:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1693,7 +1684,7 @@ nvmlDeviceSetGpuOperationMode:
     .globl nvmlDeviceSetHostname_v1
     .type nvmlDeviceSetHostname_v1, @function
 nvmlDeviceSetHostname_v1:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1716,7 +1707,7 @@ nvmlDeviceSetMigMode:
     .globl nvmlDeviceSetNvLinkDeviceLowPowerThreshold
     .type nvmlDeviceSetNvLinkDeviceLowPowerThreshold, @function
 nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1724,7 +1715,7 @@ nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
     .globl nvmlDeviceSetNvLinkUtilizationControl
     .type nvmlDeviceSetNvLinkUtilizationControl, @function
 nvmlDeviceSetNvLinkUtilizationControl:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1732,7 +1723,7 @@ nvmlDeviceSetNvLinkUtilizationControl:
     .globl nvmlDeviceSetNvlinkBwMode
     .type nvmlDeviceSetNvlinkBwMode, @function
 nvmlDeviceSetNvlinkBwMode:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1750,7 +1741,7 @@ nvmlDeviceSetPowerManagementLimit:
     .globl nvmlDeviceSetPowerManagementLimit_v2
     .type nvmlDeviceSetPowerManagementLimit_v2, @function
 nvmlDeviceSetPowerManagementLimit_v2:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1758,7 +1749,7 @@ nvmlDeviceSetPowerManagementLimit_v2:
     .globl nvmlDeviceSetPowerMizerMode_v1
     .type nvmlDeviceSetPowerMizerMode_v1, @function
 nvmlDeviceSetPowerMizerMode_v1:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1771,7 +1762,7 @@ nvmlDeviceSetPowerMode:
     .globl nvmlDeviceSetRusdSettings_v1
     .type nvmlDeviceSetRusdSettings_v1, @function
 nvmlDeviceSetRusdSettings_v1:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1794,7 +1785,7 @@ nvmlDeviceSetVgpuHeterogeneousMode:
     .globl nvmlDeviceSetVgpuSchedulerState
     .type nvmlDeviceSetVgpuSchedulerState, @function
 nvmlDeviceSetVgpuSchedulerState:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1812,7 +1803,7 @@ nvmlDeviceValidateInforom:
     .globl nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileClearRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1820,7 +1811,7 @@ nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileGetCurrentProfiles
     .type nvmlDeviceWorkloadPowerProfileGetCurrentProfiles, @function
 nvmlDeviceWorkloadPowerProfileGetCurrentProfiles:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1828,7 +1819,7 @@ nvmlDeviceWorkloadPowerProfileGetCurrentProfiles:
     .globl nvmlDeviceWorkloadPowerProfileGetProfilesInfo
     .type nvmlDeviceWorkloadPowerProfileGetProfilesInfo, @function
 nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1836,7 +1827,7 @@ nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
     .globl nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileSetRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1844,7 +1835,7 @@ nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1
     .type nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1, @function
 nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1867,7 +1858,7 @@ nvmlEventSetFree:
     .globl nvmlEventSetWait
     .type nvmlEventSetWait, @function
 nvmlEventSetWait:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1875,7 +1866,7 @@ nvmlEventSetWait:
     .globl nvmlEventSetWait_v2
     .type nvmlEventSetWait_v2, @function
 nvmlEventSetWait_v2:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1888,7 +1879,7 @@ nvmlGetExcludedDeviceCount:
     .globl nvmlGetExcludedDeviceInfoByIndex
     .type nvmlGetExcludedDeviceInfoByIndex, @function
 nvmlGetExcludedDeviceInfoByIndex:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1896,7 +1887,7 @@ nvmlGetExcludedDeviceInfoByIndex:
     .globl nvmlGetVgpuCompatibility
     .type nvmlGetVgpuCompatibility, @function
 nvmlGetVgpuCompatibility:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1909,7 +1900,7 @@ nvmlGetVgpuDriverCapabilities:
     .globl nvmlGetVgpuVersion
     .type nvmlGetVgpuVersion, @function
 nvmlGetVgpuVersion:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1917,7 +1908,7 @@ nvmlGetVgpuVersion:
     .globl nvmlGpmMetricsGet
     .type nvmlGpmMetricsGet, @function
 nvmlGpmMetricsGet:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1930,7 +1921,7 @@ nvmlGpmMigSampleGet:
     .globl nvmlGpmQueryDeviceSupport
     .type nvmlGpmQueryDeviceSupport, @function
 nvmlGpmQueryDeviceSupport:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1978,7 +1969,7 @@ nvmlGpuInstanceDestroy:
     .globl nvmlGpuInstanceGetActiveVgpus
     .type nvmlGpuInstanceGetActiveVgpus, @function
 nvmlGpuInstanceGetActiveVgpus:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1991,7 +1982,7 @@ nvmlGpuInstanceGetComputeInstanceById:
     .globl nvmlGpuInstanceGetComputeInstancePossiblePlacements
     .type nvmlGpuInstanceGetComputeInstancePossiblePlacements, @function
 nvmlGpuInstanceGetComputeInstancePossiblePlacements:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1999,7 +1990,7 @@ nvmlGpuInstanceGetComputeInstancePossiblePlacements:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfo
     .type nvmlGpuInstanceGetComputeInstanceProfileInfo, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfo:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2007,7 +1998,7 @@ nvmlGpuInstanceGetComputeInstanceProfileInfo:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfoV
     .type nvmlGpuInstanceGetComputeInstanceProfileInfoV, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfoV:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2025,7 +2016,7 @@ nvmlGpuInstanceGetComputeInstances:
     .globl nvmlGpuInstanceGetCreatableVgpus
     .type nvmlGpuInstanceGetCreatableVgpus, @function
 nvmlGpuInstanceGetCreatableVgpus:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2033,7 +2024,7 @@ nvmlGpuInstanceGetCreatableVgpus:
     .globl nvmlGpuInstanceGetInfo
     .type nvmlGpuInstanceGetInfo, @function
 nvmlGpuInstanceGetInfo:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2041,7 +2032,7 @@ nvmlGpuInstanceGetInfo:
     .globl nvmlGpuInstanceGetVgpuHeterogeneousMode
     .type nvmlGpuInstanceGetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceGetVgpuHeterogeneousMode:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2049,7 +2040,7 @@ nvmlGpuInstanceGetVgpuHeterogeneousMode:
     .globl nvmlGpuInstanceGetVgpuSchedulerLog
     .type nvmlGpuInstanceGetVgpuSchedulerLog, @function
 nvmlGpuInstanceGetVgpuSchedulerLog:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2057,7 +2048,7 @@ nvmlGpuInstanceGetVgpuSchedulerLog:
     .globl nvmlGpuInstanceGetVgpuSchedulerState
     .type nvmlGpuInstanceGetVgpuSchedulerState, @function
 nvmlGpuInstanceGetVgpuSchedulerState:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2065,7 +2056,7 @@ nvmlGpuInstanceGetVgpuSchedulerState:
     .globl nvmlGpuInstanceGetVgpuTypeCreatablePlacements
     .type nvmlGpuInstanceGetVgpuTypeCreatablePlacements, @function
 nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2078,7 +2069,7 @@ nvmlGpuInstanceSetVgpuHeterogeneousMode:
     .globl nvmlGpuInstanceSetVgpuSchedulerState
     .type nvmlGpuInstanceSetVgpuSchedulerState, @function
 nvmlGpuInstanceSetVgpuSchedulerState:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2101,7 +2092,7 @@ nvmlInit_v2:
     .globl nvmlSetVgpuVersion
     .type nvmlSetVgpuVersion, @function
 nvmlSetVgpuVersion:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2114,7 +2105,7 @@ nvmlShutdown:
     .globl nvmlSystemEventSetCreate
     .type nvmlSystemEventSetCreate, @function
 nvmlSystemEventSetCreate:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2122,7 +2113,7 @@ nvmlSystemEventSetCreate:
     .globl nvmlSystemEventSetFree
     .type nvmlSystemEventSetFree, @function
 nvmlSystemEventSetFree:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2130,7 +2121,7 @@ nvmlSystemEventSetFree:
     .globl nvmlSystemEventSetWait
     .type nvmlSystemEventSetWait, @function
 nvmlSystemEventSetWait:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2138,7 +2129,7 @@ nvmlSystemEventSetWait:
     .globl nvmlSystemGetConfComputeCapabilities
     .type nvmlSystemGetConfComputeCapabilities, @function
 nvmlSystemGetConfComputeCapabilities:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2151,7 +2142,7 @@ nvmlSystemGetConfComputeGpusReadyState:
     .globl nvmlSystemGetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemGetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemGetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2159,7 +2150,7 @@ nvmlSystemGetConfComputeKeyRotationThresholdInfo:
     .globl nvmlSystemGetConfComputeSettings
     .type nvmlSystemGetConfComputeSettings, @function
 nvmlSystemGetConfComputeSettings:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2167,7 +2158,7 @@ nvmlSystemGetConfComputeSettings:
     .globl nvmlSystemGetConfComputeState
     .type nvmlSystemGetConfComputeState, @function
 nvmlSystemGetConfComputeState:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2185,7 +2176,7 @@ nvmlSystemGetCudaDriverVersion_v2:
     .globl nvmlSystemGetDriverBranch
     .type nvmlSystemGetDriverBranch, @function
 nvmlSystemGetDriverBranch:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2198,7 +2189,7 @@ nvmlSystemGetDriverVersion:
     .globl nvmlSystemGetHicVersion
     .type nvmlSystemGetHicVersion, @function
 nvmlSystemGetHicVersion:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2216,7 +2207,7 @@ nvmlSystemGetNvlinkBwMode:
     .globl nvmlSystemGetProcessName
     .type nvmlSystemGetProcessName, @function
 nvmlSystemGetProcessName:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2224,7 +2215,7 @@ nvmlSystemGetProcessName:
     .globl nvmlSystemGetTopologyGpuSet
     .type nvmlSystemGetTopologyGpuSet, @function
 nvmlSystemGetTopologyGpuSet:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2232,7 +2223,7 @@ nvmlSystemGetTopologyGpuSet:
     .globl nvmlSystemRegisterEvents
     .type nvmlSystemRegisterEvents, @function
 nvmlSystemRegisterEvents:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2245,7 +2236,7 @@ nvmlSystemSetConfComputeGpusReadyState:
     .globl nvmlSystemSetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemSetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemSetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2268,7 +2259,7 @@ nvmlUnitGetDevices:
     .globl nvmlUnitGetFanSpeedInfo
     .type nvmlUnitGetFanSpeedInfo, @function
 nvmlUnitGetFanSpeedInfo:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2281,7 +2272,7 @@ nvmlUnitGetHandleByIndex:
     .globl nvmlUnitGetLedState
     .type nvmlUnitGetLedState, @function
 nvmlUnitGetLedState:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2289,7 +2280,7 @@ nvmlUnitGetLedState:
     .globl nvmlUnitGetPsuInfo
     .type nvmlUnitGetPsuInfo, @function
 nvmlUnitGetPsuInfo:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2302,7 +2293,7 @@ nvmlUnitGetTemperature:
     .globl nvmlUnitGetUnitInfo
     .type nvmlUnitGetUnitInfo, @function
 nvmlUnitGetUnitInfo:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2325,7 +2316,7 @@ nvmlVgpuInstanceGetAccountingMode:
     .globl nvmlVgpuInstanceGetAccountingPids
     .type nvmlVgpuInstanceGetAccountingPids, @function
 nvmlVgpuInstanceGetAccountingPids:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2333,7 +2324,7 @@ nvmlVgpuInstanceGetAccountingPids:
     .globl nvmlVgpuInstanceGetAccountingStats
     .type nvmlVgpuInstanceGetAccountingStats, @function
 nvmlVgpuInstanceGetAccountingStats:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2351,7 +2342,7 @@ nvmlVgpuInstanceGetEncoderCapacity:
     .globl nvmlVgpuInstanceGetEncoderSessions
     .type nvmlVgpuInstanceGetEncoderSessions, @function
 nvmlVgpuInstanceGetEncoderSessions:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2359,7 +2350,7 @@ nvmlVgpuInstanceGetEncoderSessions:
     .globl nvmlVgpuInstanceGetEncoderStats
     .type nvmlVgpuInstanceGetEncoderStats, @function
 nvmlVgpuInstanceGetEncoderStats:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2367,7 +2358,7 @@ nvmlVgpuInstanceGetEncoderStats:
     .globl nvmlVgpuInstanceGetFBCSessions
     .type nvmlVgpuInstanceGetFBCSessions, @function
 nvmlVgpuInstanceGetFBCSessions:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2375,7 +2366,7 @@ nvmlVgpuInstanceGetFBCSessions:
     .globl nvmlVgpuInstanceGetFBCStats
     .type nvmlVgpuInstanceGetFBCStats, @function
 nvmlVgpuInstanceGetFBCStats:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2398,7 +2389,7 @@ nvmlVgpuInstanceGetGpuInstanceId:
     .globl nvmlVgpuInstanceGetGpuPciId
     .type nvmlVgpuInstanceGetGpuPciId, @function
 nvmlVgpuInstanceGetGpuPciId:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2406,7 +2397,7 @@ nvmlVgpuInstanceGetGpuPciId:
     .globl nvmlVgpuInstanceGetLicenseInfo
     .type nvmlVgpuInstanceGetLicenseInfo, @function
 nvmlVgpuInstanceGetLicenseInfo:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2414,7 +2405,7 @@ nvmlVgpuInstanceGetLicenseInfo:
     .globl nvmlVgpuInstanceGetLicenseInfo_v2
     .type nvmlVgpuInstanceGetLicenseInfo_v2, @function
 nvmlVgpuInstanceGetLicenseInfo_v2:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2427,7 +2418,7 @@ nvmlVgpuInstanceGetLicenseStatus:
     .globl nvmlVgpuInstanceGetMdevUUID
     .type nvmlVgpuInstanceGetMdevUUID, @function
 nvmlVgpuInstanceGetMdevUUID:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2435,7 +2426,7 @@ nvmlVgpuInstanceGetMdevUUID:
     .globl nvmlVgpuInstanceGetMetadata
     .type nvmlVgpuInstanceGetMetadata, @function
 nvmlVgpuInstanceGetMetadata:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2443,7 +2434,7 @@ nvmlVgpuInstanceGetMetadata:
     .globl nvmlVgpuInstanceGetPlacementId
     .type nvmlVgpuInstanceGetPlacementId, @function
 nvmlVgpuInstanceGetPlacementId:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2451,7 +2442,7 @@ nvmlVgpuInstanceGetPlacementId:
     .globl nvmlVgpuInstanceGetRuntimeStateSize
     .type nvmlVgpuInstanceGetRuntimeStateSize, @function
 nvmlVgpuInstanceGetRuntimeStateSize:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2464,7 +2455,7 @@ nvmlVgpuInstanceGetType:
     .globl nvmlVgpuInstanceGetUUID
     .type nvmlVgpuInstanceGetUUID, @function
 nvmlVgpuInstanceGetUUID:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2472,7 +2463,7 @@ nvmlVgpuInstanceGetUUID:
     .globl nvmlVgpuInstanceGetVmDriverVersion
     .type nvmlVgpuInstanceGetVmDriverVersion, @function
 nvmlVgpuInstanceGetVmDriverVersion:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2480,7 +2471,7 @@ nvmlVgpuInstanceGetVmDriverVersion:
     .globl nvmlVgpuInstanceGetVmID
     .type nvmlVgpuInstanceGetVmID, @function
 nvmlVgpuInstanceGetVmID:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2493,7 +2484,7 @@ nvmlVgpuInstanceSetEncoderCapacity:
     .globl nvmlVgpuTypeGetBAR1Info
     .type nvmlVgpuTypeGetBAR1Info, @function
 nvmlVgpuTypeGetBAR1Info:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2506,7 +2497,7 @@ nvmlVgpuTypeGetCapabilities:
     .globl nvmlVgpuTypeGetClass
     .type nvmlVgpuTypeGetClass, @function
 nvmlVgpuTypeGetClass:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2544,7 +2535,7 @@ nvmlVgpuTypeGetGspHeapSize:
     .globl nvmlVgpuTypeGetLicense
     .type nvmlVgpuTypeGetLicense, @function
 nvmlVgpuTypeGetLicense:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2557,7 +2548,7 @@ nvmlVgpuTypeGetMaxInstances:
     .globl nvmlVgpuTypeGetMaxInstancesPerGpuInstance
     .type nvmlVgpuTypeGetMaxInstancesPerGpuInstance, @function
 nvmlVgpuTypeGetMaxInstancesPerGpuInstance:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2570,7 +2561,7 @@ nvmlVgpuTypeGetMaxInstancesPerVm:
     .globl nvmlVgpuTypeGetName
     .type nvmlVgpuTypeGetName, @function
 nvmlVgpuTypeGetName:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2657,299 +2648,293 @@ nvmlVgpuTypeGetResolution:
 .Lname34:
     .asciz "nvmlDeviceGetFanSpeedRPM"
 .Lname35:
-    .asciz "nvmlDeviceGetFieldValues"
-.Lname36:
-    .asciz "nvmlDeviceGetGpuFabricInfo"
-.Lname37:
-    .asciz "nvmlDeviceGetGpuFabricInfoV"
-.Lname38:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
-.Lname39:
+.Lname36:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
-.Lname40:
+.Lname37:
     .asciz "nvmlDeviceGetGpuInstanceProfileInfo"
-.Lname41:
+.Lname38:
     .asciz "nvmlDeviceGetGpuInstanceProfileInfoByIdV"
-.Lname42:
+.Lname39:
     .asciz "nvmlDeviceGetGpuInstanceProfileInfoV"
-.Lname43:
+.Lname40:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses"
-.Lname44:
+.Lname41:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses_v2"
-.Lname45:
+.Lname42:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses_v3"
-.Lname46:
+.Lname43:
     .asciz "nvmlDeviceGetGridLicensableFeatures"
-.Lname47:
+.Lname44:
     .asciz "nvmlDeviceGetGridLicensableFeatures_v2"
-.Lname48:
+.Lname45:
     .asciz "nvmlDeviceGetGridLicensableFeatures_v3"
-.Lname49:
+.Lname46:
     .asciz "nvmlDeviceGetGridLicensableFeatures_v4"
-.Lname50:
+.Lname47:
     .asciz "nvmlDeviceGetGspFirmwareVersion"
-.Lname51:
+.Lname48:
     .asciz "nvmlDeviceGetHostname_v1"
-.Lname52:
+.Lname49:
     .asciz "nvmlDeviceGetInforomVersion"
-.Lname53:
+.Lname50:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses"
-.Lname54:
+.Lname51:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v2"
-.Lname55:
+.Lname52:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v3"
-.Lname56:
+.Lname53:
     .asciz "nvmlDeviceGetMarginTemperature"
-.Lname57:
+.Lname54:
     .asciz "nvmlDeviceGetMemoryAffinity"
-.Lname58:
+.Lname55:
     .asciz "nvmlDeviceGetMemoryErrorCounter"
-.Lname59:
+.Lname56:
     .asciz "nvmlDeviceGetNvLinkErrorCounter"
-.Lname60:
+.Lname57:
     .asciz "nvmlDeviceGetNvLinkInfo"
-.Lname61:
+.Lname58:
     .asciz "nvmlDeviceGetNvLinkRemotePciInfo"
-.Lname62:
+.Lname59:
     .asciz "nvmlDeviceGetNvLinkRemotePciInfo_v2"
-.Lname63:
+.Lname60:
     .asciz "nvmlDeviceGetNvLinkUtilizationControl"
-.Lname64:
+.Lname61:
     .asciz "nvmlDeviceGetNvLinkUtilizationCounter"
-.Lname65:
+.Lname62:
     .asciz "nvmlDeviceGetNvlinkBwMode"
-.Lname66:
+.Lname63:
     .asciz "nvmlDeviceGetNvlinkSupportedBwModes"
-.Lname67:
+.Lname64:
     .asciz "nvmlDeviceGetPcieThroughput"
-.Lname68:
+.Lname65:
     .asciz "nvmlDeviceGetPdi"
-.Lname69:
+.Lname66:
     .asciz "nvmlDeviceGetPerformanceModes"
-.Lname70:
+.Lname67:
     .asciz "nvmlDeviceGetPgpuMetadataString"
-.Lname71:
+.Lname68:
     .asciz "nvmlDeviceGetPlatformInfo"
-.Lname72:
+.Lname69:
     .asciz "nvmlDeviceGetPowerMizerMode_v1"
-.Lname73:
+.Lname70:
     .asciz "nvmlDeviceGetProcessUtilization"
-.Lname74:
+.Lname71:
     .asciz "nvmlDeviceGetProcessesUtilizationInfo"
-.Lname75:
+.Lname72:
     .asciz "nvmlDeviceGetRepairStatus"
-.Lname76:
+.Lname73:
     .asciz "nvmlDeviceGetRetiredPages"
-.Lname77:
+.Lname74:
     .asciz "nvmlDeviceGetRetiredPages_v2"
-.Lname78:
+.Lname75:
     .asciz "nvmlDeviceGetRowRemapperHistogram"
-.Lname79:
+.Lname76:
     .asciz "nvmlDeviceGetRunningProcessDetailList"
-.Lname80:
+.Lname77:
     .asciz "nvmlDeviceGetSamples"
-.Lname81:
+.Lname78:
     .asciz "nvmlDeviceGetSramEccErrorStatus"
-.Lname82:
+.Lname79:
     .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
-.Lname83:
+.Lname80:
     .asciz "nvmlDeviceGetSupportedGraphicsClocks"
-.Lname84:
+.Lname81:
     .asciz "nvmlDeviceGetSupportedMemoryClocks"
-.Lname85:
+.Lname82:
     .asciz "nvmlDeviceGetSupportedPerformanceStates"
-.Lname86:
+.Lname83:
     .asciz "nvmlDeviceGetSupportedVgpus"
-.Lname87:
+.Lname84:
     .asciz "nvmlDeviceGetTemperatureV"
-.Lname88:
+.Lname85:
     .asciz "nvmlDeviceGetThermalSettings"
-.Lname89:
+.Lname86:
     .asciz "nvmlDeviceGetTotalEccErrors"
-.Lname90:
+.Lname87:
     .asciz "nvmlDeviceGetUnrepairableMemoryFlag_v1"
-.Lname91:
+.Lname88:
     .asciz "nvmlDeviceGetVgpuHeterogeneousMode"
-.Lname92:
+.Lname89:
     .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
-.Lname93:
+.Lname90:
     .asciz "nvmlDeviceGetVgpuMetadata"
-.Lname94:
+.Lname91:
     .asciz "nvmlDeviceGetVgpuProcessUtilization"
-.Lname95:
+.Lname92:
     .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
-.Lname96:
+.Lname93:
     .asciz "nvmlDeviceGetVgpuSchedulerCapabilities"
-.Lname97:
+.Lname94:
     .asciz "nvmlDeviceGetVgpuSchedulerLog"
-.Lname98:
+.Lname95:
     .asciz "nvmlDeviceGetVgpuSchedulerState"
-.Lname99:
+.Lname96:
     .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
-.Lname100:
+.Lname97:
     .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
-.Lname101:
+.Lname98:
     .asciz "nvmlDeviceGetVgpuUtilization"
-.Lname102:
+.Lname99:
     .asciz "nvmlDeviceGetViolationStatus"
-.Lname103:
+.Lname100:
     .asciz "nvmlDeviceModifyDrainState"
-.Lname104:
+.Lname101:
     .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
-.Lname105:
+.Lname102:
     .asciz "nvmlDevicePowerSmoothingSetState"
-.Lname106:
+.Lname103:
     .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
-.Lname107:
+.Lname104:
     .asciz "nvmlDeviceQueryDrainState"
-.Lname108:
+.Lname105:
     .asciz "nvmlDeviceReadPRMCounters_v1"
-.Lname109:
+.Lname106:
     .asciz "nvmlDeviceReadWritePRM_v1"
-.Lname110:
+.Lname107:
     .asciz "nvmlDeviceRemoveGpu"
-.Lname111:
+.Lname108:
     .asciz "nvmlDeviceRemoveGpu_v2"
-.Lname112:
+.Lname109:
     .asciz "nvmlDeviceSetClockOffsets"
-.Lname113:
+.Lname110:
     .asciz "nvmlDeviceSetHostname_v1"
-.Lname114:
+.Lname111:
     .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
-.Lname115:
+.Lname112:
     .asciz "nvmlDeviceSetNvLinkUtilizationControl"
-.Lname116:
+.Lname113:
     .asciz "nvmlDeviceSetNvlinkBwMode"
-.Lname117:
+.Lname114:
     .asciz "nvmlDeviceSetPowerManagementLimit_v2"
-.Lname118:
+.Lname115:
     .asciz "nvmlDeviceSetPowerMizerMode_v1"
-.Lname119:
+.Lname116:
     .asciz "nvmlDeviceSetRusdSettings_v1"
-.Lname120:
+.Lname117:
     .asciz "nvmlDeviceSetVgpuSchedulerState"
-.Lname121:
+.Lname118:
     .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
-.Lname122:
+.Lname119:
     .asciz "nvmlDeviceWorkloadPowerProfileGetCurrentProfiles"
-.Lname123:
+.Lname120:
     .asciz "nvmlDeviceWorkloadPowerProfileGetProfilesInfo"
-.Lname124:
+.Lname121:
     .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
-.Lname125:
+.Lname122:
     .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
-.Lname126:
+.Lname123:
     .asciz "nvmlEventSetWait"
-.Lname127:
+.Lname124:
     .asciz "nvmlEventSetWait_v2"
-.Lname128:
+.Lname125:
     .asciz "nvmlGetExcludedDeviceInfoByIndex"
-.Lname129:
+.Lname126:
     .asciz "nvmlGetVgpuCompatibility"
-.Lname130:
+.Lname127:
     .asciz "nvmlGetVgpuVersion"
-.Lname131:
+.Lname128:
     .asciz "nvmlGpmMetricsGet"
-.Lname132:
+.Lname129:
     .asciz "nvmlGpmQueryDeviceSupport"
-.Lname133:
+.Lname130:
     .asciz "nvmlGpuInstanceGetActiveVgpus"
-.Lname134:
+.Lname131:
     .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
-.Lname135:
+.Lname132:
     .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfo"
-.Lname136:
+.Lname133:
     .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
-.Lname137:
+.Lname134:
     .asciz "nvmlGpuInstanceGetCreatableVgpus"
-.Lname138:
+.Lname135:
     .asciz "nvmlGpuInstanceGetInfo"
-.Lname139:
+.Lname136:
     .asciz "nvmlGpuInstanceGetVgpuHeterogeneousMode"
-.Lname140:
+.Lname137:
     .asciz "nvmlGpuInstanceGetVgpuSchedulerLog"
-.Lname141:
+.Lname138:
     .asciz "nvmlGpuInstanceGetVgpuSchedulerState"
-.Lname142:
+.Lname139:
     .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
-.Lname143:
+.Lname140:
     .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
-.Lname144:
+.Lname141:
     .asciz "nvmlSetVgpuVersion"
-.Lname145:
+.Lname142:
     .asciz "nvmlSystemEventSetCreate"
-.Lname146:
+.Lname143:
     .asciz "nvmlSystemEventSetFree"
-.Lname147:
+.Lname144:
     .asciz "nvmlSystemEventSetWait"
-.Lname148:
+.Lname145:
     .asciz "nvmlSystemGetConfComputeCapabilities"
-.Lname149:
+.Lname146:
     .asciz "nvmlSystemGetConfComputeKeyRotationThresholdInfo"
-.Lname150:
+.Lname147:
     .asciz "nvmlSystemGetConfComputeSettings"
-.Lname151:
+.Lname148:
     .asciz "nvmlSystemGetConfComputeState"
-.Lname152:
+.Lname149:
     .asciz "nvmlSystemGetDriverBranch"
-.Lname153:
+.Lname150:
     .asciz "nvmlSystemGetHicVersion"
-.Lname154:
+.Lname151:
     .asciz "nvmlSystemGetProcessName"
-.Lname155:
+.Lname152:
     .asciz "nvmlSystemGetTopologyGpuSet"
-.Lname156:
+.Lname153:
     .asciz "nvmlSystemRegisterEvents"
-.Lname157:
+.Lname154:
     .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
-.Lname158:
+.Lname155:
     .asciz "nvmlUnitGetFanSpeedInfo"
-.Lname159:
+.Lname156:
     .asciz "nvmlUnitGetLedState"
-.Lname160:
+.Lname157:
     .asciz "nvmlUnitGetPsuInfo"
-.Lname161:
+.Lname158:
     .asciz "nvmlUnitGetUnitInfo"
-.Lname162:
+.Lname159:
     .asciz "nvmlVgpuInstanceGetAccountingPids"
-.Lname163:
+.Lname160:
     .asciz "nvmlVgpuInstanceGetAccountingStats"
-.Lname164:
+.Lname161:
     .asciz "nvmlVgpuInstanceGetEncoderSessions"
-.Lname165:
+.Lname162:
     .asciz "nvmlVgpuInstanceGetEncoderStats"
-.Lname166:
+.Lname163:
     .asciz "nvmlVgpuInstanceGetFBCSessions"
-.Lname167:
+.Lname164:
     .asciz "nvmlVgpuInstanceGetFBCStats"
-.Lname168:
+.Lname165:
     .asciz "nvmlVgpuInstanceGetGpuPciId"
-.Lname169:
+.Lname166:
     .asciz "nvmlVgpuInstanceGetLicenseInfo"
-.Lname170:
+.Lname167:
     .asciz "nvmlVgpuInstanceGetLicenseInfo_v2"
-.Lname171:
+.Lname168:
     .asciz "nvmlVgpuInstanceGetMdevUUID"
-.Lname172:
+.Lname169:
     .asciz "nvmlVgpuInstanceGetMetadata"
-.Lname173:
+.Lname170:
     .asciz "nvmlVgpuInstanceGetPlacementId"
-.Lname174:
+.Lname171:
     .asciz "nvmlVgpuInstanceGetRuntimeStateSize"
-.Lname175:
+.Lname172:
     .asciz "nvmlVgpuInstanceGetUUID"
-.Lname176:
+.Lname173:
     .asciz "nvmlVgpuInstanceGetVmDriverVersion"
-.Lname177:
+.Lname174:
     .asciz "nvmlVgpuInstanceGetVmID"
-.Lname178:
+.Lname175:
     .asciz "nvmlVgpuTypeGetBAR1Info"
-.Lname179:
+.Lname176:
     .asciz "nvmlVgpuTypeGetClass"
-.Lname180:
+.Lname177:
     .asciz "nvmlVgpuTypeGetLicense"
-.Lname181:
+.Lname178:
     .asciz "nvmlVgpuTypeGetMaxInstancesPerGpuInstance"
-.Lname182:
+.Lname179:
     .asciz "nvmlVgpuTypeGetName"
     .section .note.GNU-stack,"",@progbits

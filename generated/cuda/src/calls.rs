@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 12176955710469777149u64;
+pub const SCHEMA_HASH: u64 = 14333705282093402169u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2582usize] = [
+pub static FUNCTIONS: [&str; 2595usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -612,22 +612,32 @@ pub static FUNCTIONS: [&str; 2582usize] = [
     "cublasLtGetCudartVersion",
     "cublasLtGetProperty",
     "cublasLtGetVersion",
+    "cublasLtHeuristicsCacheGetCapacity",
     "cublasLtHeuristicsCacheSetCapacity",
     "cublasLtLoggerForceDisable",
     "cublasLtLoggerSetLevel",
     "cublasLtLoggerSetMask",
     "cublasLtMatmul",
+    "cublasLtMatmulAlgoCapGetAttribute",
+    "cublasLtMatmulAlgoCheck",
+    "cublasLtMatmulAlgoConfigGetAttribute",
+    "cublasLtMatmulAlgoConfigSetAttribute",
     "cublasLtMatmulAlgoGetHeuristic",
+    "cublasLtMatmulAlgoGetIds",
+    "cublasLtMatmulAlgoInit",
     "cublasLtMatmulDescCreate",
     "cublasLtMatmulDescDestroy",
+    "cublasLtMatmulDescGetAttribute",
     "cublasLtMatmulDescInit_internal",
     "cublasLtMatmulDescSetAttribute",
     "cublasLtMatmulPreferenceCreate",
     "cublasLtMatmulPreferenceDestroy",
+    "cublasLtMatmulPreferenceGetAttribute",
     "cublasLtMatmulPreferenceInit_internal",
     "cublasLtMatmulPreferenceSetAttribute",
     "cublasLtMatrixLayoutCreate",
     "cublasLtMatrixLayoutDestroy",
+    "cublasLtMatrixLayoutGetAttribute",
     "cublasLtMatrixLayoutInit_internal",
     "cublasLtMatrixLayoutSetAttribute",
     "cublasLtMatrixTransformDescCreate",
@@ -2412,8 +2422,11 @@ pub static FUNCTIONS: [&str; 2582usize] = [
     "nvmlDeviceGetFanControlPolicy_v2",
     "nvmlDeviceGetFanSpeed",
     "nvmlDeviceGetFanSpeed_v2",
+    "nvmlDeviceGetFieldValues",
     "nvmlDeviceGetGpcClkMinMaxVfOffset",
     "nvmlDeviceGetGpcClkVfOffset",
+    "nvmlDeviceGetGpuFabricInfo",
+    "nvmlDeviceGetGpuFabricInfoV",
     "nvmlDeviceGetGpuInstanceById",
     "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetGpuInstanceRemainingCapacity",
@@ -2591,7 +2604,7 @@ pub static FUNCTIONS: [&str; 2582usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2582usize] = [
+pub static LIBRARY_OF: [&str; 2595usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -3188,6 +3201,16 @@ pub static LIBRARY_OF: [&str; 2582usize] = [
     "cublas",
     "cublas",
     "cublas",
+    "cublaslt",
+    "cublaslt",
+    "cublaslt",
+    "cublaslt",
+    "cublaslt",
+    "cublaslt",
+    "cublaslt",
+    "cublaslt",
+    "cublaslt",
+    "cublaslt",
     "cublaslt",
     "cublaslt",
     "cublaslt",
@@ -5169,6 +5192,9 @@ pub static LIBRARY_OF: [&str; 2582usize] = [
     "nvml",
     "nvml",
     "nvml",
+    "nvml",
+    "nvml",
+    "nvml",
     "nvrtc",
     "nvrtc",
     "nvrtc",
@@ -6687,19 +6713,29 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublaslt::cublasLtGetCudartVersion,
     &cublaslt::cublasLtGetProperty,
     &cublaslt::cublasLtGetVersion,
+    &cublaslt::cublasLtHeuristicsCacheGetCapacity,
     &cublaslt::cublasLtHeuristicsCacheSetCapacity,
     &cublaslt::cublasLtLoggerForceDisable,
     &cublaslt::cublasLtLoggerSetLevel,
     &cublaslt::cublasLtLoggerSetMask,
     &cublaslt::cublasLtMatmul__cu118,
     &cublaslt::cublasLtMatmul__cu126,
+    &cublaslt::cublasLtMatmulAlgoCapGetAttribute,
+    &cublaslt::cublasLtMatmulAlgoCheck__cu118,
+    &cublaslt::cublasLtMatmulAlgoCheck__cu126,
+    &cublaslt::cublasLtMatmulAlgoConfigGetAttribute,
+    &cublaslt::cublasLtMatmulAlgoConfigSetAttribute,
     &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu118__call,
     &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu121__call,
     &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu126__call,
+    &cublaslt::cublasLtMatmulAlgoGetIds,
+    &cublaslt::cublasLtMatmulAlgoInit,
     &cublaslt::cublasLtMatmulDescCreate__cu118__call,
     &cublaslt::cublasLtMatmulDescCreate__cu126__call,
     &cublaslt::cublasLtMatmulDescDestroy__cu118__call,
     &cublaslt::cublasLtMatmulDescDestroy__cu126__call,
+    &cublaslt::cublasLtMatmulDescGetAttribute__cu118,
+    &cublaslt::cublasLtMatmulDescGetAttribute__cu126,
     &cublaslt::cublasLtMatmulDescInit_internal__cu118,
     &cublaslt::cublasLtMatmulDescInit_internal__cu126,
     &cublaslt::cublasLtMatmulDescSetAttribute__cu118__call,
@@ -6708,12 +6744,15 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublaslt::cublasLtMatmulPreferenceCreate__cu121__call,
     &cublaslt::cublasLtMatmulPreferenceDestroy__cu118__call,
     &cublaslt::cublasLtMatmulPreferenceDestroy__cu121__call,
+    &cublaslt::cublasLtMatmulPreferenceGetAttribute__cu118,
+    &cublaslt::cublasLtMatmulPreferenceGetAttribute__cu121,
     &cublaslt::cublasLtMatmulPreferenceInit_internal__cu118,
     &cublaslt::cublasLtMatmulPreferenceInit_internal__cu121,
     &cublaslt::cublasLtMatmulPreferenceSetAttribute__cu118__call,
     &cublaslt::cublasLtMatmulPreferenceSetAttribute__cu121__call,
     &cublaslt::cublasLtMatrixLayoutCreate__call,
     &cublaslt::cublasLtMatrixLayoutDestroy__call,
+    &cublaslt::cublasLtMatrixLayoutGetAttribute,
     &cublaslt::cublasLtMatrixLayoutInit_internal,
     &cublaslt::cublasLtMatrixLayoutSetAttribute__call,
     &cublaslt::cublasLtMatrixTransformDescCreate,
@@ -7155,8 +7194,14 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetFanControlPolicy_v2,
     &nvml::nvmlDeviceGetFanSpeed,
     &nvml::nvmlDeviceGetFanSpeed_v2,
+    &nvml::nvmlDeviceGetFieldValues__cu118,
+    &nvml::nvmlDeviceGetFieldValues__cu126,
     &nvml::nvmlDeviceGetGpcClkMinMaxVfOffset,
     &nvml::nvmlDeviceGetGpcClkVfOffset,
+    &nvml::nvmlDeviceGetGpuFabricInfo__cu121,
+    &nvml::nvmlDeviceGetGpuFabricInfo__cu126,
+    &nvml::nvmlDeviceGetGpuFabricInfoV__cu126,
+    &nvml::nvmlDeviceGetGpuFabricInfoV__cu130,
     &nvml::nvmlDeviceGetGpuInstanceById,
     &nvml::nvmlDeviceGetGpuInstanceId,
     &nvml::nvmlDeviceGetGpuInstanceRemainingCapacity,
@@ -40598,18 +40643,27 @@ pub mod cublas {
 }
 pub mod cublaslt {
     use chidori_protocol::desc::*;
-    static LEN_cublasLtMatmulAlgoGetHeuristic__cu118__call_0: Len = Len::Param(7u8);
-    static LEN_cublasLtMatmulAlgoGetHeuristic__cu121__call_1: Len = Len::Param(7u8);
-    static LEN_cublasLtMatmulAlgoGetHeuristic__cu126__call_2: Len = Len::Param(7u8);
-    static LEN_cublasLtMatmulDescSetAttribute__cu118__call_3: Len = Len::Param(3u8);
-    static LEN_cublasLtMatmulDescSetAttribute__cu126__call_4: Len = Len::Param(3u8);
-    static LEN_cublasLtMatmulPreferenceSetAttribute__cu118__call_5: Len = Len::Param(
+    static LEN_cublasLtMatmulAlgoCapGetAttribute_0: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulAlgoConfigGetAttribute_1: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulAlgoConfigSetAttribute_2: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulAlgoGetHeuristic__cu118__call_3: Len = Len::Param(7u8);
+    static LEN_cublasLtMatmulAlgoGetHeuristic__cu121__call_4: Len = Len::Param(7u8);
+    static LEN_cublasLtMatmulAlgoGetHeuristic__cu126__call_5: Len = Len::Param(7u8);
+    static LEN_cublasLtMatmulAlgoGetIds_6: Len = Len::Param(7u8);
+    static LEN_cublasLtMatmulDescGetAttribute__cu118_7: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulDescGetAttribute__cu126_8: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulDescSetAttribute__cu118__call_9: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulDescSetAttribute__cu126__call_10: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulPreferenceGetAttribute__cu118_11: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulPreferenceGetAttribute__cu121_12: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulPreferenceSetAttribute__cu118__call_13: Len = Len::Param(
         3u8,
     );
-    static LEN_cublasLtMatmulPreferenceSetAttribute__cu121__call_6: Len = Len::Param(
+    static LEN_cublasLtMatmulPreferenceSetAttribute__cu121__call_14: Len = Len::Param(
         3u8,
     );
-    static LEN_cublasLtMatrixLayoutSetAttribute__call_7: Len = Len::Param(3u8);
+    static LEN_cublasLtMatrixLayoutGetAttribute_15: Len = Len::Param(3u8);
+    static LEN_cublasLtMatrixLayoutSetAttribute__call_16: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
         wire: 1501u32,
         call: 1389u32,
@@ -40836,9 +40890,36 @@ pub mod cublaslt {
         },
         only_waits: false,
     };
-    pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
+    pub static cublasLtHeuristicsCacheGetCapacity: CallDesc = CallDesc {
         wire: 1510u32,
         call: 1398u32,
+        name: "cublasLtHeuristicsCacheGetCapacity",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
+        wire: 1511u32,
+        call: 1399u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -40861,8 +40942,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1399u32,
+        wire: 1512u32,
+        call: 1400u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -40880,8 +40961,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1400u32,
+        wire: 1513u32,
+        call: 1401u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -40904,8 +40985,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1401u32,
+        wire: 1514u32,
+        call: 1402u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -40928,8 +41009,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1402u32,
+        wire: 1515u32,
+        call: 1403u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -41004,8 +41085,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1402u32,
+        wire: 1516u32,
+        call: 1403u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -41079,9 +41160,265 @@ pub mod cublaslt {
         },
         only_waits: false,
     };
+    pub static cublasLtMatmulAlgoCapGetAttribute: CallDesc = CallDesc {
+        wire: 1517u32,
+        call: 1404u32,
+        name: "cublasLtMatmulAlgoCapGetAttribute",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cublasLtMatmulAlgo_t"),
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cublasLtMatmulAlgoCapGetAttribute_0),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasLtMatmulAlgoCheck__cu118: CallDesc = CallDesc {
+        wire: 1518u32,
+        call: 1405u32,
+        name: "cublasLtMatmulAlgoCheck",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 39u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cublasLtMatmulAlgo_t"),
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 96u32,
+                len: None,
+                record: Some("cublasLtMatmulHeuristicResult_t"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasLtMatmulAlgoCheck__cu126: CallDesc = CallDesc {
+        wire: 1519u32,
+        call: 1405u32,
+        name: "cublasLtMatmulAlgoCheck",
+        form: None,
+        library: "cublaslt",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 39u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cublasLtMatmulAlgo_t"),
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 96u32,
+                len: None,
+                record: Some("cublasLtMatmulHeuristicResult_t"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasLtMatmulAlgoConfigGetAttribute: CallDesc = CallDesc {
+        wire: 1520u32,
+        call: 1406u32,
+        name: "cublasLtMatmulAlgoConfigGetAttribute",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cublasLtMatmulAlgo_t"),
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cublasLtMatmulAlgoConfigGetAttribute_1),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasLtMatmulAlgoConfigSetAttribute: CallDesc = CallDesc {
+        wire: 1521u32,
+        call: 1407u32,
+        name: "cublasLtMatmulAlgoConfigSetAttribute",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 64u32,
+                len: None,
+                record: Some("cublasLtMatmulAlgo_t"),
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cublasLtMatmulAlgoConfigSetAttribute_2),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1403u32,
+        wire: 1522u32,
+        call: 1408u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41123,7 +41460,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 96u32,
-                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu118__call_0),
+                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu118__call_3),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
                 optional: false,
             },
@@ -41146,8 +41483,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1403u32,
+        wire: 1523u32,
+        call: 1408u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41189,7 +41526,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 96u32,
-                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu121__call_1),
+                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu121__call_4),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
                 optional: false,
             },
@@ -41212,8 +41549,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1403u32,
+        wire: 1524u32,
+        call: 1408u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41255,7 +41592,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 96u32,
-                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu126__call_2),
+                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu126__call_5),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
                 optional: false,
             },
@@ -41277,9 +41614,134 @@ pub mod cublaslt {
         },
         only_waits: false,
     };
+    pub static cublasLtMatmulAlgoGetIds: CallDesc = CallDesc {
+        wire: 1525u32,
+        call: 1409u32,
+        name: "cublasLtMatmulAlgoGetIds",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: Some(&LEN_cublasLtMatmulAlgoGetIds_6),
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasLtMatmulAlgoInit: CallDesc = CallDesc {
+        wire: 1526u32,
+        call: 1410u32,
+        name: "cublasLtMatmulAlgoInit",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 64u32,
+                len: None,
+                record: Some("cublasLtMatmulAlgo_t"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1404u32,
+        wire: 1527u32,
+        call: 1411u32,
         name: "cublasLtMatmulDescCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41310,8 +41772,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1404u32,
+        wire: 1528u32,
+        call: 1411u32,
         name: "cublasLtMatmulDescCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41342,8 +41804,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1405u32,
+        wire: 1529u32,
+        call: 1412u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41366,8 +41828,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1405u32,
+        wire: 1530u32,
+        call: 1412u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41389,9 +41851,101 @@ pub mod cublaslt {
         },
         only_waits: false,
     };
+    pub static cublasLtMatmulDescGetAttribute__cu118: CallDesc = CallDesc {
+        wire: 1531u32,
+        call: 1413u32,
+        name: "cublasLtMatmulDescGetAttribute",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 39u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cublasLtMatmulDescGetAttribute__cu118_7),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasLtMatmulDescGetAttribute__cu126: CallDesc = CallDesc {
+        wire: 1532u32,
+        call: 1413u32,
+        name: "cublasLtMatmulDescGetAttribute",
+        form: None,
+        library: "cublaslt",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 39u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cublasLtMatmulDescGetAttribute__cu126_8),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1406u32,
+        wire: 1533u32,
+        call: 1414u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -41426,8 +41980,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1406u32,
+        wire: 1534u32,
+        call: 1414u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -41462,8 +42016,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1407u32,
+        wire: 1535u32,
+        call: 1415u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41481,7 +42035,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cublasLtMatmulDescSetAttribute__cu118__call_3),
+                len: Some(&LEN_cublasLtMatmulDescSetAttribute__cu118__call_9),
                 record: None,
                 optional: false,
             },
@@ -41501,8 +42055,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1407u32,
+        wire: 1536u32,
+        call: 1415u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41520,7 +42074,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cublasLtMatmulDescSetAttribute__cu126__call_4),
+                len: Some(&LEN_cublasLtMatmulDescSetAttribute__cu126__call_10),
                 record: None,
                 optional: false,
             },
@@ -41540,8 +42094,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1408u32,
+        wire: 1537u32,
+        call: 1416u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41564,8 +42118,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1408u32,
+        wire: 1538u32,
+        call: 1416u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41588,8 +42142,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1409u32,
+        wire: 1539u32,
+        call: 1417u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41612,8 +42166,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1409u32,
+        wire: 1540u32,
+        call: 1417u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41635,9 +42189,101 @@ pub mod cublaslt {
         },
         only_waits: false,
     };
+    pub static cublasLtMatmulPreferenceGetAttribute__cu118: CallDesc = CallDesc {
+        wire: 1541u32,
+        call: 1418u32,
+        name: "cublasLtMatmulPreferenceGetAttribute",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 40u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cublasLtMatmulPreferenceGetAttribute__cu118_11),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasLtMatmulPreferenceGetAttribute__cu121: CallDesc = CallDesc {
+        wire: 1542u32,
+        call: 1418u32,
+        name: "cublasLtMatmulPreferenceGetAttribute",
+        form: None,
+        library: "cublaslt",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 40u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cublasLtMatmulPreferenceGetAttribute__cu121_12),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1410u32,
+        wire: 1543u32,
+        call: 1419u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -41664,8 +42310,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1410u32,
+        wire: 1544u32,
+        call: 1419u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -41692,8 +42338,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1411u32,
+        wire: 1545u32,
+        call: 1420u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41711,7 +42357,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu118__call_5),
+                len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu118__call_13),
                 record: None,
                 optional: false,
             },
@@ -41731,8 +42377,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1411u32,
+        wire: 1546u32,
+        call: 1420u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41750,7 +42396,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu121__call_6),
+                len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu121__call_14),
                 record: None,
                 optional: false,
             },
@@ -41770,8 +42416,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1412u32,
+        wire: 1547u32,
+        call: 1421u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41810,8 +42456,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1413u32,
+        wire: 1548u32,
+        call: 1422u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41833,9 +42479,55 @@ pub mod cublaslt {
         },
         only_waits: false,
     };
+    pub static cublasLtMatrixLayoutGetAttribute: CallDesc = CallDesc {
+        wire: 1549u32,
+        call: 1423u32,
+        name: "cublasLtMatrixLayoutGetAttribute",
+        form: None,
+        library: "cublaslt",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 41u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cublasLtMatrixLayoutGetAttribute_15),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+            invalid_value: 7i64,
+        },
+        only_waits: false,
+    };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1414u32,
+        wire: 1550u32,
+        call: 1424u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -41878,8 +42570,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1415u32,
+        wire: 1551u32,
+        call: 1425u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41897,7 +42589,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cublasLtMatrixLayoutSetAttribute__call_7),
+                len: Some(&LEN_cublasLtMatrixLayoutSetAttribute__call_16),
                 record: None,
                 optional: false,
             },
@@ -41917,8 +42609,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1416u32,
+        wire: 1552u32,
+        call: 1426u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -41945,8 +42637,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1417u32,
+        wire: 1553u32,
+        call: 1427u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -41969,8 +42661,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1418u32,
+        wire: 1554u32,
+        call: 1428u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -55813,8 +56505,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1419u32,
+        wire: 1555u32,
+        call: 1429u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -55875,8 +56567,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1419u32,
+        wire: 1556u32,
+        call: 1429u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -55937,8 +56629,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1420u32,
+        wire: 1557u32,
+        call: 1430u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -55989,8 +56681,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1420u32,
+        wire: 1558u32,
+        call: 1430u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -56041,8 +56733,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1421u32,
+        wire: 1559u32,
+        call: 1431u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -56060,8 +56752,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1422u32,
+        wire: 1560u32,
+        call: 1432u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -56079,8 +56771,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1423u32,
+        wire: 1561u32,
+        call: 1433u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -56098,8 +56790,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1424u32,
+        wire: 1562u32,
+        call: 1434u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56126,8 +56818,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1424u32,
+        wire: 1563u32,
+        call: 1434u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Named),
         library: "cudnn",
@@ -56154,8 +56846,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1424u32,
+        wire: 1564u32,
+        call: 1434u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56182,8 +56874,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1424u32,
+        wire: 1565u32,
+        call: 1434u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Named),
         library: "cudnn",
@@ -56210,8 +56902,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1425u32,
+        wire: 1566u32,
+        call: 1435u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56234,8 +56926,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1425u32,
+        wire: 1567u32,
+        call: 1435u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56258,8 +56950,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1426u32,
+        wire: 1568u32,
+        call: 1436u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -56290,8 +56982,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1426u32,
+        wire: 1569u32,
+        call: 1436u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -56322,8 +57014,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1427u32,
+        wire: 1570u32,
+        call: 1437u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Async),
         library: "cudnn",
@@ -56346,8 +57038,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1427u32,
+        wire: 1571u32,
+        call: 1437u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56370,8 +57062,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1427u32,
+        wire: 1572u32,
+        call: 1437u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Async),
         library: "cudnn",
@@ -56394,8 +57086,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1427u32,
+        wire: 1573u32,
+        call: 1437u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56418,8 +57110,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1428u32,
+        wire: 1574u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56468,8 +57160,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1428u32,
+        wire: 1575u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -56515,8 +57207,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1428u32,
+        wire: 1576u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Refill),
         library: "cudnn",
@@ -56556,8 +57248,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1428u32,
+        wire: 1577u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56606,8 +57298,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1428u32,
+        wire: 1578u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -56653,8 +57345,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1428u32,
+        wire: 1579u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Refill),
         library: "cudnn",
@@ -56694,8 +57386,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1429u32,
+        wire: 1580u32,
+        call: 1439u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -56718,8 +57410,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1429u32,
+        wire: 1581u32,
+        call: 1439u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -56742,8 +57434,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1430u32,
+        wire: 1582u32,
+        call: 1440u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -56778,8 +57470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1431u32,
+        wire: 1583u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56821,8 +57513,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1431u32,
+        wire: 1584u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -56861,8 +57553,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1431u32,
+        wire: 1585u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::HostValues),
         library: "cudnn",
@@ -56904,8 +57596,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1431u32,
+        wire: 1586u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56947,8 +57639,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1431u32,
+        wire: 1587u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -56987,8 +57679,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1431u32,
+        wire: 1588u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::HostValues),
         library: "cudnn",
@@ -57030,8 +57722,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1432u32,
+        wire: 1589u32,
+        call: 1442u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -57066,8 +57758,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1433u32,
+        wire: 1590u32,
+        call: 1443u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -57179,8 +57871,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1433u32,
+        wire: 1591u32,
+        call: 1443u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -57292,8 +57984,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1434u32,
+        wire: 1592u32,
+        call: 1444u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -57356,8 +58048,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1434u32,
+        wire: 1593u32,
+        call: 1444u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -57420,8 +58112,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1435u32,
+        wire: 1594u32,
+        call: 1445u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -57490,8 +58182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1435u32,
+        wire: 1595u32,
+        call: 1445u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -57560,8 +58252,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1436u32,
+        wire: 1596u32,
+        call: 1446u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -57653,8 +58345,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1436u32,
+        wire: 1597u32,
+        call: 1446u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -57746,8 +58438,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1437u32,
+        wire: 1598u32,
+        call: 1447u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -57778,8 +58470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1437u32,
+        wire: 1599u32,
+        call: 1447u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -57810,8 +58502,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1438u32,
+        wire: 1600u32,
+        call: 1448u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -57861,8 +58553,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1438u32,
+        wire: 1601u32,
+        call: 1448u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -57912,8 +58604,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1439u32,
+        wire: 1602u32,
+        call: 1449u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -57931,8 +58623,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1440u32,
+        wire: 1603u32,
+        call: 1450u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -57950,8 +58642,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1441u32,
+        wire: 1604u32,
+        call: 1451u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -57969,8 +58661,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1442u32,
+        wire: 1605u32,
+        call: 1452u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -58035,8 +58727,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1442u32,
+        wire: 1606u32,
+        call: 1452u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -58101,8 +58793,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1443u32,
+        wire: 1607u32,
+        call: 1453u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -58167,8 +58859,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1443u32,
+        wire: 1608u32,
+        call: 1453u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -58233,8 +58925,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1444u32,
+        wire: 1609u32,
+        call: 1454u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -58313,8 +59005,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1444u32,
+        wire: 1610u32,
+        call: 1454u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -58393,8 +59085,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1445u32,
+        wire: 1611u32,
+        call: 1455u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -58459,8 +59151,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1445u32,
+        wire: 1612u32,
+        call: 1455u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -58525,8 +59217,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1446u32,
+        wire: 1613u32,
+        call: 1456u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -58553,8 +59245,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1447u32,
+        wire: 1614u32,
+        call: 1457u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -58577,8 +59269,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1447u32,
+        wire: 1615u32,
+        call: 1457u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -58601,8 +59293,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1448u32,
+        wire: 1616u32,
+        call: 1458u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -58625,8 +59317,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1448u32,
+        wire: 1617u32,
+        call: 1458u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -58649,8 +59341,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1449u32,
+        wire: 1618u32,
+        call: 1459u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -58673,8 +59365,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1450u32,
+        wire: 1619u32,
+        call: 1460u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -58701,8 +59393,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1451u32,
+        wire: 1620u32,
+        call: 1461u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58725,8 +59417,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1451u32,
+        wire: 1621u32,
+        call: 1461u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58749,8 +59441,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1452u32,
+        wire: 1622u32,
+        call: 1462u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58773,8 +59465,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1452u32,
+        wire: 1623u32,
+        call: 1462u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58797,8 +59489,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1453u32,
+        wire: 1624u32,
+        call: 1463u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -58821,8 +59513,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1453u32,
+        wire: 1625u32,
+        call: 1463u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -58845,8 +59537,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1454u32,
+        wire: 1626u32,
+        call: 1464u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58869,8 +59561,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1454u32,
+        wire: 1627u32,
+        call: 1464u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58893,8 +59585,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1455u32,
+        wire: 1628u32,
+        call: 1465u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -58917,8 +59609,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1455u32,
+        wire: 1629u32,
+        call: 1465u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -58941,8 +59633,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1456u32,
+        wire: 1630u32,
+        call: 1466u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -58969,8 +59661,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1456u32,
+        wire: 1631u32,
+        call: 1466u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -58997,8 +59689,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1457u32,
+        wire: 1632u32,
+        call: 1467u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -59025,8 +59717,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1457u32,
+        wire: 1633u32,
+        call: 1467u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -59053,8 +59745,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1458u32,
+        wire: 1634u32,
+        call: 1468u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -59081,8 +59773,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1458u32,
+        wire: 1635u32,
+        call: 1468u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -59109,8 +59801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1459u32,
+        wire: 1636u32,
+        call: 1469u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59133,8 +59825,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1459u32,
+        wire: 1637u32,
+        call: 1469u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59157,8 +59849,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1460u32,
+        wire: 1638u32,
+        call: 1470u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59181,8 +59873,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1460u32,
+        wire: 1639u32,
+        call: 1470u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59205,8 +59897,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1461u32,
+        wire: 1640u32,
+        call: 1471u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -59241,8 +59933,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1462u32,
+        wire: 1641u32,
+        call: 1472u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -59265,8 +59957,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1462u32,
+        wire: 1642u32,
+        call: 1472u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -59289,8 +59981,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1463u32,
+        wire: 1643u32,
+        call: 1473u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59313,8 +60005,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1463u32,
+        wire: 1644u32,
+        call: 1473u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59337,8 +60029,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1464u32,
+        wire: 1645u32,
+        call: 1474u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -59361,8 +60053,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1464u32,
+        wire: 1646u32,
+        call: 1474u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -59385,8 +60077,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1465u32,
+        wire: 1647u32,
+        call: 1475u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59409,8 +60101,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1465u32,
+        wire: 1648u32,
+        call: 1475u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59433,8 +60125,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1466u32,
+        wire: 1649u32,
+        call: 1476u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59457,8 +60149,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1466u32,
+        wire: 1650u32,
+        call: 1476u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59481,8 +60173,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1467u32,
+        wire: 1651u32,
+        call: 1477u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -59505,8 +60197,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1467u32,
+        wire: 1652u32,
+        call: 1477u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -59529,8 +60221,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1468u32,
+        wire: 1653u32,
+        call: 1478u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59553,8 +60245,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1468u32,
+        wire: 1654u32,
+        call: 1478u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59577,8 +60269,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1469u32,
+        wire: 1655u32,
+        call: 1479u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -59601,8 +60293,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1469u32,
+        wire: 1656u32,
+        call: 1479u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -59625,8 +60317,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1470u32,
+        wire: 1657u32,
+        call: 1480u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59657,8 +60349,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1470u32,
+        wire: 1658u32,
+        call: 1480u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59689,8 +60381,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1471u32,
+        wire: 1659u32,
+        call: 1481u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59729,8 +60421,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1471u32,
+        wire: 1660u32,
+        call: 1481u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59769,8 +60461,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1472u32,
+        wire: 1661u32,
+        call: 1482u32,
         name: "cudnnDestroy",
         form: Some(Form::Call),
         library: "cudnn",
@@ -59793,8 +60485,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1472u32,
+        wire: 1662u32,
+        call: 1482u32,
         name: "cudnnDestroy",
         form: Some(Form::Call),
         library: "cudnn",
@@ -59817,8 +60509,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1473u32,
+        wire: 1663u32,
+        call: 1483u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59841,8 +60533,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1473u32,
+        wire: 1664u32,
+        call: 1483u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59865,8 +60557,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1474u32,
+        wire: 1665u32,
+        call: 1484u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59889,8 +60581,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1475u32,
+        wire: 1666u32,
+        call: 1485u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -59917,8 +60609,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1476u32,
+        wire: 1667u32,
+        call: 1486u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -59941,8 +60633,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1476u32,
+        wire: 1668u32,
+        call: 1486u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -59965,8 +60657,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1477u32,
+        wire: 1669u32,
+        call: 1487u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59989,8 +60681,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1477u32,
+        wire: 1670u32,
+        call: 1487u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -60013,8 +60705,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1478u32,
+        wire: 1671u32,
+        call: 1488u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -60037,8 +60729,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1478u32,
+        wire: 1672u32,
+        call: 1488u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -60061,8 +60753,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1479u32,
+        wire: 1673u32,
+        call: 1489u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -60085,8 +60777,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1479u32,
+        wire: 1674u32,
+        call: 1489u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -60109,8 +60801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1480u32,
+        wire: 1675u32,
+        call: 1490u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -60133,8 +60825,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1480u32,
+        wire: 1676u32,
+        call: 1490u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -60157,8 +60849,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1481u32,
+        wire: 1677u32,
+        call: 1491u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -60181,8 +60873,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1481u32,
+        wire: 1678u32,
+        call: 1491u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -60205,8 +60897,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1482u32,
+        wire: 1679u32,
+        call: 1492u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -60229,8 +60921,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1482u32,
+        wire: 1680u32,
+        call: 1492u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -60253,8 +60945,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1483u32,
+        wire: 1681u32,
+        call: 1493u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -60277,8 +60969,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1483u32,
+        wire: 1682u32,
+        call: 1493u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -60301,8 +60993,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1484u32,
+        wire: 1683u32,
+        call: 1494u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -60325,8 +61017,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1484u32,
+        wire: 1684u32,
+        call: 1494u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -60349,8 +61041,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1485u32,
+        wire: 1685u32,
+        call: 1495u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60373,8 +61065,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1485u32,
+        wire: 1686u32,
+        call: 1495u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60397,8 +61089,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1486u32,
+        wire: 1687u32,
+        call: 1496u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -60421,8 +61113,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1487u32,
+        wire: 1688u32,
+        call: 1497u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -60445,8 +61137,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1487u32,
+        wire: 1689u32,
+        call: 1497u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -60469,8 +61161,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1488u32,
+        wire: 1690u32,
+        call: 1498u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60493,8 +61185,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1488u32,
+        wire: 1691u32,
+        call: 1498u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60517,8 +61209,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1489u32,
+        wire: 1692u32,
+        call: 1499u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -60541,8 +61233,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1489u32,
+        wire: 1693u32,
+        call: 1499u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -60565,8 +61257,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1490u32,
+        wire: 1694u32,
+        call: 1500u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60589,8 +61281,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1490u32,
+        wire: 1695u32,
+        call: 1500u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60613,8 +61305,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1491u32,
+        wire: 1696u32,
+        call: 1501u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60637,8 +61329,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1491u32,
+        wire: 1697u32,
+        call: 1501u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60661,8 +61353,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1492u32,
+        wire: 1698u32,
+        call: 1502u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -60685,8 +61377,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1492u32,
+        wire: 1699u32,
+        call: 1502u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -60709,8 +61401,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1493u32,
+        wire: 1700u32,
+        call: 1503u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60733,8 +61425,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1493u32,
+        wire: 1701u32,
+        call: 1503u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60757,8 +61449,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1494u32,
+        wire: 1702u32,
+        call: 1504u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60781,8 +61473,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1494u32,
+        wire: 1703u32,
+        call: 1504u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60805,8 +61497,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1495u32,
+        wire: 1704u32,
+        call: 1505u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -60848,8 +61540,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1495u32,
+        wire: 1705u32,
+        call: 1505u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -60891,8 +61583,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1496u32,
+        wire: 1706u32,
+        call: 1506u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -60934,8 +61626,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1496u32,
+        wire: 1707u32,
+        call: 1506u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -60977,8 +61669,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1497u32,
+        wire: 1708u32,
+        call: 1507u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -61008,8 +61700,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1497u32,
+        wire: 1709u32,
+        call: 1507u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -61039,8 +61731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1498u32,
+        wire: 1710u32,
+        call: 1508u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -61070,8 +61762,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1498u32,
+        wire: 1711u32,
+        call: 1508u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -61101,8 +61793,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1499u32,
+        wire: 1712u32,
+        call: 1509u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61167,8 +61859,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1499u32,
+        wire: 1713u32,
+        call: 1509u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61233,8 +61925,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1500u32,
+        wire: 1714u32,
+        call: 1510u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61299,8 +61991,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1500u32,
+        wire: 1715u32,
+        call: 1510u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61365,8 +62057,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1501u32,
+        wire: 1716u32,
+        call: 1511u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61431,8 +62123,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1501u32,
+        wire: 1717u32,
+        call: 1511u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61497,8 +62189,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1502u32,
+        wire: 1718u32,
+        call: 1512u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -61529,8 +62221,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1502u32,
+        wire: 1719u32,
+        call: 1512u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -61561,8 +62253,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1503u32,
+        wire: 1720u32,
+        call: 1513u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -61606,8 +62298,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1503u32,
+        wire: 1721u32,
+        call: 1513u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -61651,8 +62343,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1504u32,
+        wire: 1722u32,
+        call: 1514u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -61682,8 +62374,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1504u32,
+        wire: 1723u32,
+        call: 1514u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -61713,8 +62405,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1505u32,
+        wire: 1724u32,
+        call: 1515u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -61762,8 +62454,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1506u32,
+        wire: 1725u32,
+        call: 1516u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -61797,8 +62489,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1507u32,
+        wire: 1726u32,
+        call: 1517u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61864,8 +62556,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1507u32,
+        wire: 1727u32,
+        call: 1517u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61931,8 +62623,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1508u32,
+        wire: 1728u32,
+        call: 1518u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -61990,8 +62682,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1508u32,
+        wire: 1729u32,
+        call: 1518u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62049,8 +62741,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1509u32,
+        wire: 1730u32,
+        call: 1519u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -62096,8 +62788,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1509u32,
+        wire: 1731u32,
+        call: 1519u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -62143,8 +62835,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1510u32,
+        wire: 1732u32,
+        call: 1520u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62174,8 +62866,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1510u32,
+        wire: 1733u32,
+        call: 1520u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62205,8 +62897,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1511u32,
+        wire: 1734u32,
+        call: 1521u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -62250,8 +62942,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1511u32,
+        wire: 1735u32,
+        call: 1521u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -62295,8 +62987,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1512u32,
+        wire: 1736u32,
+        call: 1522u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -62342,8 +63034,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1512u32,
+        wire: 1737u32,
+        call: 1522u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -62389,8 +63081,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1513u32,
+        wire: 1738u32,
+        call: 1523u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -62469,8 +63161,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1513u32,
+        wire: 1739u32,
+        call: 1523u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -62549,8 +63241,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1514u32,
+        wire: 1740u32,
+        call: 1524u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -62603,8 +63295,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1514u32,
+        wire: 1741u32,
+        call: 1524u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -62657,8 +63349,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1515u32,
+        wire: 1742u32,
+        call: 1525u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -62688,8 +63380,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1515u32,
+        wire: 1743u32,
+        call: 1525u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -62719,8 +63411,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1516u32,
+        wire: 1744u32,
+        call: 1526u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -62777,8 +63469,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1516u32,
+        wire: 1745u32,
+        call: 1526u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -62835,8 +63527,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1517u32,
+        wire: 1746u32,
+        call: 1527u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62886,8 +63578,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1517u32,
+        wire: 1747u32,
+        call: 1527u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62937,8 +63629,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1518u32,
+        wire: 1748u32,
+        call: 1528u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -62968,8 +63660,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1518u32,
+        wire: 1749u32,
+        call: 1528u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -62999,8 +63691,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1519u32,
+        wire: 1750u32,
+        call: 1529u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63057,8 +63749,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1519u32,
+        wire: 1751u32,
+        call: 1529u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63115,8 +63807,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1520u32,
+        wire: 1752u32,
+        call: 1530u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63166,8 +63858,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1520u32,
+        wire: 1753u32,
+        call: 1530u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63217,8 +63909,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1521u32,
+        wire: 1754u32,
+        call: 1531u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63248,8 +63940,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1521u32,
+        wire: 1755u32,
+        call: 1531u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63279,8 +63971,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1522u32,
+        wire: 1756u32,
+        call: 1532u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63337,8 +64029,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1522u32,
+        wire: 1757u32,
+        call: 1532u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63395,8 +64087,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1523u32,
+        wire: 1758u32,
+        call: 1533u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63446,8 +64138,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1523u32,
+        wire: 1759u32,
+        call: 1533u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63497,8 +64189,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1524u32,
+        wire: 1760u32,
+        call: 1534u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -63528,8 +64220,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1524u32,
+        wire: 1761u32,
+        call: 1534u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -63559,8 +64251,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1525u32,
+        wire: 1762u32,
+        call: 1535u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -63590,8 +64282,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1525u32,
+        wire: 1763u32,
+        call: 1535u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -63621,8 +64313,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1526u32,
+        wire: 1764u32,
+        call: 1536u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -63664,8 +64356,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1526u32,
+        wire: 1765u32,
+        call: 1536u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -63707,8 +64399,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1527u32,
+        wire: 1766u32,
+        call: 1537u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -63738,8 +64430,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1527u32,
+        wire: 1767u32,
+        call: 1537u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -63769,8 +64461,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1528u32,
+        wire: 1768u32,
+        call: 1538u32,
         name: "cudnnGetCudartVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -63791,8 +64483,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1528u32,
+        wire: 1769u32,
+        call: 1538u32,
         name: "cudnnGetCudartVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -63813,8 +64505,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1529u32,
+        wire: 1770u32,
+        call: 1539u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -63856,8 +64548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1529u32,
+        wire: 1771u32,
+        call: 1539u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -63899,8 +64591,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1530u32,
+        wire: 1772u32,
+        call: 1540u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -63959,8 +64651,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1530u32,
+        wire: 1773u32,
+        call: 1540u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64019,8 +64711,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1531u32,
+        wire: 1774u32,
+        call: 1541u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64075,8 +64767,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1531u32,
+        wire: 1775u32,
+        call: 1541u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64131,8 +64823,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1532u32,
+        wire: 1776u32,
+        call: 1542u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -64162,8 +64854,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1532u32,
+        wire: 1777u32,
+        call: 1542u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -64193,8 +64885,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1533u32,
+        wire: 1778u32,
+        call: 1543u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -64269,8 +64961,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1533u32,
+        wire: 1779u32,
+        call: 1543u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -64345,8 +65037,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1534u32,
+        wire: 1780u32,
+        call: 1544u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -64397,8 +65089,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1534u32,
+        wire: 1781u32,
+        call: 1544u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -64449,8 +65141,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1535u32,
+        wire: 1782u32,
+        call: 1545u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -64480,8 +65172,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1536u32,
+        wire: 1783u32,
+        call: 1546u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -64502,8 +65194,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1536u32,
+        wire: 1784u32,
+        call: 1546u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -64524,8 +65216,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1537u32,
+        wire: 1785u32,
+        call: 1547u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64603,8 +65295,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1537u32,
+        wire: 1786u32,
+        call: 1547u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64682,8 +65374,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1538u32,
+        wire: 1787u32,
+        call: 1548u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64753,8 +65445,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1538u32,
+        wire: 1788u32,
+        call: 1548u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64824,8 +65516,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1539u32,
+        wire: 1789u32,
+        call: 1549u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -64879,8 +65571,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1539u32,
+        wire: 1790u32,
+        call: 1549u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -64934,8 +65626,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1540u32,
+        wire: 1791u32,
+        call: 1550u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -64979,8 +65671,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1540u32,
+        wire: 1792u32,
+        call: 1550u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -65024,8 +65716,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1541u32,
+        wire: 1793u32,
+        call: 1551u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -65104,8 +65796,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1541u32,
+        wire: 1794u32,
+        call: 1551u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -65184,8 +65876,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1542u32,
+        wire: 1795u32,
+        call: 1552u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65234,8 +65926,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1542u32,
+        wire: 1796u32,
+        call: 1552u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65284,8 +65976,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1543u32,
+        wire: 1797u32,
+        call: 1553u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65354,8 +66046,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1543u32,
+        wire: 1798u32,
+        call: 1553u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65424,8 +66116,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1544u32,
+        wire: 1799u32,
+        call: 1554u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65463,8 +66155,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1544u32,
+        wire: 1800u32,
+        call: 1554u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65502,8 +66194,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1545u32,
+        wire: 1801u32,
+        call: 1555u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -65533,8 +66225,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1545u32,
+        wire: 1802u32,
+        call: 1555u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -65564,8 +66256,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1546u32,
+        wire: 1803u32,
+        call: 1556u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -65599,8 +66291,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1547u32,
+        wire: 1804u32,
+        call: 1557u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -65634,8 +66326,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1548u32,
+        wire: 1805u32,
+        call: 1558u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -65665,8 +66357,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1549u32,
+        wire: 1806u32,
+        call: 1559u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -65700,8 +66392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1550u32,
+        wire: 1807u32,
+        call: 1560u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -65735,8 +66427,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1551u32,
+        wire: 1808u32,
+        call: 1561u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -65766,8 +66458,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1552u32,
+        wire: 1809u32,
+        call: 1562u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -65797,8 +66489,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1553u32,
+        wire: 1810u32,
+        call: 1563u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -65840,8 +66532,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1554u32,
+        wire: 1811u32,
+        call: 1564u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -65890,8 +66582,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1554u32,
+        wire: 1812u32,
+        call: 1564u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -65940,8 +66632,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1555u32,
+        wire: 1813u32,
+        call: 1565u32,
         name: "cudnnGetRNNWeightParams",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66003,8 +66695,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1555u32,
+        wire: 1814u32,
+        call: 1565u32,
         name: "cudnnGetRNNWeightParams",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66066,8 +66758,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1556u32,
+        wire: 1815u32,
+        call: 1566u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -66101,8 +66793,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1556u32,
+        wire: 1816u32,
+        call: 1566u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -66136,8 +66828,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1557u32,
+        wire: 1817u32,
+        call: 1567u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -66195,8 +66887,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1557u32,
+        wire: 1818u32,
+        call: 1567u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -66254,8 +66946,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1558u32,
+        wire: 1819u32,
+        call: 1568u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -66297,8 +66989,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1558u32,
+        wire: 1820u32,
+        call: 1568u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -66340,8 +67032,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1559u32,
+        wire: 1821u32,
+        call: 1569u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -66383,8 +67075,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1559u32,
+        wire: 1822u32,
+        call: 1569u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -66426,8 +67118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1560u32,
+        wire: 1823u32,
+        call: 1570u32,
         name: "cudnnGetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66454,8 +67146,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1560u32,
+        wire: 1824u32,
+        call: 1570u32,
         name: "cudnnGetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66482,8 +67174,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1561u32,
+        wire: 1825u32,
+        call: 1571u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -66563,8 +67255,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1561u32,
+        wire: 1826u32,
+        call: 1571u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -66644,8 +67336,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1562u32,
+        wire: 1827u32,
+        call: 1572u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66700,8 +67392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1562u32,
+        wire: 1828u32,
+        call: 1572u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66756,8 +67448,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1563u32,
+        wire: 1829u32,
+        call: 1573u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -66787,8 +67479,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1563u32,
+        wire: 1830u32,
+        call: 1573u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -66818,8 +67510,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1564u32,
+        wire: 1831u32,
+        call: 1574u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -66881,8 +67573,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1564u32,
+        wire: 1832u32,
+        call: 1574u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -66944,8 +67636,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1565u32,
+        wire: 1833u32,
+        call: 1575u32,
         name: "cudnnGetVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66966,8 +67658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1565u32,
+        wire: 1834u32,
+        call: 1575u32,
         name: "cudnnGetVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66988,8 +67680,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1566u32,
+        wire: 1835u32,
+        call: 1576u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -67007,8 +67699,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1567u32,
+        wire: 1836u32,
+        call: 1577u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -67046,8 +67738,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1567u32,
+        wire: 1837u32,
+        call: 1577u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -67085,8 +67777,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1568u32,
+        wire: 1838u32,
+        call: 1578u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -67151,8 +67843,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1568u32,
+        wire: 1839u32,
+        call: 1578u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -67217,8 +67909,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1569u32,
+        wire: 1840u32,
+        call: 1579u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -67273,8 +67965,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1569u32,
+        wire: 1841u32,
+        call: 1579u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -67329,8 +68021,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1570u32,
+        wire: 1842u32,
+        call: 1580u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -67368,8 +68060,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1570u32,
+        wire: 1843u32,
+        call: 1580u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -67407,8 +68099,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1571u32,
+        wire: 1844u32,
+        call: 1581u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -67426,8 +68118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1572u32,
+        wire: 1845u32,
+        call: 1582u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -67445,8 +68137,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1573u32,
+        wire: 1846u32,
+        call: 1583u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -67464,8 +68156,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1574u32,
+        wire: 1847u32,
+        call: 1584u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -67526,8 +68218,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1574u32,
+        wire: 1848u32,
+        call: 1584u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -67588,8 +68280,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1575u32,
+        wire: 1849u32,
+        call: 1585u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -67640,8 +68332,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1575u32,
+        wire: 1850u32,
+        call: 1585u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -67692,8 +68384,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1576u32,
+        wire: 1851u32,
+        call: 1586u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -67731,8 +68423,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1576u32,
+        wire: 1852u32,
+        call: 1586u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -67770,8 +68462,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1577u32,
+        wire: 1853u32,
+        call: 1587u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -67839,8 +68531,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1577u32,
+        wire: 1854u32,
+        call: 1587u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -67908,8 +68600,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1578u32,
+        wire: 1855u32,
+        call: 1588u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -67966,8 +68658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1579u32,
+        wire: 1856u32,
+        call: 1589u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -68029,8 +68721,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1579u32,
+        wire: 1857u32,
+        call: 1589u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -68092,8 +68784,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1580u32,
+        wire: 1858u32,
+        call: 1590u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -68162,8 +68854,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1580u32,
+        wire: 1859u32,
+        call: 1590u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -68232,8 +68924,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1581u32,
+        wire: 1860u32,
+        call: 1591u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -68288,8 +68980,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1582u32,
+        wire: 1861u32,
+        call: 1592u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -68340,8 +69032,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1582u32,
+        wire: 1862u32,
+        call: 1592u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -68392,8 +69084,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1583u32,
+        wire: 1863u32,
+        call: 1593u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -68437,8 +69129,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1584u32,
+        wire: 1864u32,
+        call: 1594u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -68481,8 +69173,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1585u32,
+        wire: 1865u32,
+        call: 1595u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -68521,8 +69213,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1585u32,
+        wire: 1866u32,
+        call: 1595u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -68561,8 +69253,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1586u32,
+        wire: 1867u32,
+        call: 1596u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -68597,8 +69289,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1587u32,
+        wire: 1868u32,
+        call: 1597u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -68638,8 +69330,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1587u32,
+        wire: 1869u32,
+        call: 1597u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -68679,8 +69371,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1588u32,
+        wire: 1870u32,
+        call: 1598u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -68715,8 +69407,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1588u32,
+        wire: 1871u32,
+        call: 1598u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -68751,8 +69443,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1589u32,
+        wire: 1872u32,
+        call: 1599u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -68787,8 +69479,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1589u32,
+        wire: 1873u32,
+        call: 1599u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -68823,8 +69515,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1590u32,
+        wire: 1874u32,
+        call: 1600u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -68851,8 +69543,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1590u32,
+        wire: 1875u32,
+        call: 1600u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -68879,8 +69571,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1591u32,
+        wire: 1876u32,
+        call: 1601u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -68904,8 +69596,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1592u32,
+        wire: 1877u32,
+        call: 1602u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -68944,8 +69636,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1593u32,
+        wire: 1878u32,
+        call: 1603u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -69044,8 +69736,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1593u32,
+        wire: 1879u32,
+        call: 1603u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -69144,8 +69836,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1594u32,
+        wire: 1880u32,
+        call: 1604u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -69172,8 +69864,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1594u32,
+        wire: 1881u32,
+        call: 1604u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -69200,8 +69892,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1595u32,
+        wire: 1882u32,
+        call: 1605u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -69236,8 +69928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1595u32,
+        wire: 1883u32,
+        call: 1605u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -69272,8 +69964,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1596u32,
+        wire: 1884u32,
+        call: 1606u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -69312,8 +70004,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1596u32,
+        wire: 1885u32,
+        call: 1606u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -69352,8 +70044,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1597u32,
+        wire: 1886u32,
+        call: 1607u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -69392,8 +70084,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1598u32,
+        wire: 1887u32,
+        call: 1608u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -69448,8 +70140,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1598u32,
+        wire: 1888u32,
+        call: 1608u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -69504,8 +70196,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1599u32,
+        wire: 1889u32,
+        call: 1609u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -69532,8 +70224,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1599u32,
+        wire: 1890u32,
+        call: 1609u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -69560,8 +70252,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1600u32,
+        wire: 1891u32,
+        call: 1610u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -69588,8 +70280,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1600u32,
+        wire: 1892u32,
+        call: 1610u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -69616,8 +70308,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1601u32,
+        wire: 1893u32,
+        call: 1611u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -69673,8 +70365,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1601u32,
+        wire: 1894u32,
+        call: 1611u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -69730,8 +70422,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1602u32,
+        wire: 1895u32,
+        call: 1612u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -69758,8 +70450,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1602u32,
+        wire: 1896u32,
+        call: 1612u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -69786,8 +70478,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1603u32,
+        wire: 1897u32,
+        call: 1613u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -69827,8 +70519,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1603u32,
+        wire: 1898u32,
+        call: 1613u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -69868,8 +70560,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1604u32,
+        wire: 1899u32,
+        call: 1614u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -69916,8 +70608,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1604u32,
+        wire: 1900u32,
+        call: 1614u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -69964,8 +70656,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1605u32,
+        wire: 1901u32,
+        call: 1615u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70007,8 +70699,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1605u32,
+        wire: 1902u32,
+        call: 1615u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70050,8 +70742,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1606u32,
+        wire: 1903u32,
+        call: 1616u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -70090,8 +70782,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1606u32,
+        wire: 1904u32,
+        call: 1616u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -70130,8 +70822,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1607u32,
+        wire: 1905u32,
+        call: 1617u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70166,8 +70858,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1607u32,
+        wire: 1906u32,
+        call: 1617u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70202,8 +70894,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1608u32,
+        wire: 1907u32,
+        call: 1618u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -70230,8 +70922,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1609u32,
+        wire: 1908u32,
+        call: 1619u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70286,8 +70978,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1609u32,
+        wire: 1909u32,
+        call: 1619u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70342,8 +71034,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1610u32,
+        wire: 1910u32,
+        call: 1620u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -70374,8 +71066,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1611u32,
+        wire: 1911u32,
+        call: 1621u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -70402,8 +71094,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1612u32,
+        wire: 1912u32,
+        call: 1622u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -70460,8 +71152,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1612u32,
+        wire: 1913u32,
+        call: 1622u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -70518,8 +71210,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1613u32,
+        wire: 1914u32,
+        call: 1623u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -70578,8 +71270,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1614u32,
+        wire: 1915u32,
+        call: 1624u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -70658,8 +71350,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1614u32,
+        wire: 1916u32,
+        call: 1624u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -70738,8 +71430,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1615u32,
+        wire: 1917u32,
+        call: 1625u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -70766,8 +71458,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1616u32,
+        wire: 1918u32,
+        call: 1626u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -70794,8 +71486,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1617u32,
+        wire: 1919u32,
+        call: 1627u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -70830,8 +71522,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1618u32,
+        wire: 1920u32,
+        call: 1628u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70874,8 +71566,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1618u32,
+        wire: 1921u32,
+        call: 1628u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70918,8 +71610,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1619u32,
+        wire: 1922u32,
+        call: 1629u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70961,8 +71653,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1619u32,
+        wire: 1923u32,
+        call: 1629u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71004,8 +71696,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1620u32,
+        wire: 1924u32,
+        call: 1630u32,
         name: "cudnnSetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -71032,8 +71724,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1620u32,
+        wire: 1925u32,
+        call: 1630u32,
         name: "cudnnSetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -71060,8 +71752,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1621u32,
+        wire: 1926u32,
+        call: 1631u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -71108,8 +71800,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1621u32,
+        wire: 1927u32,
+        call: 1631u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -71156,8 +71848,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1622u32,
+        wire: 1928u32,
+        call: 1632u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -71216,8 +71908,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1622u32,
+        wire: 1929u32,
+        call: 1632u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -71276,8 +71968,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1623u32,
+        wire: 1930u32,
+        call: 1633u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71322,8 +72014,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1623u32,
+        wire: 1931u32,
+        call: 1633u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71368,8 +72060,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1624u32,
+        wire: 1932u32,
+        call: 1634u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -71429,8 +72121,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1624u32,
+        wire: 1933u32,
+        call: 1634u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -71490,8 +72182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1625u32,
+        wire: 1934u32,
+        call: 1635u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -71546,8 +72238,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1625u32,
+        wire: 1935u32,
+        call: 1635u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -71602,8 +72294,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1626u32,
+        wire: 1936u32,
+        call: 1636u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -71632,8 +72324,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1626u32,
+        wire: 1937u32,
+        call: 1636u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -71662,8 +72354,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1627u32,
+        wire: 1938u32,
+        call: 1637u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -71692,8 +72384,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1627u32,
+        wire: 1939u32,
+        call: 1637u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -71722,8 +72414,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1628u32,
+        wire: 1940u32,
+        call: 1638u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -71795,8 +72487,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1628u32,
+        wire: 1941u32,
+        call: 1638u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -71868,8 +72560,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1629u32,
+        wire: 1942u32,
+        call: 1639u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -71921,8 +72613,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1629u32,
+        wire: 1943u32,
+        call: 1639u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -71974,8 +72666,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1630u32,
+        wire: 1944u32,
+        call: 1640u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -72022,8 +72714,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1630u32,
+        wire: 1945u32,
+        call: 1640u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -72097,8 +72789,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_22: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_23: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1848u32,
+        wire: 2169u32,
+        call: 1861u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -72124,8 +72816,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1849u32,
+        wire: 2170u32,
+        call: 1862u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -72148,8 +72840,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate1d: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1850u32,
+        wire: 2171u32,
+        call: 1863u32,
         name: "cufftEstimate1d",
         form: None,
         library: "cufft",
@@ -72187,8 +72879,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate2d: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1851u32,
+        wire: 2172u32,
+        call: 1864u32,
         name: "cufftEstimate2d",
         form: None,
         library: "cufft",
@@ -72226,8 +72918,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate3d: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1852u32,
+        wire: 2173u32,
+        call: 1865u32,
         name: "cufftEstimate3d",
         form: None,
         library: "cufft",
@@ -72269,8 +72961,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimateMany: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1853u32,
+        wire: 2174u32,
+        call: 1866u32,
         name: "cufftEstimateMany",
         form: None,
         library: "cufft",
@@ -72345,8 +73037,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2C: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1854u32,
+        wire: 2175u32,
+        call: 1867u32,
         name: "cufftExecC2C",
         form: None,
         library: "cufft",
@@ -72375,8 +73067,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2R: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1855u32,
+        wire: 2176u32,
+        call: 1868u32,
         name: "cufftExecC2R",
         form: None,
         library: "cufft",
@@ -72401,8 +73093,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecD2Z: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1856u32,
+        wire: 2177u32,
+        call: 1869u32,
         name: "cufftExecD2Z",
         form: None,
         library: "cufft",
@@ -72427,8 +73119,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecR2C: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1857u32,
+        wire: 2178u32,
+        call: 1870u32,
         name: "cufftExecR2C",
         form: None,
         library: "cufft",
@@ -72453,8 +73145,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2D: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1858u32,
+        wire: 2179u32,
+        call: 1871u32,
         name: "cufftExecZ2D",
         form: None,
         library: "cufft",
@@ -72479,8 +73171,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2Z: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1859u32,
+        wire: 2180u32,
+        call: 1872u32,
         name: "cufftExecZ2Z",
         form: None,
         library: "cufft",
@@ -72509,8 +73201,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1860u32,
+        wire: 2181u32,
+        call: 1873u32,
         name: "cufftGetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -72544,8 +73236,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetProperty: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1861u32,
+        wire: 2182u32,
+        call: 1874u32,
         name: "cufftGetProperty",
         form: None,
         library: "cufft",
@@ -72575,8 +73267,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1862u32,
+        wire: 2183u32,
+        call: 1875u32,
         name: "cufftGetSize",
         form: None,
         library: "cufft",
@@ -72606,8 +73298,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize1d: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1863u32,
+        wire: 2184u32,
+        call: 1876u32,
         name: "cufftGetSize1d",
         form: None,
         library: "cufft",
@@ -72649,8 +73341,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize2d: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1864u32,
+        wire: 2185u32,
+        call: 1877u32,
         name: "cufftGetSize2d",
         form: None,
         library: "cufft",
@@ -72692,8 +73384,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize3d: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1865u32,
+        wire: 2186u32,
+        call: 1878u32,
         name: "cufftGetSize3d",
         form: None,
         library: "cufft",
@@ -72739,8 +73431,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1866u32,
+        wire: 2187u32,
+        call: 1879u32,
         name: "cufftGetSizeMany",
         form: None,
         library: "cufft",
@@ -72819,8 +73511,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany64: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1867u32,
+        wire: 2188u32,
+        call: 1880u32,
         name: "cufftGetSizeMany64",
         form: None,
         library: "cufft",
@@ -72899,8 +73591,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetVersion: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1868u32,
+        wire: 2189u32,
+        call: 1881u32,
         name: "cufftGetVersion",
         form: None,
         library: "cufft",
@@ -72926,8 +73618,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan1d: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1869u32,
+        wire: 2190u32,
+        call: 1882u32,
         name: "cufftMakePlan1d",
         form: None,
         library: "cufft",
@@ -72969,8 +73661,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan2d: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1870u32,
+        wire: 2191u32,
+        call: 1883u32,
         name: "cufftMakePlan2d",
         form: None,
         library: "cufft",
@@ -73012,8 +73704,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan3d: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1871u32,
+        wire: 2192u32,
+        call: 1884u32,
         name: "cufftMakePlan3d",
         form: None,
         library: "cufft",
@@ -73059,8 +73751,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1872u32,
+        wire: 2193u32,
+        call: 1885u32,
         name: "cufftMakePlanMany",
         form: None,
         library: "cufft",
@@ -73139,8 +73831,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany64: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1873u32,
+        wire: 2194u32,
+        call: 1886u32,
         name: "cufftMakePlanMany64",
         form: None,
         library: "cufft",
@@ -73219,8 +73911,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan1d: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1874u32,
+        wire: 2195u32,
+        call: 1887u32,
         name: "cufftPlan1d",
         form: None,
         library: "cufft",
@@ -73258,8 +73950,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan2d: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1875u32,
+        wire: 2196u32,
+        call: 1888u32,
         name: "cufftPlan2d",
         form: None,
         library: "cufft",
@@ -73297,8 +73989,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan3d: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1876u32,
+        wire: 2197u32,
+        call: 1889u32,
         name: "cufftPlan3d",
         form: None,
         library: "cufft",
@@ -73340,8 +74032,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlanMany: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1877u32,
+        wire: 2198u32,
+        call: 1890u32,
         name: "cufftPlanMany",
         form: None,
         library: "cufft",
@@ -73416,8 +74108,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1878u32,
+        wire: 2199u32,
+        call: 1891u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -73444,8 +74136,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1879u32,
+        wire: 2200u32,
+        call: 1892u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -73472,8 +74164,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1880u32,
+        wire: 2201u32,
+        call: 1893u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -73504,8 +74196,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1881u32,
+        wire: 2202u32,
+        call: 1894u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -73532,8 +74224,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1882u32,
+        wire: 2203u32,
+        call: 1895u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -73557,8 +74249,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1883u32,
+        wire: 2204u32,
+        call: 1896u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -73585,8 +74277,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1884u32,
+        wire: 2205u32,
+        call: 1897u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -73615,8 +74307,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtGetSizeMany: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1885u32,
+        wire: 2206u32,
+        call: 1898u32,
         name: "cufftXtGetSizeMany",
         form: None,
         library: "cufft",
@@ -73703,8 +74395,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1886u32,
+        wire: 2207u32,
+        call: 1899u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -73791,8 +74483,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1887u32,
+        wire: 2208u32,
+        call: 1900u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -73823,8 +74515,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1888u32,
+        wire: 2209u32,
+        call: 1901u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -73864,8 +74556,8 @@ pub mod cufft {
 pub mod cupti {
     use chidori_protocol::desc::*;
     pub static cuptiGetVersion: CallDesc = CallDesc {
-        wire: 2896u32,
-        call: 2581u32,
+        wire: 2915u32,
+        call: 2594u32,
         name: "cuptiGetVersion",
         form: None,
         library: "cupti",
@@ -73894,8 +74586,8 @@ pub mod cupti {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1889u32,
+        wire: 2210u32,
+        call: 1902u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -73922,8 +74614,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1890u32,
+        wire: 2211u32,
+        call: 1903u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -73950,8 +74642,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1891u32,
+        wire: 2212u32,
+        call: 1904u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -73974,8 +74666,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1892u32,
+        wire: 2213u32,
+        call: 1905u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -73998,8 +74690,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerate: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1893u32,
+        wire: 2214u32,
+        call: 1906u32,
         name: "curandGenerate",
         form: None,
         library: "curand",
@@ -74027,8 +74719,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomial: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1894u32,
+        wire: 2215u32,
+        call: 1907u32,
         name: "curandGenerateBinomial",
         form: None,
         library: "curand",
@@ -74064,8 +74756,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomialMethod: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1895u32,
+        wire: 2216u32,
+        call: 1908u32,
         name: "curandGenerateBinomialMethod",
         form: None,
         library: "curand",
@@ -74105,8 +74797,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormal: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1896u32,
+        wire: 2217u32,
+        call: 1909u32,
         name: "curandGenerateLogNormal",
         form: None,
         library: "curand",
@@ -74142,8 +74834,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormalDouble: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1897u32,
+        wire: 2218u32,
+        call: 1910u32,
         name: "curandGenerateLogNormalDouble",
         form: None,
         library: "curand",
@@ -74179,8 +74871,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLongLong: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1898u32,
+        wire: 2219u32,
+        call: 1911u32,
         name: "curandGenerateLongLong",
         form: None,
         library: "curand",
@@ -74208,8 +74900,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormal: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1899u32,
+        wire: 2220u32,
+        call: 1912u32,
         name: "curandGenerateNormal",
         form: None,
         library: "curand",
@@ -74245,8 +74937,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormalDouble: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1900u32,
+        wire: 2221u32,
+        call: 1913u32,
         name: "curandGenerateNormalDouble",
         form: None,
         library: "curand",
@@ -74282,8 +74974,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoisson: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1901u32,
+        wire: 2222u32,
+        call: 1914u32,
         name: "curandGeneratePoisson",
         form: None,
         library: "curand",
@@ -74315,8 +75007,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoissonMethod: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1902u32,
+        wire: 2223u32,
+        call: 1915u32,
         name: "curandGeneratePoissonMethod",
         form: None,
         library: "curand",
@@ -74352,8 +75044,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1903u32,
+        wire: 2224u32,
+        call: 1916u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -74376,8 +75068,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniform: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1904u32,
+        wire: 2225u32,
+        call: 1917u32,
         name: "curandGenerateUniform",
         form: None,
         library: "curand",
@@ -74405,8 +75097,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniformDouble: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1905u32,
+        wire: 2226u32,
+        call: 1918u32,
         name: "curandGenerateUniformDouble",
         form: None,
         library: "curand",
@@ -74434,8 +75126,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetProperty: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1906u32,
+        wire: 2227u32,
+        call: 1919u32,
         name: "curandGetProperty",
         form: None,
         library: "curand",
@@ -74465,8 +75157,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetVersion: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1907u32,
+        wire: 2228u32,
+        call: 1920u32,
         name: "curandGetVersion",
         form: None,
         library: "curand",
@@ -74492,8 +75184,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1908u32,
+        wire: 2229u32,
+        call: 1921u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -74520,8 +75212,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1909u32,
+        wire: 2230u32,
+        call: 1922u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -74548,8 +75240,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1910u32,
+        wire: 2231u32,
+        call: 1923u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -74576,8 +75268,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1911u32,
+        wire: 2232u32,
+        call: 1924u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -74604,8 +75296,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1912u32,
+        wire: 2233u32,
+        call: 1925u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -74644,8 +75336,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2218u32,
+        wire: 2539u32,
+        call: 2231u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74683,8 +75375,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2219u32,
+        wire: 2540u32,
+        call: 2232u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -74727,8 +75419,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2220u32,
+        wire: 2541u32,
+        call: 2233u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -74771,8 +75463,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2221u32,
+        wire: 2542u32,
+        call: 2234u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -74834,8 +75526,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2222u32,
+        wire: 2543u32,
+        call: 2235u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74873,8 +75565,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2223u32,
+        wire: 2544u32,
+        call: 2236u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -74962,8 +75654,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2224u32,
+        wire: 2545u32,
+        call: 2237u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75045,8 +75737,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2225u32,
+        wire: 2546u32,
+        call: 2238u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -75111,8 +75803,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2226u32,
+        wire: 2547u32,
+        call: 2239u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -75177,8 +75869,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2227u32,
+        wire: 2548u32,
+        call: 2240u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75244,8 +75936,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2228u32,
+        wire: 2549u32,
+        call: 2241u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75311,8 +76003,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2229u32,
+        wire: 2550u32,
+        call: 2242u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -75351,8 +76043,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2230u32,
+        wire: 2551u32,
+        call: 2243u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75395,8 +76087,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2231u32,
+        wire: 2552u32,
+        call: 2244u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -75443,8 +76135,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2232u32,
+        wire: 2553u32,
+        call: 2245u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -75491,8 +76183,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2233u32,
+        wire: 2554u32,
+        call: 2246u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75540,8 +76232,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2234u32,
+        wire: 2555u32,
+        call: 2247u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -75592,8 +76284,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2235u32,
+        wire: 2556u32,
+        call: 2248u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -75648,8 +76340,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2236u32,
+        wire: 2557u32,
+        call: 2249u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75705,8 +76397,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2237u32,
+        wire: 2558u32,
+        call: 2250u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75758,8 +76450,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2238u32,
+        wire: 2559u32,
+        call: 2251u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -75815,8 +76507,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2239u32,
+        wire: 2560u32,
+        call: 2252u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75873,8 +76565,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2240u32,
+        wire: 2561u32,
+        call: 2253u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -75934,8 +76626,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2241u32,
+        wire: 2562u32,
+        call: 2254u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75996,8 +76688,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2242u32,
+        wire: 2563u32,
+        call: 2255u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -76042,8 +76734,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2243u32,
+        wire: 2564u32,
+        call: 2256u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -76085,8 +76777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2244u32,
+        wire: 2565u32,
+        call: 2257u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -76129,8 +76821,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2245u32,
+        wire: 2566u32,
+        call: 2258u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -76172,8 +76864,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2246u32,
+        wire: 2567u32,
+        call: 2259u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -76214,8 +76906,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2247u32,
+        wire: 2568u32,
+        call: 2260u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76258,8 +76950,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2248u32,
+        wire: 2569u32,
+        call: 2261u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -76301,8 +76993,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2249u32,
+        wire: 2570u32,
+        call: 2262u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76345,8 +77037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2250u32,
+        wire: 2571u32,
+        call: 2263u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -76392,8 +77084,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2251u32,
+        wire: 2572u32,
+        call: 2264u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -76443,8 +77135,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2252u32,
+        wire: 2573u32,
+        call: 2265u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -76467,8 +77159,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2253u32,
+        wire: 2574u32,
+        call: 2266u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -76491,8 +77183,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2254u32,
+        wire: 2575u32,
+        call: 2267u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -76515,8 +77207,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2255u32,
+        wire: 2576u32,
+        call: 2268u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -76539,8 +77231,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2256u32,
+        wire: 2577u32,
+        call: 2269u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -76583,8 +77275,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2257u32,
+        wire: 2578u32,
+        call: 2270u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76623,8 +77315,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2258u32,
+        wire: 2579u32,
+        call: 2271u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -76667,8 +77359,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2259u32,
+        wire: 2580u32,
+        call: 2272u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76712,8 +77404,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2260u32,
+        wire: 2581u32,
+        call: 2273u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -76764,8 +77456,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2261u32,
+        wire: 2582u32,
+        call: 2274u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76817,8 +77509,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2262u32,
+        wire: 2583u32,
+        call: 2275u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -76865,8 +77557,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2263u32,
+        wire: 2584u32,
+        call: 2276u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -76914,8 +77606,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2264u32,
+        wire: 2585u32,
+        call: 2277u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -76958,8 +77650,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2265u32,
+        wire: 2586u32,
+        call: 2278u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77003,8 +77695,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2266u32,
+        wire: 2587u32,
+        call: 2279u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -77064,8 +77756,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2267u32,
+        wire: 2588u32,
+        call: 2280u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77126,8 +77818,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2268u32,
+        wire: 2589u32,
+        call: 2281u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -77187,8 +77879,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2269u32,
+        wire: 2590u32,
+        call: 2282u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77249,8 +77941,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2270u32,
+        wire: 2591u32,
+        call: 2283u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -77273,8 +77965,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2271u32,
+        wire: 2592u32,
+        call: 2284u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77297,8 +77989,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2272u32,
+        wire: 2593u32,
+        call: 2285u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -77321,8 +78013,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2273u32,
+        wire: 2594u32,
+        call: 2286u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -77345,8 +78037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2274u32,
+        wire: 2595u32,
+        call: 2287u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77384,8 +78076,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2275u32,
+        wire: 2596u32,
+        call: 2288u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -77428,8 +78120,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2276u32,
+        wire: 2597u32,
+        call: 2289u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77472,8 +78164,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2277u32,
+        wire: 2598u32,
+        call: 2290u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -77535,8 +78227,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2278u32,
+        wire: 2599u32,
+        call: 2291u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77574,8 +78266,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2279u32,
+        wire: 2600u32,
+        call: 2292u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -77663,8 +78355,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2280u32,
+        wire: 2601u32,
+        call: 2293u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77746,8 +78438,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2281u32,
+        wire: 2602u32,
+        call: 2294u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -77812,8 +78504,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2282u32,
+        wire: 2603u32,
+        call: 2295u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -77878,8 +78570,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2283u32,
+        wire: 2604u32,
+        call: 2296u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77945,8 +78637,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2284u32,
+        wire: 2605u32,
+        call: 2297u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78012,8 +78704,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2285u32,
+        wire: 2606u32,
+        call: 2298u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -78052,8 +78744,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2286u32,
+        wire: 2607u32,
+        call: 2299u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78096,8 +78788,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2287u32,
+        wire: 2608u32,
+        call: 2300u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -78144,8 +78836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2288u32,
+        wire: 2609u32,
+        call: 2301u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -78190,8 +78882,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2289u32,
+        wire: 2610u32,
+        call: 2302u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -78233,8 +78925,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2290u32,
+        wire: 2611u32,
+        call: 2303u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78277,8 +78969,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2291u32,
+        wire: 2612u32,
+        call: 2304u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -78329,8 +79021,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2292u32,
+        wire: 2613u32,
+        call: 2305u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78382,8 +79074,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2293u32,
+        wire: 2614u32,
+        call: 2306u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -78430,8 +79122,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2294u32,
+        wire: 2615u32,
+        call: 2307u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78479,8 +79171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2295u32,
+        wire: 2616u32,
+        call: 2308u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -78523,8 +79215,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2296u32,
+        wire: 2617u32,
+        call: 2309u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78568,8 +79260,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2297u32,
+        wire: 2618u32,
+        call: 2310u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -78629,8 +79321,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2298u32,
+        wire: 2619u32,
+        call: 2311u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78691,8 +79383,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2299u32,
+        wire: 2620u32,
+        call: 2312u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -78752,8 +79444,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2300u32,
+        wire: 2621u32,
+        call: 2313u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78814,8 +79506,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2301u32,
+        wire: 2622u32,
+        call: 2314u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -78857,8 +79549,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2302u32,
+        wire: 2623u32,
+        call: 2315u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -78899,8 +79591,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2303u32,
+        wire: 2624u32,
+        call: 2316u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78943,8 +79635,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2304u32,
+        wire: 2625u32,
+        call: 2317u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -78986,8 +79678,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2305u32,
+        wire: 2626u32,
+        call: 2318u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79030,8 +79722,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2306u32,
+        wire: 2627u32,
+        call: 2319u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -79077,8 +79769,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2307u32,
+        wire: 2628u32,
+        call: 2320u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -79128,8 +79820,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2308u32,
+        wire: 2629u32,
+        call: 2321u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -79176,8 +79868,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2309u32,
+        wire: 2630u32,
+        call: 2322u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79225,8 +79917,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2310u32,
+        wire: 2631u32,
+        call: 2323u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -79277,8 +79969,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2311u32,
+        wire: 2632u32,
+        call: 2324u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -79333,8 +80025,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2312u32,
+        wire: 2633u32,
+        call: 2325u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -79390,8 +80082,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2313u32,
+        wire: 2634u32,
+        call: 2326u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -79443,8 +80135,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2314u32,
+        wire: 2635u32,
+        call: 2327u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -79500,8 +80192,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2315u32,
+        wire: 2636u32,
+        call: 2328u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79558,8 +80250,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2316u32,
+        wire: 2637u32,
+        call: 2329u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -79619,8 +80311,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2317u32,
+        wire: 2638u32,
+        call: 2330u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -79681,8 +80373,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2318u32,
+        wire: 2639u32,
+        call: 2331u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -79725,8 +80417,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2319u32,
+        wire: 2640u32,
+        call: 2332u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79765,8 +80457,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2320u32,
+        wire: 2641u32,
+        call: 2333u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -79809,8 +80501,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2321u32,
+        wire: 2642u32,
+        call: 2334u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79854,8 +80546,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2322u32,
+        wire: 2643u32,
+        call: 2335u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -79882,8 +80574,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2323u32,
+        wire: 2644u32,
+        call: 2336u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -79942,8 +80634,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2324u32,
+        wire: 2645u32,
+        call: 2337u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -79966,8 +80658,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2325u32,
+        wire: 2646u32,
+        call: 2338u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -79990,8 +80682,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2326u32,
+        wire: 2647u32,
+        call: 2339u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -80014,8 +80706,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2327u32,
+        wire: 2648u32,
+        call: 2340u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -80038,8 +80730,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2328u32,
+        wire: 2649u32,
+        call: 2341u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -80062,8 +80754,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2329u32,
+        wire: 2650u32,
+        call: 2342u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -80086,8 +80778,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2330u32,
+        wire: 2651u32,
+        call: 2343u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -80110,8 +80802,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2331u32,
+        wire: 2652u32,
+        call: 2344u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -80138,8 +80830,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2332u32,
+        wire: 2653u32,
+        call: 2345u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -80166,8 +80858,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2333u32,
+        wire: 2654u32,
+        call: 2346u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -80194,8 +80886,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2334u32,
+        wire: 2655u32,
+        call: 2347u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -80222,8 +80914,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2335u32,
+        wire: 2656u32,
+        call: 2348u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -80250,8 +80942,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2336u32,
+        wire: 2657u32,
+        call: 2349u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -80282,8 +80974,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2337u32,
+        wire: 2658u32,
+        call: 2350u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -80310,8 +81002,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2338u32,
+        wire: 2659u32,
+        call: 2351u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -80338,8 +81030,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2339u32,
+        wire: 2660u32,
+        call: 2352u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -80357,8 +81049,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2340u32,
+        wire: 2661u32,
+        call: 2353u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -80381,8 +81073,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2341u32,
+        wire: 2662u32,
+        call: 2354u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -80405,8 +81097,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2342u32,
+        wire: 2663u32,
+        call: 2355u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -80464,8 +81156,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2343u32,
+        wire: 2664u32,
+        call: 2356u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -80496,8 +81188,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2344u32,
+        wire: 2665u32,
+        call: 2357u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -80524,8 +81216,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2345u32,
+        wire: 2666u32,
+        call: 2358u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -80552,8 +81244,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2346u32,
+        wire: 2667u32,
+        call: 2359u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -80580,8 +81272,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2347u32,
+        wire: 2668u32,
+        call: 2360u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -80608,8 +81300,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2348u32,
+        wire: 2669u32,
+        call: 2361u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80647,8 +81339,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2349u32,
+        wire: 2670u32,
+        call: 2362u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -80691,8 +81383,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2350u32,
+        wire: 2671u32,
+        call: 2363u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80735,8 +81427,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2351u32,
+        wire: 2672u32,
+        call: 2364u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -80798,8 +81490,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2352u32,
+        wire: 2673u32,
+        call: 2365u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80837,8 +81529,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2353u32,
+        wire: 2674u32,
+        call: 2366u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -80926,8 +81618,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2354u32,
+        wire: 2675u32,
+        call: 2367u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81009,8 +81701,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2355u32,
+        wire: 2676u32,
+        call: 2368u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -81075,8 +81767,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2356u32,
+        wire: 2677u32,
+        call: 2369u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -81141,8 +81833,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2357u32,
+        wire: 2678u32,
+        call: 2370u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81208,8 +81900,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2358u32,
+        wire: 2679u32,
+        call: 2371u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -81275,8 +81967,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2359u32,
+        wire: 2680u32,
+        call: 2372u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -81315,8 +82007,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2360u32,
+        wire: 2681u32,
+        call: 2373u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81359,8 +82051,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2663u32,
-        call: 2361u32,
+        wire: 2682u32,
+        call: 2374u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -81407,8 +82099,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2664u32,
-        call: 2362u32,
+        wire: 2683u32,
+        call: 2375u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -81453,8 +82145,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2665u32,
-        call: 2363u32,
+        wire: 2684u32,
+        call: 2376u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -81496,8 +82188,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2666u32,
-        call: 2364u32,
+        wire: 2685u32,
+        call: 2377u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -81540,8 +82232,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2667u32,
-        call: 2365u32,
+        wire: 2686u32,
+        call: 2378u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -81592,8 +82284,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2668u32,
-        call: 2366u32,
+        wire: 2687u32,
+        call: 2379u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81645,8 +82337,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2669u32,
-        call: 2367u32,
+        wire: 2688u32,
+        call: 2380u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -81693,8 +82385,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2670u32,
-        call: 2368u32,
+        wire: 2689u32,
+        call: 2381u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81742,8 +82434,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2671u32,
-        call: 2369u32,
+        wire: 2690u32,
+        call: 2382u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -81786,8 +82478,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2672u32,
-        call: 2370u32,
+        wire: 2691u32,
+        call: 2383u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81831,8 +82523,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2673u32,
-        call: 2371u32,
+        wire: 2692u32,
+        call: 2384u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -81892,8 +82584,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2674u32,
-        call: 2372u32,
+        wire: 2693u32,
+        call: 2385u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -81954,8 +82646,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2675u32,
-        call: 2373u32,
+        wire: 2694u32,
+        call: 2386u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -82015,8 +82707,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2676u32,
-        call: 2374u32,
+        wire: 2695u32,
+        call: 2387u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82077,8 +82769,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2677u32,
-        call: 2375u32,
+        wire: 2696u32,
+        call: 2388u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -82120,8 +82812,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2678u32,
-        call: 2376u32,
+        wire: 2697u32,
+        call: 2389u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -82162,8 +82854,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2679u32,
-        call: 2377u32,
+        wire: 2698u32,
+        call: 2390u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82206,8 +82898,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2680u32,
-        call: 2378u32,
+        wire: 2699u32,
+        call: 2391u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -82249,8 +82941,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2681u32,
-        call: 2379u32,
+        wire: 2700u32,
+        call: 2392u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -82293,8 +82985,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2682u32,
-        call: 2380u32,
+        wire: 2701u32,
+        call: 2393u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -82340,8 +83032,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2683u32,
-        call: 2381u32,
+        wire: 2702u32,
+        call: 2394u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -82391,8 +83083,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2684u32,
-        call: 2382u32,
+        wire: 2703u32,
+        call: 2395u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -82439,8 +83131,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2685u32,
-        call: 2383u32,
+        wire: 2704u32,
+        call: 2396u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -82488,8 +83180,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2686u32,
-        call: 2384u32,
+        wire: 2705u32,
+        call: 2397u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -82540,8 +83232,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2687u32,
-        call: 2385u32,
+        wire: 2706u32,
+        call: 2398u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -82596,8 +83288,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2688u32,
-        call: 2386u32,
+        wire: 2707u32,
+        call: 2399u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -82653,8 +83345,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2689u32,
-        call: 2387u32,
+        wire: 2708u32,
+        call: 2400u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -82706,8 +83398,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2690u32,
-        call: 2388u32,
+        wire: 2709u32,
+        call: 2401u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -82763,8 +83455,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2691u32,
-        call: 2389u32,
+        wire: 2710u32,
+        call: 2402u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -82821,8 +83513,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2692u32,
-        call: 2390u32,
+        wire: 2711u32,
+        call: 2403u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -82882,8 +83574,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2693u32,
-        call: 2391u32,
+        wire: 2712u32,
+        call: 2404u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -82944,8 +83636,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2694u32,
-        call: 2392u32,
+        wire: 2713u32,
+        call: 2405u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -82988,8 +83680,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2695u32,
-        call: 2393u32,
+        wire: 2714u32,
+        call: 2406u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83028,8 +83720,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2696u32,
-        call: 2394u32,
+        wire: 2715u32,
+        call: 2407u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -83072,8 +83764,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2697u32,
-        call: 2395u32,
+        wire: 2716u32,
+        call: 2408u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -83117,8 +83809,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2698u32,
-        call: 2396u32,
+        wire: 2717u32,
+        call: 2409u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -83210,8 +83902,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2699u32,
-        call: 2397u32,
+        wire: 2718u32,
+        call: 2410u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -83300,8 +83992,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2700u32,
-        call: 2398u32,
+        wire: 2719u32,
+        call: 2411u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -83371,8 +84063,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2701u32,
-        call: 2399u32,
+        wire: 2720u32,
+        call: 2412u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83439,8 +84131,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2702u32,
-        call: 2400u32,
+        wire: 2721u32,
+        call: 2413u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -83536,8 +84228,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2703u32,
-        call: 2401u32,
+        wire: 2722u32,
+        call: 2414u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83630,8 +84322,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2704u32,
-        call: 2402u32,
+        wire: 2723u32,
+        call: 2415u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -83658,8 +84350,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2705u32,
-        call: 2403u32,
+        wire: 2724u32,
+        call: 2416u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -83686,8 +84378,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2706u32,
-        call: 2404u32,
+        wire: 2725u32,
+        call: 2417u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -83714,8 +84406,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2707u32,
-        call: 2405u32,
+        wire: 2726u32,
+        call: 2418u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -83808,8 +84500,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2708u32,
-        call: 2406u32,
+        wire: 2727u32,
+        call: 2419u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -83875,8 +84567,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2709u32,
-        call: 2407u32,
+        wire: 2728u32,
+        call: 2420u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83938,8 +84630,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2710u32,
-        call: 2408u32,
+        wire: 2729u32,
+        call: 2421u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -83998,8 +84690,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2711u32,
-        call: 2409u32,
+        wire: 2730u32,
+        call: 2422u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -84064,8 +84756,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2712u32,
-        call: 2410u32,
+        wire: 2731u32,
+        call: 2423u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84127,8 +84819,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2713u32,
-        call: 2411u32,
+        wire: 2732u32,
+        call: 2424u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -84186,8 +84878,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2714u32,
-        call: 2412u32,
+        wire: 2733u32,
+        call: 2425u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -84265,8 +84957,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2715u32,
-        call: 2413u32,
+        wire: 2734u32,
+        call: 2426u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -84341,8 +85033,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2716u32,
-        call: 2414u32,
+        wire: 2735u32,
+        call: 2427u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -84416,8 +85108,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2717u32,
-        call: 2415u32,
+        wire: 2736u32,
+        call: 2428u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84488,8 +85180,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2718u32,
-        call: 2416u32,
+        wire: 2737u32,
+        call: 2429u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -84516,8 +85208,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2719u32,
-        call: 2417u32,
+        wire: 2738u32,
+        call: 2430u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -84544,8 +85236,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2720u32,
-        call: 2418u32,
+        wire: 2739u32,
+        call: 2431u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -84572,8 +85264,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2721u32,
-        call: 2419u32,
+        wire: 2740u32,
+        call: 2432u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -84644,8 +85336,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2722u32,
-        call: 2420u32,
+        wire: 2741u32,
+        call: 2433u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -84713,8 +85405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2723u32,
-        call: 2421u32,
+        wire: 2742u32,
+        call: 2434u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -84775,8 +85467,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2724u32,
-        call: 2422u32,
+        wire: 2743u32,
+        call: 2435u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -84834,8 +85526,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2725u32,
-        call: 2423u32,
+        wire: 2744u32,
+        call: 2436u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84873,8 +85565,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2726u32,
-        call: 2424u32,
+        wire: 2745u32,
+        call: 2437u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -84917,8 +85609,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2727u32,
-        call: 2425u32,
+        wire: 2746u32,
+        call: 2438u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84961,8 +85653,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2728u32,
-        call: 2426u32,
+        wire: 2747u32,
+        call: 2439u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -85024,8 +85716,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2729u32,
-        call: 2427u32,
+        wire: 2748u32,
+        call: 2440u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85063,8 +85755,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2730u32,
-        call: 2428u32,
+        wire: 2749u32,
+        call: 2441u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -85152,8 +85844,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2731u32,
-        call: 2429u32,
+        wire: 2750u32,
+        call: 2442u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85235,8 +85927,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2732u32,
-        call: 2430u32,
+        wire: 2751u32,
+        call: 2443u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -85301,8 +85993,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2733u32,
-        call: 2431u32,
+        wire: 2752u32,
+        call: 2444u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -85367,8 +86059,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2734u32,
-        call: 2432u32,
+        wire: 2753u32,
+        call: 2445u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85434,8 +86126,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2735u32,
-        call: 2433u32,
+        wire: 2754u32,
+        call: 2446u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -85501,8 +86193,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2736u32,
-        call: 2434u32,
+        wire: 2755u32,
+        call: 2447u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -85541,8 +86233,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2737u32,
-        call: 2435u32,
+        wire: 2756u32,
+        call: 2448u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -85585,8 +86277,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2738u32,
-        call: 2436u32,
+        wire: 2757u32,
+        call: 2449u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -85633,8 +86325,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2739u32,
-        call: 2437u32,
+        wire: 2758u32,
+        call: 2450u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -85681,8 +86373,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2740u32,
-        call: 2438u32,
+        wire: 2759u32,
+        call: 2451u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85730,8 +86422,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2741u32,
-        call: 2439u32,
+        wire: 2760u32,
+        call: 2452u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -85782,8 +86474,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2742u32,
-        call: 2440u32,
+        wire: 2761u32,
+        call: 2453u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -85838,8 +86530,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2743u32,
-        call: 2441u32,
+        wire: 2762u32,
+        call: 2454u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85895,8 +86587,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2744u32,
-        call: 2442u32,
+        wire: 2763u32,
+        call: 2455u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -85948,8 +86640,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2745u32,
-        call: 2443u32,
+        wire: 2764u32,
+        call: 2456u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -86005,8 +86697,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2746u32,
-        call: 2444u32,
+        wire: 2765u32,
+        call: 2457u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -86063,8 +86755,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2747u32,
-        call: 2445u32,
+        wire: 2766u32,
+        call: 2458u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -86124,8 +86816,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2748u32,
-        call: 2446u32,
+        wire: 2767u32,
+        call: 2459u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86186,8 +86878,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2749u32,
-        call: 2447u32,
+        wire: 2768u32,
+        call: 2460u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -86232,8 +86924,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2750u32,
-        call: 2448u32,
+        wire: 2769u32,
+        call: 2461u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -86275,8 +86967,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2751u32,
-        call: 2449u32,
+        wire: 2770u32,
+        call: 2462u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -86319,8 +87011,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2752u32,
-        call: 2450u32,
+        wire: 2771u32,
+        call: 2463u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -86362,8 +87054,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2753u32,
-        call: 2451u32,
+        wire: 2772u32,
+        call: 2464u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -86404,8 +87096,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2754u32,
-        call: 2452u32,
+        wire: 2773u32,
+        call: 2465u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86448,8 +87140,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2755u32,
-        call: 2453u32,
+        wire: 2774u32,
+        call: 2466u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -86491,8 +87183,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2756u32,
-        call: 2454u32,
+        wire: 2775u32,
+        call: 2467u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -86535,8 +87227,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2757u32,
-        call: 2455u32,
+        wire: 2776u32,
+        call: 2468u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -86582,8 +87274,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2758u32,
-        call: 2456u32,
+        wire: 2777u32,
+        call: 2469u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -86633,8 +87325,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2759u32,
-        call: 2457u32,
+        wire: 2778u32,
+        call: 2470u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -86677,8 +87369,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2760u32,
-        call: 2458u32,
+        wire: 2779u32,
+        call: 2471u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86717,8 +87409,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2761u32,
-        call: 2459u32,
+        wire: 2780u32,
+        call: 2472u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -86761,8 +87453,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2460u32,
+        wire: 2781u32,
+        call: 2473u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -86806,8 +87498,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2461u32,
+        wire: 2782u32,
+        call: 2474u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -86858,8 +87550,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2462u32,
+        wire: 2783u32,
+        call: 2475u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -86911,8 +87603,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2463u32,
+        wire: 2784u32,
+        call: 2476u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -86959,8 +87651,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2464u32,
+        wire: 2785u32,
+        call: 2477u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87008,8 +87700,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2465u32,
+        wire: 2786u32,
+        call: 2478u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -87052,8 +87744,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2466u32,
+        wire: 2787u32,
+        call: 2479u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87097,8 +87789,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2467u32,
+        wire: 2788u32,
+        call: 2480u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -87158,8 +87850,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2468u32,
+        wire: 2789u32,
+        call: 2481u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87220,8 +87912,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2469u32,
+        wire: 2790u32,
+        call: 2482u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -87281,8 +87973,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2470u32,
+        wire: 2791u32,
+        call: 2483u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87343,8 +88035,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetProperty: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2471u32,
+        wire: 2792u32,
+        call: 2484u32,
         name: "cusolverGetProperty",
         form: None,
         library: "cusolver",
@@ -87374,8 +88066,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetVersion: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2472u32,
+        wire: 2793u32,
+        call: 2485u32,
         name: "cusolverGetVersion",
         form: None,
         library: "cusolver",
@@ -87401,8 +88093,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2473u32,
+        wire: 2794u32,
+        call: 2486u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -87425,8 +88117,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2474u32,
+        wire: 2795u32,
+        call: 2487u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -87449,8 +88141,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2475u32,
+        wire: 2796u32,
+        call: 2488u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -87473,8 +88165,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2476u32,
+        wire: 2797u32,
+        call: 2489u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -87497,8 +88189,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2477u32,
+        wire: 2798u32,
+        call: 2490u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -87521,8 +88213,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2780u32,
-        call: 2478u32,
+        wire: 2799u32,
+        call: 2491u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -87545,8 +88237,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2781u32,
-        call: 2479u32,
+        wire: 2800u32,
+        call: 2492u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -87577,8 +88269,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2782u32,
-        call: 2480u32,
+        wire: 2801u32,
+        call: 2493u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -87609,8 +88301,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2783u32,
-        call: 2481u32,
+        wire: 2802u32,
+        call: 2494u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -87641,8 +88333,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2784u32,
-        call: 2482u32,
+        wire: 2803u32,
+        call: 2495u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -87669,8 +88361,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2785u32,
-        call: 2483u32,
+        wire: 2804u32,
+        call: 2496u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -87693,8 +88385,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2786u32,
-        call: 2484u32,
+        wire: 2805u32,
+        call: 2497u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -87717,8 +88409,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2787u32,
-        call: 2485u32,
+        wire: 2806u32,
+        call: 2498u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -87741,8 +88433,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2788u32,
-        call: 2486u32,
+        wire: 2807u32,
+        call: 2499u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -87765,8 +88457,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2789u32,
-        call: 2487u32,
+        wire: 2808u32,
+        call: 2500u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -87793,8 +88485,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2790u32,
-        call: 2488u32,
+        wire: 2809u32,
+        call: 2501u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -88112,8 +88804,8 @@ pub mod cusparse {
         ],
     );
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1913u32,
+        wire: 2234u32,
+        call: 1926u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -88156,8 +88848,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1914u32,
+        wire: 2235u32,
+        call: 1927u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -88196,8 +88888,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1915u32,
+        wire: 2236u32,
+        call: 1928u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -88250,8 +88942,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1916u32,
+        wire: 2237u32,
+        call: 1929u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -88306,8 +88998,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1917u32,
+        wire: 2238u32,
+        call: 1930u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88364,8 +89056,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1918u32,
+        wire: 2239u32,
+        call: 1931u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -88420,8 +89112,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1919u32,
+        wire: 2240u32,
+        call: 1932u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -88476,8 +89168,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1920u32,
+        wire: 2241u32,
+        call: 1933u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88534,8 +89226,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1921u32,
+        wire: 2242u32,
+        call: 1934u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -88619,8 +89311,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1922u32,
+        wire: 2243u32,
+        call: 1935u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -88688,8 +89380,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1923u32,
+        wire: 2244u32,
+        call: 1936u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -88756,8 +89448,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1924u32,
+        wire: 2245u32,
+        call: 1937u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88826,8 +89518,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1925u32,
+        wire: 2246u32,
+        call: 1938u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88910,8 +89602,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1926u32,
+        wire: 2247u32,
+        call: 1939u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88970,8 +89662,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1927u32,
+        wire: 2248u32,
+        call: 1940u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89032,8 +89724,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1928u32,
+        wire: 2249u32,
+        call: 1941u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89100,8 +89792,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1929u32,
+        wire: 2250u32,
+        call: 1942u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -89175,8 +89867,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1930u32,
+        wire: 2251u32,
+        call: 1943u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -89229,8 +89921,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1931u32,
+        wire: 2252u32,
+        call: 1944u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -89277,8 +89969,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1932u32,
+        wire: 2253u32,
+        call: 1945u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -89336,8 +90028,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1933u32,
+        wire: 2254u32,
+        call: 1946u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -89394,8 +90086,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1934u32,
+        wire: 2255u32,
+        call: 1947u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -89468,8 +90160,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1935u32,
+        wire: 2256u32,
+        call: 1948u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89548,8 +90240,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1936u32,
+        wire: 2257u32,
+        call: 1949u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -89641,8 +90333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1937u32,
+        wire: 2258u32,
+        call: 1950u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89730,8 +90422,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1938u32,
+        wire: 2259u32,
+        call: 1951u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -89778,8 +90470,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1939u32,
+        wire: 2260u32,
+        call: 1952u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89828,8 +90520,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1940u32,
+        wire: 2261u32,
+        call: 1953u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89876,8 +90568,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1941u32,
+        wire: 2262u32,
+        call: 1954u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89926,8 +90618,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1942u32,
+        wire: 2263u32,
+        call: 1955u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -90001,8 +90693,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1943u32,
+        wire: 2264u32,
+        call: 1956u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -90076,8 +90768,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1944u32,
+        wire: 2265u32,
+        call: 1957u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -90128,8 +90820,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1945u32,
+        wire: 2266u32,
+        call: 1958u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -90182,8 +90874,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1946u32,
+        wire: 2267u32,
+        call: 1959u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -90242,8 +90934,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1947u32,
+        wire: 2268u32,
+        call: 1960u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -90290,8 +90982,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1948u32,
+        wire: 2269u32,
+        call: 1961u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90340,8 +91032,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1949u32,
+        wire: 2270u32,
+        call: 1962u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -90398,8 +91090,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1950u32,
+        wire: 2271u32,
+        call: 1963u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -90452,8 +91144,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1951u32,
+        wire: 2272u32,
+        call: 1964u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -90523,8 +91215,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1952u32,
+        wire: 2273u32,
+        call: 1965u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -90593,8 +91285,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1953u32,
+        wire: 2274u32,
+        call: 1966u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -90652,8 +91344,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1954u32,
+        wire: 2275u32,
+        call: 1967u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -90711,8 +91403,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1955u32,
+        wire: 2276u32,
+        call: 1968u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -90736,8 +91428,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1956u32,
+        wire: 2277u32,
+        call: 1969u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -90761,8 +91453,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1957u32,
+        wire: 2278u32,
+        call: 1970u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -90786,8 +91478,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1958u32,
+        wire: 2279u32,
+        call: 1971u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -90811,8 +91503,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1959u32,
+        wire: 2280u32,
+        call: 1972u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -90872,8 +91564,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1960u32,
+        wire: 2281u32,
+        call: 1973u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -90939,8 +91631,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1961u32,
+        wire: 2282u32,
+        call: 1974u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -90966,8 +91658,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1962u32,
+        wire: 2283u32,
+        call: 1975u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -90998,8 +91690,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1963u32,
+        wire: 2284u32,
+        call: 1976u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -91026,8 +91718,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1964u32,
+        wire: 2285u32,
+        call: 1977u32,
         name: "cusparseCreate",
         form: Some(Form::Call),
         library: "cusparse",
@@ -91050,8 +91742,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1965u32,
+        wire: 2286u32,
+        call: 1978u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -91117,8 +91809,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1966u32,
+        wire: 2287u32,
+        call: 1979u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -91141,8 +91833,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1967u32,
+        wire: 2288u32,
+        call: 1980u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91165,8 +91857,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1968u32,
+        wire: 2289u32,
+        call: 1981u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91189,8 +91881,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1969u32,
+        wire: 2290u32,
+        call: 1982u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91213,8 +91905,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1970u32,
+        wire: 2291u32,
+        call: 1983u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -91237,8 +91929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1971u32,
+        wire: 2292u32,
+        call: 1984u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -91304,8 +91996,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1972u32,
+        wire: 2293u32,
+        call: 1985u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -91355,8 +92047,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1973u32,
+        wire: 2294u32,
+        call: 1986u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -91410,8 +92102,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1974u32,
+        wire: 2295u32,
+        call: 1987u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -91455,8 +92147,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1975u32,
+        wire: 2296u32,
+        call: 1988u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -91488,8 +92180,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 1976u32,
+        wire: 2297u32,
+        call: 1989u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -91539,8 +92231,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 1977u32,
+        wire: 2298u32,
+        call: 1990u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -91589,8 +92281,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 1978u32,
+        wire: 2299u32,
+        call: 1991u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -91644,8 +92336,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 1979u32,
+        wire: 2300u32,
+        call: 1992u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -91668,8 +92360,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 1980u32,
+        wire: 2301u32,
+        call: 1993u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -91692,8 +92384,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 1981u32,
+        wire: 2302u32,
+        call: 1994u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91716,8 +92408,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 1982u32,
+        wire: 2303u32,
+        call: 1995u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91740,8 +92432,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 1983u32,
+        wire: 2304u32,
+        call: 1996u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91764,8 +92456,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 1984u32,
+        wire: 2305u32,
+        call: 1997u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -91788,8 +92480,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 1985u32,
+        wire: 2306u32,
+        call: 1998u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -91833,8 +92525,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 1986u32,
+        wire: 2307u32,
+        call: 1999u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -91866,8 +92558,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 1987u32,
+        wire: 2308u32,
+        call: 2000u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -91895,8 +92587,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 1988u32,
+        wire: 2309u32,
+        call: 2001u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -91919,8 +92611,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 1989u32,
+        wire: 2310u32,
+        call: 2002u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -91943,8 +92635,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 1990u32,
+        wire: 2311u32,
+        call: 2003u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -91970,8 +92662,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 1991u32,
+        wire: 2312u32,
+        call: 2004u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -92006,8 +92698,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 1992u32,
+        wire: 2313u32,
+        call: 2005u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -92060,8 +92752,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 1993u32,
+        wire: 2314u32,
+        call: 2006u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -92116,8 +92808,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 1994u32,
+        wire: 2315u32,
+        call: 2007u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92174,8 +92866,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 1995u32,
+        wire: 2316u32,
+        call: 2008u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -92230,8 +92922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 1996u32,
+        wire: 2317u32,
+        call: 2009u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92286,8 +92978,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 1997u32,
+        wire: 2318u32,
+        call: 2010u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92344,8 +93036,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 1998u32,
+        wire: 2319u32,
+        call: 2011u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -92429,8 +93121,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 1999u32,
+        wire: 2320u32,
+        call: 2012u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -92498,8 +93190,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2000u32,
+        wire: 2321u32,
+        call: 2013u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -92566,8 +93258,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2001u32,
+        wire: 2322u32,
+        call: 2014u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -92636,8 +93328,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2002u32,
+        wire: 2323u32,
+        call: 2015u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -92720,8 +93412,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2003u32,
+        wire: 2324u32,
+        call: 2016u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -92780,8 +93472,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2004u32,
+        wire: 2325u32,
+        call: 2017u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -92842,8 +93534,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2005u32,
+        wire: 2326u32,
+        call: 2018u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -92910,8 +93602,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2006u32,
+        wire: 2327u32,
+        call: 2019u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -92985,8 +93677,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2007u32,
+        wire: 2328u32,
+        call: 2020u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -93039,8 +93731,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2008u32,
+        wire: 2329u32,
+        call: 2021u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -93087,8 +93779,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2009u32,
+        wire: 2330u32,
+        call: 2022u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -93146,8 +93838,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2010u32,
+        wire: 2331u32,
+        call: 2023u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -93204,8 +93896,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2011u32,
+        wire: 2332u32,
+        call: 2024u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -93278,8 +93970,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2012u32,
+        wire: 2333u32,
+        call: 2025u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93358,8 +94050,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2013u32,
+        wire: 2334u32,
+        call: 2026u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -93451,8 +94143,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2014u32,
+        wire: 2335u32,
+        call: 2027u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93540,8 +94232,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2015u32,
+        wire: 2336u32,
+        call: 2028u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -93588,8 +94280,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2016u32,
+        wire: 2337u32,
+        call: 2029u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93638,8 +94330,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2017u32,
+        wire: 2338u32,
+        call: 2030u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -93686,8 +94378,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2018u32,
+        wire: 2339u32,
+        call: 2031u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93736,8 +94428,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2019u32,
+        wire: 2340u32,
+        call: 2032u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -93811,8 +94503,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2020u32,
+        wire: 2341u32,
+        call: 2033u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93886,8 +94578,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2021u32,
+        wire: 2342u32,
+        call: 2034u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93938,8 +94630,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2022u32,
+        wire: 2343u32,
+        call: 2035u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93992,8 +94684,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2023u32,
+        wire: 2344u32,
+        call: 2036u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -94052,8 +94744,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2024u32,
+        wire: 2345u32,
+        call: 2037u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -94100,8 +94792,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2025u32,
+        wire: 2346u32,
+        call: 2038u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94150,8 +94842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2026u32,
+        wire: 2347u32,
+        call: 2039u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -94187,8 +94879,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2027u32,
+        wire: 2348u32,
+        call: 2040u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -94230,8 +94922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2028u32,
+        wire: 2349u32,
+        call: 2041u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -94267,8 +94959,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2029u32,
+        wire: 2350u32,
+        call: 2042u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -94291,8 +94983,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2030u32,
+        wire: 2351u32,
+        call: 2043u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -94315,8 +95007,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2031u32,
+        wire: 2352u32,
+        call: 2044u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -94339,8 +95031,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2032u32,
+        wire: 2353u32,
+        call: 2045u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -94363,8 +95055,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2033u32,
+        wire: 2354u32,
+        call: 2046u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -94387,8 +95079,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2034u32,
+        wire: 2355u32,
+        call: 2047u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -94411,8 +95103,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2035u32,
+        wire: 2356u32,
+        call: 2048u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -94435,8 +95127,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2036u32,
+        wire: 2357u32,
+        call: 2049u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -94459,8 +95151,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2037u32,
+        wire: 2358u32,
+        call: 2050u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -94483,8 +95175,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2038u32,
+        wire: 2359u32,
+        call: 2051u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -94507,8 +95199,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2039u32,
+        wire: 2360u32,
+        call: 2052u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -94531,8 +95223,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2040u32,
+        wire: 2361u32,
+        call: 2053u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -94555,8 +95247,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2041u32,
+        wire: 2362u32,
+        call: 2054u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -94579,8 +95271,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2042u32,
+        wire: 2363u32,
+        call: 2055u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -94603,8 +95295,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2043u32,
+        wire: 2364u32,
+        call: 2056u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -94627,8 +95319,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2044u32,
+        wire: 2365u32,
+        call: 2057u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -94651,8 +95343,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2045u32,
+        wire: 2366u32,
+        call: 2058u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -94675,8 +95367,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2046u32,
+        wire: 2367u32,
+        call: 2059u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -94699,8 +95391,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2047u32,
+        wire: 2368u32,
+        call: 2060u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -94757,8 +95449,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2048u32,
+        wire: 2369u32,
+        call: 2061u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -94811,8 +95503,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2049u32,
+        wire: 2370u32,
+        call: 2062u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -94882,8 +95574,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2050u32,
+        wire: 2371u32,
+        call: 2063u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -94952,8 +95644,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2051u32,
+        wire: 2372u32,
+        call: 2064u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -94977,8 +95669,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2052u32,
+        wire: 2373u32,
+        call: 2065u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -95009,8 +95701,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2053u32,
+        wire: 2374u32,
+        call: 2066u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -95034,8 +95726,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2054u32,
+        wire: 2375u32,
+        call: 2067u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -95059,8 +95751,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2055u32,
+        wire: 2376u32,
+        call: 2068u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -95084,8 +95776,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2056u32,
+        wire: 2377u32,
+        call: 2069u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -95143,8 +95835,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2057u32,
+        wire: 2378u32,
+        call: 2070u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -95208,8 +95900,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2058u32,
+        wire: 2379u32,
+        call: 2071u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -95271,8 +95963,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2059u32,
+        wire: 2380u32,
+        call: 2072u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -95303,8 +95995,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2060u32,
+        wire: 2381u32,
+        call: 2073u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -95330,8 +96022,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2061u32,
+        wire: 2382u32,
+        call: 2074u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -95357,8 +96049,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2062u32,
+        wire: 2383u32,
+        call: 2075u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -95384,8 +96076,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2063u32,
+        wire: 2384u32,
+        call: 2076u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -95411,8 +96103,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetProperty: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2064u32,
+        wire: 2385u32,
+        call: 2077u32,
         name: "cusparseGetProperty",
         form: None,
         library: "cusparse",
@@ -95442,8 +96134,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2065u32,
+        wire: 2386u32,
+        call: 2078u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -95470,8 +96162,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetVersion: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2066u32,
+        wire: 2387u32,
+        call: 2079u32,
         name: "cusparseGetVersion",
         form: None,
         library: "cusparse",
@@ -95501,8 +96193,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2067u32,
+        wire: 2388u32,
+        call: 2080u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -95520,8 +96212,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2068u32,
+        wire: 2389u32,
+        call: 2081u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -95544,8 +96236,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2069u32,
+        wire: 2390u32,
+        call: 2082u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -95568,8 +96260,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2070u32,
+        wire: 2391u32,
+        call: 2083u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -95633,8 +96325,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2071u32,
+        wire: 2392u32,
+        call: 2084u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -95704,8 +96396,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2072u32,
+        wire: 2393u32,
+        call: 2085u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -95769,8 +96461,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2073u32,
+        wire: 2394u32,
+        call: 2086u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -95823,8 +96515,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2074u32,
+        wire: 2395u32,
+        call: 2087u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -95879,8 +96571,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2075u32,
+        wire: 2396u32,
+        call: 2088u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -95937,8 +96629,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2076u32,
+        wire: 2397u32,
+        call: 2089u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -95993,8 +96685,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2077u32,
+        wire: 2398u32,
+        call: 2090u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -96049,8 +96741,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2078u32,
+        wire: 2399u32,
+        call: 2091u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96107,8 +96799,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2079u32,
+        wire: 2400u32,
+        call: 2092u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -96192,8 +96884,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2080u32,
+        wire: 2401u32,
+        call: 2093u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -96261,8 +96953,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2081u32,
+        wire: 2402u32,
+        call: 2094u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -96329,8 +97021,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2082u32,
+        wire: 2403u32,
+        call: 2095u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -96399,8 +97091,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2083u32,
+        wire: 2404u32,
+        call: 2096u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -96483,8 +97175,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2084u32,
+        wire: 2405u32,
+        call: 2097u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -96543,8 +97235,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2085u32,
+        wire: 2406u32,
+        call: 2098u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -96605,8 +97297,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2086u32,
+        wire: 2407u32,
+        call: 2099u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -96673,8 +97365,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2087u32,
+        wire: 2408u32,
+        call: 2100u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -96748,8 +97440,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2088u32,
+        wire: 2409u32,
+        call: 2101u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -96780,8 +97472,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2089u32,
+        wire: 2410u32,
+        call: 2102u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -96834,8 +97526,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2090u32,
+        wire: 2411u32,
+        call: 2103u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -96882,8 +97574,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2091u32,
+        wire: 2412u32,
+        call: 2104u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -96941,8 +97633,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2092u32,
+        wire: 2413u32,
+        call: 2105u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -96999,8 +97691,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2093u32,
+        wire: 2414u32,
+        call: 2106u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -97073,8 +97765,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2094u32,
+        wire: 2415u32,
+        call: 2107u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97153,8 +97845,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2095u32,
+        wire: 2416u32,
+        call: 2108u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -97246,8 +97938,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2096u32,
+        wire: 2417u32,
+        call: 2109u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97335,8 +98027,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2097u32,
+        wire: 2418u32,
+        call: 2110u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -97383,8 +98075,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2098u32,
+        wire: 2419u32,
+        call: 2111u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -97433,8 +98125,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2099u32,
+        wire: 2420u32,
+        call: 2112u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -97481,8 +98173,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2100u32,
+        wire: 2421u32,
+        call: 2113u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -97531,8 +98223,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2101u32,
+        wire: 2422u32,
+        call: 2114u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -97606,8 +98298,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2102u32,
+        wire: 2423u32,
+        call: 2115u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -97681,8 +98373,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2103u32,
+        wire: 2424u32,
+        call: 2116u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -97733,8 +98425,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2104u32,
+        wire: 2425u32,
+        call: 2117u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97787,8 +98479,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2105u32,
+        wire: 2426u32,
+        call: 2118u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -97847,8 +98539,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2106u32,
+        wire: 2427u32,
+        call: 2119u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -97895,8 +98587,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2107u32,
+        wire: 2428u32,
+        call: 2120u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97945,8 +98637,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2108u32,
+        wire: 2429u32,
+        call: 2121u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -97973,8 +98665,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2109u32,
+        wire: 2430u32,
+        call: 2122u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -98001,8 +98693,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2110u32,
+        wire: 2431u32,
+        call: 2123u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -98029,8 +98721,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2111u32,
+        wire: 2432u32,
+        call: 2124u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -98057,8 +98749,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2112u32,
+        wire: 2433u32,
+        call: 2125u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -98085,8 +98777,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2113u32,
+        wire: 2434u32,
+        call: 2126u32,
         name: "cusparseSetPointerMode",
         form: Some(Form::Call),
         library: "cusparse",
@@ -98113,8 +98805,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2114u32,
+        wire: 2435u32,
+        call: 2127u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -98141,8 +98833,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2115u32,
+        wire: 2436u32,
+        call: 2128u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -98199,8 +98891,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2116u32,
+        wire: 2437u32,
+        call: 2129u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -98253,8 +98945,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2117u32,
+        wire: 2438u32,
+        call: 2130u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -98324,8 +99016,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2118u32,
+        wire: 2439u32,
+        call: 2131u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -98394,8 +99086,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2119u32,
+        wire: 2440u32,
+        call: 2132u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -98470,8 +99162,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2120u32,
+        wire: 2441u32,
+        call: 2133u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -98538,8 +99230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2121u32,
+        wire: 2442u32,
+        call: 2134u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -98562,8 +99254,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2122u32,
+        wire: 2443u32,
+        call: 2135u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -98586,8 +99278,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2123u32,
+        wire: 2444u32,
+        call: 2136u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -98662,8 +99354,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2124u32,
+        wire: 2445u32,
+        call: 2137u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -98730,8 +99422,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2125u32,
+        wire: 2446u32,
+        call: 2138u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -98790,8 +99482,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2126u32,
+        wire: 2447u32,
+        call: 2139u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -98855,8 +99547,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2127u32,
+        wire: 2448u32,
+        call: 2140u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -98880,8 +99572,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2128u32,
+        wire: 2449u32,
+        call: 2141u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -98904,8 +99596,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2129u32,
+        wire: 2450u32,
+        call: 2142u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -98975,8 +99667,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2130u32,
+        wire: 2451u32,
+        call: 2143u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -99040,8 +99732,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2131u32,
+        wire: 2452u32,
+        call: 2144u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -99101,8 +99793,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2132u32,
+        wire: 2453u32,
+        call: 2145u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -99168,8 +99860,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2133u32,
+        wire: 2454u32,
+        call: 2146u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -99229,8 +99921,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2134u32,
+        wire: 2455u32,
+        call: 2147u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -99262,8 +99954,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2135u32,
+        wire: 2456u32,
+        call: 2148u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -99307,8 +99999,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2136u32,
+        wire: 2457u32,
+        call: 2149u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -99332,8 +100024,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2137u32,
+        wire: 2458u32,
+        call: 2150u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -99365,8 +100057,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2138u32,
+        wire: 2459u32,
+        call: 2151u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -99393,8 +100085,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2139u32,
+        wire: 2460u32,
+        call: 2152u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -99418,8 +100110,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2140u32,
+        wire: 2461u32,
+        call: 2153u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -99481,8 +100173,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2141u32,
+        wire: 2462u32,
+        call: 2154u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -99550,8 +100242,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2142u32,
+        wire: 2463u32,
+        call: 2155u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -99574,8 +100266,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2143u32,
+        wire: 2464u32,
+        call: 2156u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99598,8 +100290,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2144u32,
+        wire: 2465u32,
+        call: 2157u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -99660,8 +100352,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2145u32,
+        wire: 2466u32,
+        call: 2158u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -99719,8 +100411,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2146u32,
+        wire: 2467u32,
+        call: 2159u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -99784,8 +100476,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2147u32,
+        wire: 2468u32,
+        call: 2160u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -99808,8 +100500,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2148u32,
+        wire: 2469u32,
+        call: 2161u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99832,8 +100524,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2149u32,
+        wire: 2470u32,
+        call: 2162u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -99890,8 +100582,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2150u32,
+        wire: 2471u32,
+        call: 2163u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -99915,8 +100607,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2151u32,
+        wire: 2472u32,
+        call: 2164u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -99940,8 +100632,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2152u32,
+        wire: 2473u32,
+        call: 2165u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -99977,8 +100669,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2153u32,
+        wire: 2474u32,
+        call: 2166u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -100020,8 +100712,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2154u32,
+        wire: 2475u32,
+        call: 2167u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -100079,8 +100771,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2155u32,
+        wire: 2476u32,
+        call: 2168u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100144,8 +100836,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2156u32,
+        wire: 2477u32,
+        call: 2169u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -100207,8 +100899,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2157u32,
+        wire: 2478u32,
+        call: 2170u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100241,8 +100933,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2158u32,
+        wire: 2479u32,
+        call: 2171u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100275,8 +100967,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2159u32,
+        wire: 2480u32,
+        call: 2172u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100309,8 +101001,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2160u32,
+        wire: 2481u32,
+        call: 2173u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100343,8 +101035,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2161u32,
+        wire: 2482u32,
+        call: 2174u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -100381,8 +101073,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2162u32,
+        wire: 2483u32,
+        call: 2175u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -100421,8 +101113,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2163u32,
+        wire: 2484u32,
+        call: 2176u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -100461,8 +101153,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2164u32,
+        wire: 2485u32,
+        call: 2177u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100506,8 +101198,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2165u32,
+        wire: 2486u32,
+        call: 2178u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -100563,8 +101255,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2166u32,
+        wire: 2487u32,
+        call: 2179u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -100601,8 +101293,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2167u32,
+        wire: 2488u32,
+        call: 2180u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -100663,8 +101355,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2168u32,
+        wire: 2489u32,
+        call: 2181u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -100727,8 +101419,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2169u32,
+        wire: 2490u32,
+        call: 2182u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -100809,8 +101501,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2170u32,
+        wire: 2491u32,
+        call: 2183u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100843,8 +101535,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2171u32,
+        wire: 2492u32,
+        call: 2184u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100877,8 +101569,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2172u32,
+        wire: 2493u32,
+        call: 2185u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100911,8 +101603,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2173u32,
+        wire: 2494u32,
+        call: 2186u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -100955,8 +101647,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2174u32,
+        wire: 2495u32,
+        call: 2187u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -101000,8 +101692,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2175u32,
+        wire: 2496u32,
+        call: 2188u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101034,8 +101726,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2176u32,
+        wire: 2497u32,
+        call: 2189u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -101090,8 +101782,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2177u32,
+        wire: 2498u32,
+        call: 2190u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -101164,8 +101856,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2178u32,
+        wire: 2499u32,
+        call: 2191u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -101218,8 +101910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2179u32,
+        wire: 2500u32,
+        call: 2192u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -101274,8 +101966,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2180u32,
+        wire: 2501u32,
+        call: 2193u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -101332,8 +102024,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2181u32,
+        wire: 2502u32,
+        call: 2194u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -101388,8 +102080,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2182u32,
+        wire: 2503u32,
+        call: 2195u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -101444,8 +102136,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2183u32,
+        wire: 2504u32,
+        call: 2196u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -101502,8 +102194,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2184u32,
+        wire: 2505u32,
+        call: 2197u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -101587,8 +102279,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2185u32,
+        wire: 2506u32,
+        call: 2198u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -101656,8 +102348,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2186u32,
+        wire: 2507u32,
+        call: 2199u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -101724,8 +102416,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2187u32,
+        wire: 2508u32,
+        call: 2200u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -101794,8 +102486,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2188u32,
+        wire: 2509u32,
+        call: 2201u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -101878,8 +102570,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2189u32,
+        wire: 2510u32,
+        call: 2202u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -101938,8 +102630,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2190u32,
+        wire: 2511u32,
+        call: 2203u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -102000,8 +102692,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2191u32,
+        wire: 2512u32,
+        call: 2204u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -102068,8 +102760,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2192u32,
+        wire: 2513u32,
+        call: 2205u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -102143,8 +102835,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2193u32,
+        wire: 2514u32,
+        call: 2206u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -102197,8 +102889,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2194u32,
+        wire: 2515u32,
+        call: 2207u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -102245,8 +102937,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2195u32,
+        wire: 2516u32,
+        call: 2208u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -102304,8 +102996,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2196u32,
+        wire: 2517u32,
+        call: 2209u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -102362,8 +103054,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2197u32,
+        wire: 2518u32,
+        call: 2210u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -102436,8 +103128,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2198u32,
+        wire: 2519u32,
+        call: 2211u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -102516,8 +103208,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2199u32,
+        wire: 2520u32,
+        call: 2212u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -102609,8 +103301,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2200u32,
+        wire: 2521u32,
+        call: 2213u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -102698,8 +103390,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2201u32,
+        wire: 2522u32,
+        call: 2214u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -102746,8 +103438,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2202u32,
+        wire: 2523u32,
+        call: 2215u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102796,8 +103488,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2203u32,
+        wire: 2524u32,
+        call: 2216u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -102844,8 +103536,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2204u32,
+        wire: 2525u32,
+        call: 2217u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102894,8 +103586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2205u32,
+        wire: 2526u32,
+        call: 2218u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -102969,8 +103661,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2206u32,
+        wire: 2527u32,
+        call: 2219u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -103044,8 +103736,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2207u32,
+        wire: 2528u32,
+        call: 2220u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -103096,8 +103788,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2208u32,
+        wire: 2529u32,
+        call: 2221u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -103150,8 +103842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2209u32,
+        wire: 2530u32,
+        call: 2222u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -103210,8 +103902,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2210u32,
+        wire: 2531u32,
+        call: 2223u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -103258,8 +103950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2211u32,
+        wire: 2532u32,
+        call: 2224u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103308,8 +104000,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2212u32,
+        wire: 2533u32,
+        call: 2225u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -103366,8 +104058,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2213u32,
+        wire: 2534u32,
+        call: 2226u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -103420,8 +104112,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2214u32,
+        wire: 2535u32,
+        call: 2227u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -103491,8 +104183,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2215u32,
+        wire: 2536u32,
+        call: 2228u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -103561,8 +104253,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2216u32,
+        wire: 2537u32,
+        call: 2229u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -103620,8 +104312,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2217u32,
+        wire: 2538u32,
+        call: 2230u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -103682,8 +104374,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2885u32,
-        call: 2576u32,
+        wire: 2904u32,
+        call: 2589u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103709,8 +104401,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2886u32,
-        call: 2576u32,
+        wire: 2905u32,
+        call: 2589u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103736,8 +104428,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2887u32,
-        call: 2576u32,
+        wire: 2906u32,
+        call: 2589u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -103763,8 +104455,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtGetProperty: CallDesc = CallDesc {
-        wire: 2888u32,
-        call: 2577u32,
+        wire: 2907u32,
+        call: 2590u32,
         name: "cusparseLtGetProperty",
         form: None,
         library: "cusparselt",
@@ -103794,8 +104486,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2889u32,
-        call: 2578u32,
+        wire: 2908u32,
+        call: 2591u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103821,8 +104513,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2890u32,
-        call: 2578u32,
+        wire: 2909u32,
+        call: 2591u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103848,8 +104540,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2891u32,
-        call: 2578u32,
+        wire: 2910u32,
+        call: 2591u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -103875,8 +104567,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2892u32,
-        call: 2579u32,
+        wire: 2911u32,
+        call: 2592u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -103902,8 +104594,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2893u32,
-        call: 2580u32,
+        wire: 2912u32,
+        call: 2593u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -103929,8 +104621,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2894u32,
-        call: 2580u32,
+        wire: 2913u32,
+        call: 2593u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -103956,8 +104648,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2895u32,
-        call: 2580u32,
+        wire: 2914u32,
+        call: 2593u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -121775,8 +122467,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclAllGather: CallDesc = CallDesc {
-        wire: 2827u32,
-        call: 2525u32,
+        wire: 2846u32,
+        call: 2538u32,
         name: "ncclAllGather",
         form: None,
         library: "nccl",
@@ -121813,8 +122505,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAllReduce: CallDesc = CallDesc {
-        wire: 2828u32,
-        call: 2526u32,
+        wire: 2847u32,
+        call: 2539u32,
         name: "ncclAllReduce",
         form: None,
         library: "nccl",
@@ -121855,8 +122547,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAlltoAll: CallDesc = CallDesc {
-        wire: 2829u32,
-        call: 2527u32,
+        wire: 2848u32,
+        call: 2540u32,
         name: "ncclAlltoAll",
         form: None,
         library: "nccl",
@@ -121893,8 +122585,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBcast: CallDesc = CallDesc {
-        wire: 2830u32,
-        call: 2528u32,
+        wire: 2849u32,
+        call: 2541u32,
         name: "ncclBcast",
         form: None,
         library: "nccl",
@@ -121934,8 +122626,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBroadcast: CallDesc = CallDesc {
-        wire: 2831u32,
-        call: 2529u32,
+        wire: 2850u32,
+        call: 2542u32,
         name: "ncclBroadcast",
         form: None,
         library: "nccl",
@@ -121976,8 +122668,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2832u32,
-        call: 2530u32,
+        wire: 2851u32,
+        call: 2543u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -122000,8 +122692,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCount: CallDesc = CallDesc {
-        wire: 2833u32,
-        call: 2531u32,
+        wire: 2852u32,
+        call: 2544u32,
         name: "ncclCommCount",
         form: None,
         library: "nccl",
@@ -122031,8 +122723,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCuDevice: CallDesc = CallDesc {
-        wire: 2834u32,
-        call: 2532u32,
+        wire: 2853u32,
+        call: 2545u32,
         name: "ncclCommCuDevice",
         form: None,
         library: "nccl",
@@ -122062,8 +122754,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2835u32,
-        call: 2533u32,
+        wire: 2854u32,
+        call: 2546u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -122086,8 +122778,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2836u32,
-        call: 2534u32,
+        wire: 2855u32,
+        call: 2547u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -122110,8 +122802,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommGetAsyncError: CallDesc = CallDesc {
-        wire: 2837u32,
-        call: 2535u32,
+        wire: 2856u32,
+        call: 2548u32,
         name: "ncclCommGetAsyncError",
         form: None,
         library: "nccl",
@@ -122141,8 +122833,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2838u32,
-        call: 2536u32,
+        wire: 2857u32,
+        call: 2549u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -122174,8 +122866,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu118: CallDesc = CallDesc {
-        wire: 2839u32,
-        call: 2537u32,
+        wire: 2858u32,
+        call: 2550u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122214,8 +122906,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu128: CallDesc = CallDesc {
-        wire: 2840u32,
-        call: 2537u32,
+        wire: 2859u32,
+        call: 2550u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122254,8 +122946,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu131: CallDesc = CallDesc {
-        wire: 2841u32,
-        call: 2537u32,
+        wire: 2860u32,
+        call: 2550u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122294,8 +122986,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2842u32,
-        call: 2538u32,
+        wire: 2861u32,
+        call: 2551u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -122322,8 +123014,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu118: CallDesc = CallDesc {
-        wire: 2843u32,
-        call: 2539u32,
+        wire: 2862u32,
+        call: 2552u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122365,8 +123057,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu128: CallDesc = CallDesc {
-        wire: 2844u32,
-        call: 2539u32,
+        wire: 2863u32,
+        call: 2552u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122408,8 +123100,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu131: CallDesc = CallDesc {
-        wire: 2845u32,
-        call: 2539u32,
+        wire: 2864u32,
+        call: 2552u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122451,8 +123143,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommUserRank: CallDesc = CallDesc {
-        wire: 2846u32,
-        call: 2540u32,
+        wire: 2865u32,
+        call: 2553u32,
         name: "ncclCommUserRank",
         form: None,
         library: "nccl",
@@ -122482,8 +123174,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2847u32,
-        call: 2541u32,
+        wire: 2866u32,
+        call: 2554u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122510,8 +123202,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2848u32,
-        call: 2541u32,
+        wire: 2867u32,
+        call: 2554u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122538,8 +123230,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGather: CallDesc = CallDesc {
-        wire: 2849u32,
-        call: 2542u32,
+        wire: 2868u32,
+        call: 2555u32,
         name: "ncclGather",
         form: None,
         library: "nccl",
@@ -122580,8 +123272,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetUniqueId: CallDesc = CallDesc {
-        wire: 2850u32,
-        call: 2543u32,
+        wire: 2869u32,
+        call: 2556u32,
         name: "ncclGetUniqueId",
         form: None,
         library: "nccl",
@@ -122607,8 +123299,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetVersion: CallDesc = CallDesc {
-        wire: 2851u32,
-        call: 2544u32,
+        wire: 2870u32,
+        call: 2557u32,
         name: "ncclGetVersion",
         form: None,
         library: "nccl",
@@ -122634,8 +123326,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2852u32,
-        call: 2545u32,
+        wire: 2871u32,
+        call: 2558u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -122653,8 +123345,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2853u32,
-        call: 2546u32,
+        wire: 2872u32,
+        call: 2559u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -122672,8 +123364,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRecv: CallDesc = CallDesc {
-        wire: 2854u32,
-        call: 2547u32,
+        wire: 2873u32,
+        call: 2560u32,
         name: "ncclRecv",
         form: None,
         library: "nccl",
@@ -122713,8 +123405,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2855u32,
-        call: 2548u32,
+        wire: 2874u32,
+        call: 2561u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -122741,8 +123433,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduce: CallDesc = CallDesc {
-        wire: 2856u32,
-        call: 2549u32,
+        wire: 2875u32,
+        call: 2562u32,
         name: "ncclReduce",
         form: None,
         library: "nccl",
@@ -122787,8 +123479,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduceScatter: CallDesc = CallDesc {
-        wire: 2857u32,
-        call: 2550u32,
+        wire: 2876u32,
+        call: 2563u32,
         name: "ncclReduceScatter",
         form: None,
         library: "nccl",
@@ -122829,8 +123521,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2858u32,
-        call: 2551u32,
+        wire: 2877u32,
+        call: 2564u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -122848,8 +123540,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclScatter: CallDesc = CallDesc {
-        wire: 2859u32,
-        call: 2552u32,
+        wire: 2878u32,
+        call: 2565u32,
         name: "ncclScatter",
         form: None,
         library: "nccl",
@@ -122890,8 +123582,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclSend: CallDesc = CallDesc {
-        wire: 2860u32,
-        call: 2553u32,
+        wire: 2879u32,
+        call: 2566u32,
         name: "ncclSend",
         form: None,
         library: "nccl",
@@ -122931,8 +123623,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllGather: CallDesc = CallDesc {
-        wire: 2861u32,
-        call: 2554u32,
+        wire: 2880u32,
+        call: 2567u32,
         name: "pncclAllGather",
         form: None,
         library: "nccl",
@@ -122969,8 +123661,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllReduce: CallDesc = CallDesc {
-        wire: 2862u32,
-        call: 2555u32,
+        wire: 2881u32,
+        call: 2568u32,
         name: "pncclAllReduce",
         form: None,
         library: "nccl",
@@ -123011,8 +123703,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAlltoAll: CallDesc = CallDesc {
-        wire: 2863u32,
-        call: 2556u32,
+        wire: 2882u32,
+        call: 2569u32,
         name: "pncclAlltoAll",
         form: None,
         library: "nccl",
@@ -123049,8 +123741,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBcast: CallDesc = CallDesc {
-        wire: 2864u32,
-        call: 2557u32,
+        wire: 2883u32,
+        call: 2570u32,
         name: "pncclBcast",
         form: None,
         library: "nccl",
@@ -123090,8 +123782,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBroadcast: CallDesc = CallDesc {
-        wire: 2865u32,
-        call: 2558u32,
+        wire: 2884u32,
+        call: 2571u32,
         name: "pncclBroadcast",
         form: None,
         library: "nccl",
@@ -123132,8 +123824,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2866u32,
-        call: 2559u32,
+        wire: 2885u32,
+        call: 2572u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -123156,8 +123848,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2867u32,
-        call: 2560u32,
+        wire: 2886u32,
+        call: 2573u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -123180,8 +123872,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2868u32,
-        call: 2561u32,
+        wire: 2887u32,
+        call: 2574u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -123204,8 +123896,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2869u32,
-        call: 2562u32,
+        wire: 2888u32,
+        call: 2575u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -123237,8 +123929,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2870u32,
-        call: 2563u32,
+        wire: 2889u32,
+        call: 2576u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -123265,8 +123957,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2871u32,
-        call: 2564u32,
+        wire: 2890u32,
+        call: 2577u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123293,8 +123985,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2872u32,
-        call: 2564u32,
+        wire: 2891u32,
+        call: 2577u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123321,8 +124013,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu128: CallDesc = CallDesc {
-        wire: 2873u32,
-        call: 2565u32,
+        wire: 2892u32,
+        call: 2578u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -123358,8 +124050,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu131: CallDesc = CallDesc {
-        wire: 2874u32,
-        call: 2565u32,
+        wire: 2893u32,
+        call: 2578u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -123395,8 +124087,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGather: CallDesc = CallDesc {
-        wire: 2875u32,
-        call: 2566u32,
+        wire: 2894u32,
+        call: 2579u32,
         name: "pncclGather",
         form: None,
         library: "nccl",
@@ -123437,8 +124129,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2876u32,
-        call: 2567u32,
+        wire: 2895u32,
+        call: 2580u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -123456,8 +124148,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2877u32,
-        call: 2568u32,
+        wire: 2896u32,
+        call: 2581u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -123475,8 +124167,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRecv: CallDesc = CallDesc {
-        wire: 2878u32,
-        call: 2569u32,
+        wire: 2897u32,
+        call: 2582u32,
         name: "pncclRecv",
         form: None,
         library: "nccl",
@@ -123516,8 +124208,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2879u32,
-        call: 2570u32,
+        wire: 2898u32,
+        call: 2583u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -123544,8 +124236,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduce: CallDesc = CallDesc {
-        wire: 2880u32,
-        call: 2571u32,
+        wire: 2899u32,
+        call: 2584u32,
         name: "pncclReduce",
         form: None,
         library: "nccl",
@@ -123590,8 +124282,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduceScatter: CallDesc = CallDesc {
-        wire: 2881u32,
-        call: 2572u32,
+        wire: 2900u32,
+        call: 2585u32,
         name: "pncclReduceScatter",
         form: None,
         library: "nccl",
@@ -123632,8 +124324,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2882u32,
-        call: 2573u32,
+        wire: 2901u32,
+        call: 2586u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -123651,8 +124343,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclScatter: CallDesc = CallDesc {
-        wire: 2883u32,
-        call: 2574u32,
+        wire: 2902u32,
+        call: 2587u32,
         name: "pncclScatter",
         form: None,
         library: "nccl",
@@ -123693,8 +124385,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclSend: CallDesc = CallDesc {
-        wire: 2884u32,
-        call: 2575u32,
+        wire: 2903u32,
+        call: 2588u32,
         name: "pncclSend",
         form: None,
         library: "nccl",
@@ -123737,8 +124429,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2796u32,
-        call: 2494u32,
+        wire: 2815u32,
+        call: 2507u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -123761,8 +124453,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2797u32,
-        call: 2495u32,
+        wire: 2816u32,
+        call: 2508u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -123785,8 +124477,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2798u32,
-        call: 2496u32,
+        wire: 2817u32,
+        call: 2509u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -123809,8 +124501,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2799u32,
-        call: 2497u32,
+        wire: 2818u32,
+        call: 2510u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -123833,8 +124525,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2800u32,
-        call: 2498u32,
+        wire: 2819u32,
+        call: 2511u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -123857,8 +124549,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2801u32,
-        call: 2499u32,
+        wire: 2820u32,
+        call: 2512u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -123881,8 +124573,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2802u32,
-        call: 2500u32,
+        wire: 2821u32,
+        call: 2513u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -123905,8 +124597,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2803u32,
-        call: 2501u32,
+        wire: 2822u32,
+        call: 2514u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -123929,8 +124621,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2804u32,
-        call: 2502u32,
+        wire: 2823u32,
+        call: 2515u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -123953,8 +124645,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2805u32,
-        call: 2503u32,
+        wire: 2824u32,
+        call: 2516u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -123977,8 +124669,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2806u32,
-        call: 2504u32,
+        wire: 2825u32,
+        call: 2517u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124008,8 +124700,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2807u32,
-        call: 2505u32,
+        wire: 2826u32,
+        call: 2518u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124039,8 +124731,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2808u32,
-        call: 2506u32,
+        wire: 2827u32,
+        call: 2519u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124070,8 +124762,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2809u32,
-        call: 2507u32,
+        wire: 2828u32,
+        call: 2520u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124101,8 +124793,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2810u32,
-        call: 2508u32,
+        wire: 2829u32,
+        call: 2521u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124132,8 +124824,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2811u32,
-        call: 2509u32,
+        wire: 2830u32,
+        call: 2522u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124163,8 +124855,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2812u32,
-        call: 2510u32,
+        wire: 2831u32,
+        call: 2523u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124194,8 +124886,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2813u32,
-        call: 2511u32,
+        wire: 2832u32,
+        call: 2524u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124225,8 +124917,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2814u32,
-        call: 2512u32,
+        wire: 2833u32,
+        call: 2525u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124256,8 +124948,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2815u32,
-        call: 2513u32,
+        wire: 2834u32,
+        call: 2526u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124287,8 +124979,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2816u32,
-        call: 2514u32,
+        wire: 2835u32,
+        call: 2527u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124318,8 +125010,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2817u32,
-        call: 2515u32,
+        wire: 2836u32,
+        call: 2528u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124349,8 +125041,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2818u32,
-        call: 2516u32,
+        wire: 2837u32,
+        call: 2529u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124380,8 +125072,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2819u32,
-        call: 2517u32,
+        wire: 2838u32,
+        call: 2530u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124411,8 +125103,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2820u32,
-        call: 2518u32,
+        wire: 2839u32,
+        call: 2531u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124442,8 +125134,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2821u32,
-        call: 2519u32,
+        wire: 2840u32,
+        call: 2532u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124473,8 +125165,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2822u32,
-        call: 2520u32,
+        wire: 2841u32,
+        call: 2533u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124504,8 +125196,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2823u32,
-        call: 2521u32,
+        wire: 2842u32,
+        call: 2534u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124535,8 +125227,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2824u32,
-        call: 2522u32,
+        wire: 2843u32,
+        call: 2535u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124566,8 +125258,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2825u32,
-        call: 2523u32,
+        wire: 2844u32,
+        call: 2536u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124597,8 +125289,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2826u32,
-        call: 2524u32,
+        wire: 2845u32,
+        call: 2537u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -124634,16 +125326,18 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     static LEN_nvmlDeviceGetBoardPartNumber_0: Len = Len::Param(2u8);
-    static LEN_nvmlDeviceGetInforomImageVersion_1: Len = Len::Param(2u8);
-    static LEN_nvmlDeviceGetName_2: Len = Len::Param(2u8);
-    static LEN_nvmlDeviceGetSerial_3: Len = Len::Param(2u8);
-    static LEN_nvmlDeviceGetUUID_4: Len = Len::Param(2u8);
-    static LEN_nvmlDeviceGetVbiosVersion_5: Len = Len::Param(2u8);
-    static LEN_nvmlSystemGetDriverVersion_6: Len = Len::Param(1u8);
-    static LEN_nvmlSystemGetNVMLVersion_7: Len = Len::Param(1u8);
+    static LEN_nvmlDeviceGetFieldValues__cu118_1: Len = Len::Param(1u8);
+    static LEN_nvmlDeviceGetFieldValues__cu126_2: Len = Len::Param(1u8);
+    static LEN_nvmlDeviceGetInforomImageVersion_3: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetName_4: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetSerial_5: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetUUID_6: Len = Len::Param(2u8);
+    static LEN_nvmlDeviceGetVbiosVersion_7: Len = Len::Param(2u8);
+    static LEN_nvmlSystemGetDriverVersion_8: Len = Len::Param(1u8);
+    static LEN_nvmlSystemGetNVMLVersion_9: Len = Len::Param(1u8);
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1631u32,
+        wire: 1946u32,
+        call: 1641u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -124666,8 +125360,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1632u32,
+        wire: 1947u32,
+        call: 1642u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -124697,8 +125391,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1633u32,
+        wire: 1948u32,
+        call: 1643u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -124725,8 +125419,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1634u32,
+        wire: 1949u32,
+        call: 1644u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -124749,8 +125443,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1635u32,
+        wire: 1950u32,
+        call: 1645u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -124773,8 +125467,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1636u32,
+        wire: 1951u32,
+        call: 1646u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -124801,8 +125495,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1637u32,
+        wire: 1952u32,
+        call: 1647u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -124833,8 +125527,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1638u32,
+        wire: 1953u32,
+        call: 1648u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -124872,8 +125566,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1639u32,
+        wire: 1954u32,
+        call: 1649u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -124908,8 +125602,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1640u32,
+        wire: 1955u32,
+        call: 1650u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -124943,8 +125637,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1641u32,
+        wire: 1956u32,
+        call: 1651u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -124974,8 +125668,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1642u32,
+        wire: 1957u32,
+        call: 1652u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -125005,8 +125699,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1643u32,
+        wire: 1958u32,
+        call: 1653u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -125036,8 +125730,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1644u32,
+        wire: 1959u32,
+        call: 1654u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -125071,8 +125765,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1645u32,
+        wire: 1960u32,
+        call: 1655u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -125102,8 +125796,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1646u32,
+        wire: 1961u32,
+        call: 1656u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -125140,8 +125834,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBAR1MemoryInfo: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1647u32,
+        wire: 1962u32,
+        call: 1657u32,
         name: "nvmlDeviceGetBAR1MemoryInfo",
         form: None,
         library: "nvml",
@@ -125171,8 +125865,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1648u32,
+        wire: 1963u32,
+        call: 1658u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -125202,8 +125896,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardPartNumber: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1649u32,
+        wire: 1964u32,
+        call: 1659u32,
         name: "nvmlDeviceGetBoardPartNumber",
         form: None,
         library: "nvml",
@@ -125237,8 +125931,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1650u32,
+        wire: 1965u32,
+        call: 1660u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -125268,8 +125962,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1651u32,
+        wire: 1966u32,
+        call: 1661u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -125299,8 +125993,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1652u32,
+        wire: 1967u32,
+        call: 1662u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -125338,8 +126032,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1653u32,
+        wire: 1968u32,
+        call: 1663u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -125373,8 +126067,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1654u32,
+        wire: 1969u32,
+        call: 1664u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -125404,8 +126098,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1655u32,
+        wire: 1970u32,
+        call: 1665u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -125435,8 +126129,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1656u32,
+        wire: 1971u32,
+        call: 1666u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -125473,8 +126167,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1657u32,
+        wire: 1972u32,
+        call: 1667u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -125504,8 +126198,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1658u32,
+        wire: 1973u32,
+        call: 1668u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -125535,8 +126229,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1659u32,
+        wire: 1974u32,
+        call: 1669u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -125566,8 +126260,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1660u32,
+        wire: 1975u32,
+        call: 1670u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -125597,8 +126291,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1661u32,
+        wire: 1976u32,
+        call: 1671u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -125635,8 +126329,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1662u32,
+        wire: 1977u32,
+        call: 1672u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -125670,8 +126364,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1663u32,
+        wire: 1978u32,
+        call: 1673u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -125701,8 +126395,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1664u32,
+        wire: 1979u32,
+        call: 1674u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -125729,8 +126423,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1665u32,
+        wire: 1980u32,
+        call: 1675u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -125760,8 +126454,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1666u32,
+        wire: 1981u32,
+        call: 1676u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -125791,8 +126485,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1667u32,
+        wire: 1982u32,
+        call: 1677u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -125829,8 +126523,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1668u32,
+        wire: 1983u32,
+        call: 1678u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -125867,8 +126561,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1669u32,
+        wire: 1984u32,
+        call: 1679u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -125905,8 +126599,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1670u32,
+        wire: 1985u32,
+        call: 1680u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -125940,8 +126634,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1671u32,
+        wire: 1986u32,
+        call: 1681u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -125978,8 +126672,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1672u32,
+        wire: 1987u32,
+        call: 1682u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -126009,8 +126703,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1673u32,
+        wire: 1988u32,
+        call: 1683u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -126044,8 +126738,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1674u32,
+        wire: 1989u32,
+        call: 1684u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -126075,8 +126769,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1675u32,
+        wire: 1990u32,
+        call: 1685u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -126109,9 +126803,79 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetFieldValues__cu118: CallDesc = CallDesc {
+        wire: 1991u32,
+        call: 1686u32,
+        name: "nvmlDeviceGetFieldValues",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 40u32,
+                len: Some(&LEN_nvmlDeviceGetFieldValues__cu118_1),
+                record: Some("nvmlFieldValue_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetFieldValues__cu126: CallDesc = CallDesc {
+        wire: 1992u32,
+        call: 1686u32,
+        name: "nvmlDeviceGetFieldValues",
+        form: None,
+        library: "nvml",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 40u32,
+                len: Some(&LEN_nvmlDeviceGetFieldValues__cu126_2),
+                record: Some("nvmlFieldValue_st"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1676u32,
+        wire: 1993u32,
+        call: 1687u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -126148,8 +126912,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1677u32,
+        wire: 1994u32,
+        call: 1688u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -126178,9 +126942,133 @@ pub mod nvml {
         },
         only_waits: false,
     };
+    pub static nvmlDeviceGetGpuFabricInfo__cu121: CallDesc = CallDesc {
+        wire: 1995u32,
+        call: 1689u32,
+        name: "nvmlDeviceGetGpuFabricInfo",
+        form: None,
+        library: "nvml",
+        versions: &["12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 28u32,
+                len: None,
+                record: Some("nvmlGpuFabricInfo_t"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetGpuFabricInfo__cu126: CallDesc = CallDesc {
+        wire: 1996u32,
+        call: 1689u32,
+        name: "nvmlDeviceGetGpuFabricInfo",
+        form: None,
+        library: "nvml",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 28u32,
+                len: None,
+                record: Some("nvmlGpuFabricInfo_t"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetGpuFabricInfoV__cu126: CallDesc = CallDesc {
+        wire: 1997u32,
+        call: 1690u32,
+        name: "nvmlDeviceGetGpuFabricInfoV",
+        form: None,
+        library: "nvml",
+        versions: &["12.6", "12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 36u32,
+                len: None,
+                record: Some("nvmlGpuFabricInfo_v2_t"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceGetGpuFabricInfoV__cu130: CallDesc = CallDesc {
+        wire: 1998u32,
+        call: 1690u32,
+        name: "nvmlDeviceGetGpuFabricInfoV",
+        form: None,
+        library: "nvml",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 99u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 40u32,
+                len: None,
+                record: Some("nvmlGpuFabricInfo_v3_t"),
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+            invalid_value: 2i64,
+        },
+        only_waits: false,
+    };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1678u32,
+        wire: 1999u32,
+        call: 1691u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -126211,8 +127099,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1679u32,
+        wire: 2000u32,
+        call: 1692u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -126242,8 +127130,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1680u32,
+        wire: 2001u32,
+        call: 1693u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -126277,8 +127165,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1681u32,
+        wire: 2002u32,
+        call: 1694u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -126316,8 +127204,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1682u32,
+        wire: 2003u32,
+        call: 1695u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -126347,8 +127235,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1683u32,
+        wire: 2004u32,
+        call: 1696u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -126385,8 +127273,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1684u32,
+        wire: 2005u32,
+        call: 1697u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -126423,8 +127311,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1685u32,
+        wire: 2006u32,
+        call: 1698u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -126451,8 +127339,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1686u32,
+        wire: 2007u32,
+        call: 1699u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -126479,8 +127367,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1687u32,
+        wire: 2008u32,
+        call: 1700u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -126504,8 +127392,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1688u32,
+        wire: 2009u32,
+        call: 1701u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -126529,8 +127417,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1689u32,
+        wire: 2010u32,
+        call: 1702u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -126554,8 +127442,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1690u32,
+        wire: 2011u32,
+        call: 1703u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -126579,8 +127467,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1691u32,
+        wire: 2012u32,
+        call: 1704u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -126610,8 +127498,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1692u32,
+        wire: 2013u32,
+        call: 1705u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -126641,8 +127529,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1693u32,
+        wire: 2014u32,
+        call: 1706u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -126672,8 +127560,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1694u32,
+        wire: 2015u32,
+        call: 1707u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -126703,8 +127591,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomImageVersion: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1695u32,
+        wire: 2016u32,
+        call: 1708u32,
         name: "nvmlDeviceGetInforomImageVersion",
         form: None,
         library: "nvml",
@@ -126718,7 +127606,7 @@ pub mod nvml {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_nvmlDeviceGetInforomImageVersion_1),
+                len: Some(&LEN_nvmlDeviceGetInforomImageVersion_3),
                 record: None,
                 optional: false,
             },
@@ -126738,8 +127626,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1696u32,
+        wire: 2017u32,
+        call: 1709u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -126769,8 +127657,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1697u32,
+        wire: 2018u32,
+        call: 1710u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -126807,8 +127695,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1698u32,
+        wire: 2019u32,
+        call: 1711u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -126845,8 +127733,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1699u32,
+        wire: 2020u32,
+        call: 1712u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -126880,8 +127768,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1700u32,
+        wire: 2021u32,
+        call: 1713u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -126915,8 +127803,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1701u32,
+        wire: 2022u32,
+        call: 1714u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -126946,8 +127834,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1702u32,
+        wire: 2023u32,
+        call: 1715u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -126977,8 +127865,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1703u32,
+        wire: 2024u32,
+        call: 1716u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -127008,8 +127896,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1704u32,
+        wire: 2025u32,
+        call: 1717u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -127046,8 +127934,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1705u32,
+        wire: 2026u32,
+        call: 1718u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -127077,8 +127965,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1706u32,
+        wire: 2027u32,
+        call: 1719u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -127108,8 +127996,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryInfo: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1707u32,
+        wire: 2028u32,
+        call: 1720u32,
         name: "nvmlDeviceGetMemoryInfo",
         form: None,
         library: "nvml",
@@ -127139,8 +128027,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryInfo_v2: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1708u32,
+        wire: 2029u32,
+        call: 1721u32,
         name: "nvmlDeviceGetMemoryInfo_v2",
         form: None,
         library: "nvml",
@@ -127170,8 +128058,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1709u32,
+        wire: 2030u32,
+        call: 1722u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -127202,8 +128090,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1710u32,
+        wire: 2031u32,
+        call: 1723u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -127240,8 +128128,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1711u32,
+        wire: 2032u32,
+        call: 1724u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -127286,8 +128174,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1712u32,
+        wire: 2033u32,
+        call: 1725u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -127324,8 +128212,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1713u32,
+        wire: 2034u32,
+        call: 1726u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -127355,8 +128243,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1714u32,
+        wire: 2035u32,
+        call: 1727u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -127386,8 +128274,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1715u32,
+        wire: 2036u32,
+        call: 1728u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -127417,8 +128305,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetName: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1716u32,
+        wire: 2037u32,
+        call: 1729u32,
         name: "nvmlDeviceGetName",
         form: None,
         library: "nvml",
@@ -127432,7 +128320,7 @@ pub mod nvml {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_nvmlDeviceGetName_2),
+                len: Some(&LEN_nvmlDeviceGetName_4),
                 record: None,
                 optional: false,
             },
@@ -127452,8 +128340,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1717u32,
+        wire: 2038u32,
+        call: 1730u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -127483,8 +128371,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1718u32,
+        wire: 2039u32,
+        call: 1731u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -127514,8 +128402,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1719u32,
+        wire: 2040u32,
+        call: 1732u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -127545,8 +128433,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1720u32,
+        wire: 2041u32,
+        call: 1733u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -127584,8 +128472,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1721u32,
+        wire: 2042u32,
+        call: 1734u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -127619,8 +128507,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1722u32,
+        wire: 2043u32,
+        call: 1735u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -127654,8 +128542,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1723u32,
+        wire: 2044u32,
+        call: 1736u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -127689,8 +128577,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1724u32,
+        wire: 2045u32,
+        call: 1737u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -127727,8 +128615,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1725u32,
+        wire: 2046u32,
+        call: 1738u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -127766,8 +128654,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1726u32,
+        wire: 2047u32,
+        call: 1739u32,
         name: "nvmlDeviceGetPciInfo",
         form: None,
         library: "nvml",
@@ -127797,8 +128685,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfoExt: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1727u32,
+        wire: 2048u32,
+        call: 1740u32,
         name: "nvmlDeviceGetPciInfoExt",
         form: None,
         library: "nvml",
@@ -127828,8 +128716,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo_v2: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1728u32,
+        wire: 2049u32,
+        call: 1741u32,
         name: "nvmlDeviceGetPciInfo_v2",
         form: None,
         library: "nvml",
@@ -127859,8 +128747,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo_v3: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1729u32,
+        wire: 2050u32,
+        call: 1742u32,
         name: "nvmlDeviceGetPciInfo_v3",
         form: None,
         library: "nvml",
@@ -127890,8 +128778,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1730u32,
+        wire: 2051u32,
+        call: 1743u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -127921,8 +128809,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1731u32,
+        wire: 2052u32,
+        call: 1744u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -127952,8 +128840,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1732u32,
+        wire: 2053u32,
+        call: 1745u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -127983,8 +128871,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1733u32,
+        wire: 2054u32,
+        call: 1746u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -128014,8 +128902,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1734u32,
+        wire: 2055u32,
+        call: 1747u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -128045,8 +128933,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1735u32,
+        wire: 2056u32,
+        call: 1748u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -128076,8 +128964,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1736u32,
+        wire: 2057u32,
+        call: 1749u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -128107,8 +128995,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1737u32,
+        wire: 2058u32,
+        call: 1750u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -128145,8 +129033,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1738u32,
+        wire: 2059u32,
+        call: 1751u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -128176,8 +129064,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1739u32,
+        wire: 2060u32,
+        call: 1752u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -128207,8 +129095,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1740u32,
+        wire: 2061u32,
+        call: 1753u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -128238,8 +129126,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1741u32,
+        wire: 2062u32,
+        call: 1754u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -128269,8 +129157,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1742u32,
+        wire: 2063u32,
+        call: 1755u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -128300,8 +129188,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1743u32,
+        wire: 2064u32,
+        call: 1756u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -128352,8 +129240,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1744u32,
+        wire: 2065u32,
+        call: 1757u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -128383,8 +129271,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSerial: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1745u32,
+        wire: 2066u32,
+        call: 1758u32,
         name: "nvmlDeviceGetSerial",
         form: None,
         library: "nvml",
@@ -128398,7 +129286,7 @@ pub mod nvml {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_nvmlDeviceGetSerial_3),
+                len: Some(&LEN_nvmlDeviceGetSerial_5),
                 record: None,
                 optional: false,
             },
@@ -128418,8 +129306,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1746u32,
+        wire: 2067u32,
+        call: 1759u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -128449,8 +129337,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1747u32,
+        wire: 2068u32,
+        call: 1760u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -128480,8 +129368,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1748u32,
+        wire: 2069u32,
+        call: 1761u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -128511,8 +129399,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1749u32,
+        wire: 2070u32,
+        call: 1762u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -128542,8 +129430,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1750u32,
+        wire: 2071u32,
+        call: 1763u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -128577,8 +129465,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1751u32,
+        wire: 2072u32,
+        call: 1764u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -128612,8 +129500,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1752u32,
+        wire: 2073u32,
+        call: 1765u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -128647,8 +129535,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1753u32,
+        wire: 2074u32,
+        call: 1766u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -128682,8 +129570,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1754u32,
+        wire: 2075u32,
+        call: 1767u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -128721,8 +129609,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1755u32,
+        wire: 2076u32,
+        call: 1768u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -128752,8 +129640,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetUUID: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1756u32,
+        wire: 2077u32,
+        call: 1769u32,
         name: "nvmlDeviceGetUUID",
         form: None,
         library: "nvml",
@@ -128767,7 +129655,7 @@ pub mod nvml {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_nvmlDeviceGetUUID_4),
+                len: Some(&LEN_nvmlDeviceGetUUID_6),
                 record: None,
                 optional: false,
             },
@@ -128787,8 +129675,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetUtilizationRates: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1757u32,
+        wire: 2078u32,
+        call: 1770u32,
         name: "nvmlDeviceGetUtilizationRates",
         form: None,
         library: "nvml",
@@ -128818,8 +129706,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVbiosVersion: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1758u32,
+        wire: 2079u32,
+        call: 1771u32,
         name: "nvmlDeviceGetVbiosVersion",
         form: None,
         library: "nvml",
@@ -128833,7 +129721,7 @@ pub mod nvml {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_nvmlDeviceGetVbiosVersion_5),
+                len: Some(&LEN_nvmlDeviceGetVbiosVersion_7),
                 record: None,
                 optional: false,
             },
@@ -128853,8 +129741,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1759u32,
+        wire: 2080u32,
+        call: 1772u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -128888,8 +129776,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1760u32,
+        wire: 2081u32,
+        call: 1773u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -128919,8 +129807,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1761u32,
+        wire: 2082u32,
+        call: 1774u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -128950,8 +129838,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1762u32,
+        wire: 2083u32,
+        call: 1775u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -128985,8 +129873,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1763u32,
+        wire: 2084u32,
+        call: 1776u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -129017,8 +129905,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1764u32,
+        wire: 2085u32,
+        call: 1777u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -129041,8 +129929,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1765u32,
+        wire: 2086u32,
+        call: 1778u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -129065,8 +129953,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1766u32,
+        wire: 2087u32,
+        call: 1779u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -129089,8 +129977,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1767u32,
+        wire: 2088u32,
+        call: 1780u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -129117,8 +130005,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1768u32,
+        wire: 2089u32,
+        call: 1781u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -129149,8 +130037,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1769u32,
+        wire: 2090u32,
+        call: 1782u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -129181,8 +130069,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1770u32,
+        wire: 2091u32,
+        call: 1783u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -129209,8 +130097,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1771u32,
+        wire: 2092u32,
+        call: 1784u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -129241,8 +130129,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1772u32,
+        wire: 2093u32,
+        call: 1785u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -129269,8 +130157,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1773u32,
+        wire: 2094u32,
+        call: 1786u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -129297,8 +130185,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1774u32,
+        wire: 2095u32,
+        call: 1787u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -129325,8 +130213,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1775u32,
+        wire: 2096u32,
+        call: 1788u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -129349,8 +130237,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1776u32,
+        wire: 2097u32,
+        call: 1789u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -129381,8 +130269,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1777u32,
+        wire: 2098u32,
+        call: 1790u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -129409,8 +130297,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1778u32,
+        wire: 2099u32,
+        call: 1791u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -129440,8 +130328,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1779u32,
+        wire: 2100u32,
+        call: 1792u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -129472,8 +130360,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1780u32,
+        wire: 2101u32,
+        call: 1793u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -129500,8 +130388,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1781u32,
+        wire: 2102u32,
+        call: 1794u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -129532,8 +130420,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1782u32,
+        wire: 2103u32,
+        call: 1795u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -129564,8 +130452,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1783u32,
+        wire: 2104u32,
+        call: 1796u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -129592,8 +130480,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1784u32,
+        wire: 2105u32,
+        call: 1797u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -129624,8 +130512,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1785u32,
+        wire: 2106u32,
+        call: 1798u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -129652,8 +130540,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1786u32,
+        wire: 2107u32,
+        call: 1799u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -129680,8 +130568,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1787u32,
+        wire: 2108u32,
+        call: 1800u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -129712,8 +130600,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1788u32,
+        wire: 2109u32,
+        call: 1801u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -129747,8 +130635,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1789u32,
+        wire: 2110u32,
+        call: 1802u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -129775,8 +130663,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1790u32,
+        wire: 2111u32,
+        call: 1803u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -129803,8 +130691,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1791u32,
+        wire: 2112u32,
+        call: 1804u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -129831,8 +130719,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1792u32,
+        wire: 2113u32,
+        call: 1805u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -129866,8 +130754,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1793u32,
+        wire: 2114u32,
+        call: 1806u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -129898,8 +130786,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1794u32,
+        wire: 2115u32,
+        call: 1807u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -129929,8 +130817,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1795u32,
+        wire: 2116u32,
+        call: 1808u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -129957,8 +130845,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1796u32,
+        wire: 2117u32,
+        call: 1809u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -129981,8 +130869,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1797u32,
+        wire: 2118u32,
+        call: 1810u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -130005,8 +130893,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1798u32,
+        wire: 2119u32,
+        call: 1811u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -130029,8 +130917,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1799u32,
+        wire: 2120u32,
+        call: 1812u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -130056,8 +130944,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1800u32,
+        wire: 2121u32,
+        call: 1813u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -130087,8 +130975,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1801u32,
+        wire: 2122u32,
+        call: 1814u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -130119,8 +131007,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1802u32,
+        wire: 2123u32,
+        call: 1815u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -130150,8 +131038,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1803u32,
+        wire: 2124u32,
+        call: 1816u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -130174,8 +131062,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1804u32,
+        wire: 2125u32,
+        call: 1817u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -130198,8 +131086,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1805u32,
+        wire: 2126u32,
+        call: 1818u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -130226,8 +131114,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1806u32,
+        wire: 2127u32,
+        call: 1819u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -130254,8 +131142,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1807u32,
+        wire: 2128u32,
+        call: 1820u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -130286,8 +131174,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1808u32,
+        wire: 2129u32,
+        call: 1821u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -130325,8 +131213,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1809u32,
+        wire: 2130u32,
+        call: 1822u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -130349,8 +131237,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1810u32,
+        wire: 2131u32,
+        call: 1823u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -130381,8 +131269,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1811u32,
+        wire: 2132u32,
+        call: 1824u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -130416,8 +131304,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1812u32,
+        wire: 2133u32,
+        call: 1825u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -130455,8 +131343,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1813u32,
+        wire: 2134u32,
+        call: 1826u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -130486,8 +131374,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1814u32,
+        wire: 2135u32,
+        call: 1827u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -130513,8 +131401,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1815u32,
+        wire: 2136u32,
+        call: 1828u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -130540,8 +131428,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1816u32,
+        wire: 2137u32,
+        call: 1829u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -130567,8 +131455,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetDriverVersion: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1817u32,
+        wire: 2138u32,
+        call: 1830u32,
         name: "nvmlSystemGetDriverVersion",
         form: None,
         library: "nvml",
@@ -130578,7 +131466,7 @@ pub mod nvml {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_nvmlSystemGetDriverVersion_6),
+                len: Some(&LEN_nvmlSystemGetDriverVersion_8),
                 record: None,
                 optional: false,
             },
@@ -130598,8 +131486,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNVMLVersion: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1818u32,
+        wire: 2139u32,
+        call: 1831u32,
         name: "nvmlSystemGetNVMLVersion",
         form: None,
         library: "nvml",
@@ -130609,7 +131497,7 @@ pub mod nvml {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_nvmlSystemGetNVMLVersion_7),
+                len: Some(&LEN_nvmlSystemGetNVMLVersion_9),
                 record: None,
                 optional: false,
             },
@@ -130629,8 +131517,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1819u32,
+        wire: 2140u32,
+        call: 1832u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -130656,8 +131544,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1820u32,
+        wire: 2141u32,
+        call: 1833u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -130680,8 +131568,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1821u32,
+        wire: 2142u32,
+        call: 1834u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -130704,8 +131592,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1822u32,
+        wire: 2143u32,
+        call: 1835u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -130731,8 +131619,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1823u32,
+        wire: 2144u32,
+        call: 1836u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -130766,8 +131654,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1824u32,
+        wire: 2145u32,
+        call: 1837u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -130794,8 +131682,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1825u32,
+        wire: 2146u32,
+        call: 1838u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -130829,8 +131717,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1826u32,
+        wire: 2147u32,
+        call: 1839u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -130857,8 +131745,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1827u32,
+        wire: 2148u32,
+        call: 1840u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -130881,8 +131769,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1828u32,
+        wire: 2149u32,
+        call: 1841u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -130912,8 +131800,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1829u32,
+        wire: 2150u32,
+        call: 1842u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -130943,8 +131831,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1830u32,
+        wire: 2151u32,
+        call: 1843u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -130974,8 +131862,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1831u32,
+        wire: 2152u32,
+        call: 1844u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -131005,8 +131893,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1832u32,
+        wire: 2153u32,
+        call: 1845u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -131036,8 +131924,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1833u32,
+        wire: 2154u32,
+        call: 1846u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -131067,8 +131955,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1834u32,
+        wire: 2155u32,
+        call: 1847u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -131098,8 +131986,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1835u32,
+        wire: 2156u32,
+        call: 1848u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -131129,8 +132017,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1836u32,
+        wire: 2157u32,
+        call: 1849u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -131157,8 +132045,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1837u32,
+        wire: 2158u32,
+        call: 1850u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -131192,8 +132080,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1838u32,
+        wire: 2159u32,
+        call: 1851u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -131230,8 +132118,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1839u32,
+        wire: 2160u32,
+        call: 1852u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -131261,8 +132149,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1840u32,
+        wire: 2161u32,
+        call: 1853u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -131292,8 +132180,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1841u32,
+        wire: 2162u32,
+        call: 1854u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -131323,8 +132211,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1842u32,
+        wire: 2163u32,
+        call: 1855u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -131354,8 +132242,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1843u32,
+        wire: 2164u32,
+        call: 1856u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -131385,8 +132273,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1844u32,
+        wire: 2165u32,
+        call: 1857u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -131420,8 +132308,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1845u32,
+        wire: 2166u32,
+        call: 1858u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -131451,8 +132339,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1846u32,
+        wire: 2167u32,
+        call: 1859u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -131482,8 +132370,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1847u32,
+        wire: 2168u32,
+        call: 1860u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -131528,8 +132416,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2791u32,
-        call: 2489u32,
+        wire: 2810u32,
+        call: 2502u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -131555,8 +132443,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2792u32,
-        call: 2490u32,
+        wire: 2811u32,
+        call: 2503u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -131582,8 +132470,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2793u32,
-        call: 2491u32,
+        wire: 2812u32,
+        call: 2504u32,
         name: "nvrtcGetSupportedArchs",
         form: Some(Form::Call),
         library: "nvrtc",
@@ -131609,8 +132497,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2794u32,
-        call: 2492u32,
+        wire: 2813u32,
+        call: 2505u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -131633,8 +132521,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2795u32,
-        call: 2493u32,
+        wire: 2814u32,
+        call: 2506u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -4517,6 +4517,49 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "nvmlGpuFabricInfo_v2_t",
+        size: 36u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "version",
+                offset: 0u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "clusterUuid",
+                offset: 4u32,
+                size: 16u32,
+                ty: "[u8; 16]",
+            },
+            FieldMap {
+                name: "status",
+                offset: 20u32,
+                size: 4u32,
+                ty: "nvmlReturn_t",
+            },
+            FieldMap {
+                name: "cliqueId",
+                offset: 24u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "state",
+                offset: 28u32,
+                size: 1u32,
+                ty: "nvmlGpuFabricState_t",
+            },
+            FieldMap {
+                name: "healthMask",
+                offset: 32u32,
+                size: 4u32,
+                ty: "u32",
+            },
+        ],
+    },
+    StructMap {
         name: "nvmlGpuInstancePlacement_st",
         size: 8u32,
         union: false,
