@@ -11,7 +11,7 @@
 #   core     version matrix against the real GPU; 4-byte D2H round trip (median, p99 of
 #            10,000) and 1 GiB H2D/D2H, native and remote; GPU memory back after SIGKILL
 #   kernels  the CUDA suite: native, loopback, 70 ms WAN; the module cache's second run
-#            ($SUITE_NAMES: some of its programs)
+#            ($SUITE_NAMES: some of its programs; SUITE_CUDART=static: runtime linked statically)
 #   first    `import torch` and the first result read back (round trips, fresh and warm
 #            module cache); always first, also run by `torch`
 #   torch    the standard workloads and the torch suite, native and remote
@@ -33,7 +33,7 @@
 #            CUDA-graph replay reference (decode.py --mode graph), and through chidori with
 #            chidori.optimize() (loopback and 70 ms) and with `chidori run --optimize`
 #            (loopback); $DECODE_CASES narrows the cases, $DECODE_RUNS the runs (native
-#            lo-api lo-cli wan-api)
+#            lo-api lo-cli wan-api); $DECODE_TRACE names a case whose waits are traced
 #   resume   the training workload natively, then remotely through gpu/tools/cut_relay.py,
 #            which cuts the connection $RESUME_CUTS times (every $RESUME_EVERY s): a
 #            resumable session must give the native losses (RESUME_WAN=1: through the 70 ms
@@ -172,16 +172,20 @@ if want kernels; then
   read -r -a suite_names <<< "${SUITE_NAMES:-}"
   suite_only=()
   for name in "${suite_names[@]}"; do suite_only+=(--only "$name"); done
-  BUILD_DIR=$B/suite NVCC=$NVCC bash gpu/cuda-suite/build.sh "${suite_names[@]}" > "$LOGS/suite-build.txt" 2>&1 \
+  # SUITE_CUDART=static links the runtime statically (nvcc's default): the program then
+  # reaches the driver only, through cudart's private tables (cuGetExportTable).
+  cudart=${SUITE_CUDART:-shared}
+  suite_dir=$B/suite; [[ $cudart == shared ]] || suite_dir=$B/suite-$cudart
+  BUILD_DIR=$suite_dir CUDART=$cudart NVCC=$NVCC bash gpu/cuda-suite/build.sh "${suite_names[@]}" > "$LOGS/suite-build.txt" 2>&1 \
     || row "cuda suite build" "FAILED: $(grep FAILED "$LOGS/suite-build.txt" | head -3 | tr '\n' ' ')"
-  timeout ${SUITE_TOTAL:-540} python3 gpu/cuda-suite/run.py --build-dir "$B/suite" --chidori "$CHIDORI" --server $SERVER \
+  timeout ${SUITE_TOTAL:-540} python3 gpu/cuda-suite/run.py --build-dir "$suite_dir" --chidori "$CHIDORI" --server $SERVER \
     --wan-server 127.0.0.1:$WAN_PORT --json "$LOGS/suite.json" --timeout ${SUITE_RUN_TIMEOUT:-90} \
     "${suite_only[@]}" > "$LOGS/suite.txt" 2>&1
   rc=$?
   cat "$LOGS/suite.txt"
-  row "cuda suite" "$( ((rc == 0)) && echo "all match (suite.txt)" || echo "MISMATCHES rc=$rc (suite.txt)")"
+  row "cuda suite ($cudart cudart)" "$( ((rc == 0)) && echo "all match (suite.txt)" || echo "MISMATCHES rc=$rc (suite.txt)")"
   # The module cache: a fresh client process whose modules the server already has.
-  "$CHIDORI" run --trace -s $SERVER -- "$B/suite/params" > /dev/null 2> "$LOGS/second-run-trace.txt"
+  "$CHIDORI" run --trace -s $SERVER -- "$suite_dir/params" > /dev/null 2> "$LOGS/second-run-trace.txt"
   row "second run uploads" "$(grep -i "module" "$LOGS/second-run-trace.txt" | tr -s ' ' | tr '\n' ';')"
 fi
 
@@ -373,6 +377,15 @@ if want optimize; then
     timeout ${DECODE_TIMEOUT:-300} "$CHIDORI" run -s 127.0.0.1:$WAN_PORT -- python3 $D/generate_cases.py --optimize api "${only[@]}" \
       > "$LOGS/gen-wan-api.jsonl" 2> "$LOGS/gen-wan-api.err"
     compared+=(wan70-api="$LOGS/gen-wan-api.jsonl")
+  fi
+  if [[ -n ${DECODE_TRACE:-} ]]; then
+    # Where the waited round trips of one case come from (warm-up and timed generate both):
+    # the program lines (chidori run --trace) and every wait in order.
+    CHIDORI_LOG=warn,chidori::waits=trace timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run --trace -s $SERVER -- \
+      python3 $D/generate_cases.py --optimize api --only "$DECODE_TRACE" > "$LOGS/gen-trace.jsonl" 2> "$LOGS/gen-trace.err"
+    echo "== $DECODE_TRACE: waits in order (runs of one function counted):"
+    grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/gen-trace.err" | awk '{print $2}' | uniq -c | tail -40
+    grep -vE 'TRACE' "$LOGS/gen-trace.err" | tail -30
   fi
   python3 $D/compare.py "$LOGS/gen-native.jsonl" "${compared[@]}" "${graphs[@]}" > "$LOGS/gen-compare.txt" 2>&1
   rc=$?

@@ -2372,3 +2372,69 @@ fn cudnn_size_queries_about_descriptors_set_alike_are_answered_by_the_client() {
     assert_eq!((second.as_str(), rows[1].as_str()), (stdout.trim(), "1"), "{stderr}");
     assert!(!stderr.contains("answered differently"), "{stderr}");
 }
+
+/// NVIDIA's own runtime, loaded by its path beside the shims (as a program that links it
+/// statically carries it): it reaches Chidori's driver through `cuGetProcAddress` and the
+/// driver's private tables (`cuGetExportTable`), checks the driver (the integrity check),
+/// keeps its per-context state in context-local storage (whose destructor a device reset
+/// runs), and its memory calls reach the emulated GPU (cudaMemcpyDefault as cuMemcpy, whose
+/// host side the client must recognize).
+const REAL_RUNTIME: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+typedef int (*count_fn)(int *);
+typedef int (*malloc_fn)(void **, size_t);
+typedef int (*copy_fn)(void *, const void *, size_t, int);
+typedef int (*free_fn)(void *);
+typedef int (*reset_fn)(void);
+typedef int (*version_fn)(int *);
+#define CHECK(what, call) do { int s_ = (call); if (s_) { printf("%s failed: %d\n", what, s_); return 1; } } while (0)
+int main(int argc, char **argv) {
+  void *rt = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!rt) { printf("dlopen: %s\n", dlerror()); return 1; }
+  count_fn count = (count_fn)dlsym(rt, "cudaGetDeviceCount");
+  malloc_fn alloc = (malloc_fn)dlsym(rt, "cudaMalloc");
+  copy_fn copy = (copy_fn)dlsym(rt, "cudaMemcpy");
+  free_fn release = (free_fn)dlsym(rt, "cudaFree");
+  reset_fn reset = (reset_fn)dlsym(rt, "cudaDeviceReset");
+  version_fn driver = (version_fn)dlsym(rt, "cudaDriverGetVersion");
+  int n = 0, v = 0;
+  CHECK("cudaGetDeviceCount", count(&n));
+  CHECK("cudaDriverGetVersion", driver(&v));
+  for (int round = 0; round < 2; round++) {
+    char in[4096], out[4096];
+    for (int i = 0; i < 4096; i++) in[i] = (char)(i * 7 + round);
+    void *d = 0;
+    CHECK("cudaMalloc", alloc(&d, sizeof in));
+    CHECK("cudaMemcpy H2D", copy(d, in, sizeof in, 1));
+    CHECK("cudaMemcpy D2H", copy(out, d, sizeof out, 2));
+    if (memcmp(in, out, sizeof in)) { printf("round %d: bytes differ\n", round); return 1; }
+    /* cudaMemcpyDefault: the runtime leaves the direction to the driver (cuMemcpy). */
+    in[7] ^= 0x5a;
+    CHECK("cudaMemcpy default H2D", copy(d, in, sizeof in, 4));
+    CHECK("cudaMemcpy default D2H", copy(out, d, sizeof out, 4));
+    if (memcmp(in, out, sizeof in)) { printf("round %d: default copies differ\n", round); return 1; }
+    CHECK("cudaFree", release(d));
+    CHECK("cudaDeviceReset", reset());
+  }
+  printf("devices %d driver %d OK\n", n, v);
+  return 0;
+}
+"#;
+
+#[test]
+fn nvidias_runtime_runs_on_the_drivers_private_tables() {
+    let server = server();
+    let runtime = chidori_tests::runtime_library("13.0", "libcudart.so.13");
+    let dir = chidori_tests::scratch("real-runtime");
+    let src = dir.join("real_runtime.c");
+    std::fs::write(&src, REAL_RUNTIME).unwrap();
+    let exe = dir.join("real_runtime");
+    chidori_tests::cc(&src, &exe, &["-ldl"]);
+    let out = run_cmd(&server.address, &exe).arg(&runtime).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("devices 1 driver 13000 OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("NOT_SUPPORTED") && !stderr.contains("ERROR"), "{stderr}");
+}

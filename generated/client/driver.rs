@@ -1494,6 +1494,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGetErrorString(
 ) -> u32 {
     unsafe { crate::custom::driver::cuGetErrorString(error, pStr) }
 }
+///`cuGetExportTable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGetExportTable(
+    ppExportTable: *mut c_void,
+    pExportTableId: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGetExportTable",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::export::get_export_table(&CTX, ppExportTable, pExportTableId)
+    }
+}
 ///`cuGetProcAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress(
@@ -5690,7 +5713,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemUnmap(ptr: u64, size: usize) -> u
         crate::custom::driver::mem_unmap(&CTX, ptr, size)
     }
 }
-///`cuMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
     dst: u64,
@@ -5698,10 +5721,20 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
     ByteCount: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemcpy,
-            &[(dst) as u64, (src) as u64, (ByteCount) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_unified(&CTX, dst, src, ByteCount)
     }
 }
 ///`cuMemcpy2DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6084,7 +6117,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2_ptds(pCopy: *mut c_void)
         crate::custom::arrays::cu_memcpy_3d(&CTX, pCopy)
     }
 }
-///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
     dst: u64,
@@ -6093,13 +6126,23 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemcpyAsync,
-            &[(dst) as u64, (src) as u64, (ByteCount) as u64, (hStream) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_unified_async(&CTX, dst, src, ByteCount, hStream)
     }
 }
-///`cuMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync_ptsz(
     dst: u64,
@@ -6108,10 +6151,20 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz,
-            &[(dst) as u64, (src) as u64, (ByteCount) as u64, (hStream) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_unified_async(&CTX, dst, src, ByteCount, hStream)
     }
 }
 ///`cuMemcpyAtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -7010,7 +7063,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeer_ptds(
         ) as u32
     }
 }
-///`cuMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
     dst: u64,
@@ -7018,10 +7071,20 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
     ByteCount: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemcpy_ptds,
-            &[(dst) as u64, (src) as u64, (ByteCount) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_unified(&CTX, dst, src, ByteCount)
     }
 }
 ///`cuMemsetD16` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

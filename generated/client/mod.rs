@@ -378,6 +378,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGetErrorString" => {
             Some(driver::__chidori_driver_cuGetErrorString as *const c_void)
         }
+        "cuGetExportTable" => {
+            Some(driver::__chidori_driver_cuGetExportTable as *const c_void)
+        }
         "cuGetProcAddress" => {
             Some(driver::__chidori_driver_cuGetProcAddress as *const c_void)
         }

@@ -543,6 +543,22 @@ pub fn launch(conn: &Conn, function: &Function, shape: LaunchShape, packed: &[u8
     conn.launch(&l, packed).map_err(|_| NO_DEVICE)
 }
 
+/// The module image at `code`, as cuModuleLoadData and cuLibraryLoadData take it: a fat
+/// binary, an ELF cubin or PTX text, or a fat binary's wrapper (what nvcc registers; a
+/// statically linked runtime passes it to cuLibraryLoadData), which stands for its fat
+/// binary.
+///
+/// # Safety
+/// `code` must point at one of those.
+pub unsafe fn image_at<'a>(code: *const u8) -> &'a [u8] {
+    // SAFETY: every image starts with at least 16 readable bytes (a wrapper has 24).
+    let wrapper = unsafe { std::ptr::read_unaligned(code as *const FatbinWrapper) };
+    let image =
+        if wrapper.magic == FATBIN_WRAPPER_MAGIC && !wrapper.data.is_null() { wrapper.data as *const u8 } else { code };
+    // SAFETY: per the contract, `image` is a fat binary, cubin or PTX.
+    unsafe { std::slice::from_raw_parts(image, image_len(image)) }
+}
+
 /// The length of a module image passed to cuModuleLoadData: a fat binary (its header
 /// says), an ELF cubin (its section and program header tables end it), else PTX text.
 ///

@@ -60,6 +60,15 @@ pub fn runtime_headers(cuda: &str) -> PathBuf {
     xtask::headers::include_dir(&root, cuda)
 }
 
+/// NVIDIA's `file` (`libcudart.so.13`, …) of CUDA `cuda`, from the runtime wheel (fetched
+/// with the headers).
+pub fn runtime_library(cuda: &str, file: &str) -> PathBuf {
+    runtime_headers(cuda);
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    xtask::headers::runtime_library(&root(), cuda, file).expect("extracting a runtime library (needs PyPI)")
+}
+
 /// Compile a C program with gcc; panics with the compiler's output on failure.
 pub fn cc(source: &Path, output: &Path, args: &[&str]) {
     let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))

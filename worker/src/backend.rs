@@ -43,6 +43,12 @@ pub trait Backend: Send + Sync + 'static {
     fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)>;
     /// Parameter layout of a function handle.
     fn function_params(&self, function: u64) -> Result<Vec<(u32, u32)>, (i64, String)>;
+    /// The function of a kernel handle (`CUkernel`, from a library) in the current context.
+    /// The driver takes a kernel where a function is expected (a statically linked runtime
+    /// launches kernels so); its parameter layout is asked of this function.
+    fn kernel_function(&self, _kernel: u64) -> Result<u64, (i64, String)> {
+        Err((801, format!("the {} backend has no kernels (CUDA_ERROR_NOT_SUPPORTED)", self.name())))
+    }
     /// Compile an NVRTC program with the server's NVRTC. Err: (NVRTC status, message) when
     /// the server has no usable NVRTC.
     fn compile(&self, _request: &CompileRequest) -> Result<CompileResult, (i64, String)> {

@@ -552,6 +552,12 @@ impl Backend for Emulated {
                     put_u64(a[0], self.primary_context());
                     SUCCESS
                 }
+                // The driver's default: modules load their kernels on first use
+                // (CU_MODULE_LAZY_LOADING). NVIDIA's runtime asks at start.
+                ("driver", "cuModuleGetLoadingMode") => {
+                    put_u32(a[0], 2);
+                    SUCCESS
+                }
                 // A new context becomes the thread's current one (one current context for
                 // the emulation: its threads share it).
                 ("driver", "cuCtxCreate_v2" | "cuCtxCreate_v3") => {
@@ -569,7 +575,9 @@ impl Backend for Emulated {
                         SUCCESS
                     }
                 }
-                ("driver", "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
+                // As cudaDeviceReset above: the emulation keeps its state.
+                ("driver", "cuDevicePrimaryCtxRelease" | "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
+                ("driver", "cuDevicePrimaryCtxReset" | "cuDevicePrimaryCtxReset_v2") => SUCCESS,
                 ("driver", "cuCtxDestroy_v2") => {
                     let mut s = self.state();
                     if !s.contexts.remove(&a[0]) {
@@ -774,6 +782,16 @@ impl Backend for Emulated {
                     } else {
                         2000
                     }
+                }
+                // The context API version contexts have had since CUDA 3.2 (3020).
+                ("driver", "cuCtxGetApiVersion") => {
+                    put_u32(a[1], 3020);
+                    SUCCESS
+                }
+                // The emulation has one device.
+                ("driver", "cuCtxGetDevice" | "cuCtxGetDevice_v2") => {
+                    put_u32(a[0], 0);
+                    SUCCESS
                 }
                 ("driver", "cuCtxGetCurrent") => {
                     // The primary context, which the real worker makes current when the

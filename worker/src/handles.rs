@@ -37,8 +37,12 @@ impl Handles {
         if Some(kind) == self.stream_kind && (value == 1 || value == 2) {
             return true;
         }
-        let live = |k: HandleKind| self.tables.get(usize::from(k)).is_some_and(|t| t.contains(&value));
-        live(kind) || ACCEPTS.iter().any(|&(k, other)| k == kind && live(other))
+        self.owns(kind, value) || ACCEPTS.iter().any(|&(k, other)| k == kind && self.owns(other, value))
+    }
+
+    /// Whether `value` is a live handle of `kind` itself (not of a kind it accepts).
+    pub fn owns(&self, kind: HandleKind, value: u64) -> bool {
+        self.tables.get(usize::from(kind)).is_some_and(|t| t.contains(&value))
     }
 
     /// The library's handle for `value` passed as a `kind`: a name the client gave, or a

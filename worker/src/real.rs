@@ -469,6 +469,16 @@ impl Backend for Real {
         Ok(params)
     }
 
+    fn kernel_function(&self, kernel: u64) -> Result<u64, (i64, String)> {
+        let mut function = 0u64;
+        // SAFETY: an out-pointer to a local; the kernel is a live handle of the session.
+        let rc = unsafe { (self.module_api.kernel_get_function)(&mut function, kernel) };
+        if rc != 0 {
+            return Err((i64::from(rc), format!("cuKernelGetFunction failed with status {rc}")));
+        }
+        Ok(function)
+    }
+
     unsafe fn launch(&self, launch: &Launch, params: &mut [u8], layout: &[(u32, u32)]) -> i64 {
         let mut pointers: Vec<*mut c_void> =
             layout.iter().map(|(offset, _)| params.as_mut_ptr().wrapping_add(*offset as usize).cast()).collect();

@@ -1171,11 +1171,16 @@ fn layout_of(session: &Session, function: u64) -> Option<ParamLayout> {
     if let Some(l) = lock(&session.layouts).get(&function) {
         return Some(l.clone());
     }
-    let known = kind_index("CUfunc_st").is_some_and(|k| lock(&session.handles).check(k, function)) && function != 0;
-    if !known {
+    let handles = lock(&session.handles);
+    let kernel = kind_index("CUkern_st").is_some_and(|k| handles.owns(k, function));
+    let known = kernel || kind_index("CUfunc_st").is_some_and(|k| handles.check(k, function));
+    drop(handles);
+    if !known || function == 0 {
         return None;
     }
-    let params = Arc::new(session.backend.function_params(function).ok()?);
+    // A kernel handle launches as itself; its layout is its function's in this context.
+    let target = if kernel { session.backend.kernel_function(function).ok()? } else { function };
+    let params = Arc::new(session.backend.function_params(target).ok()?);
     lock(&session.layouts).insert(function, params.clone());
     Some(params)
 }

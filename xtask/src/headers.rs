@@ -110,6 +110,34 @@ pub fn fetch(root: &Path, versions: &[String], selection: Selection, keep_wheels
     Ok(())
 }
 
+/// NVIDIA's own `file` (such as `libcudart.so.13`) from the runtime wheel of `cuda`, extracted
+/// into the cache (`<cuda>/lib/`) on first use: the end-to-end tests run the real runtime
+/// against Chidori's driver.
+pub fn runtime_library(root: &Path, cuda: &str, file: &str) -> Result<PathBuf> {
+    let lock = Lock::load(root)?;
+    let entry = lock.version(cuda)?;
+    let out = cache_dir(root).join(cuda).join("lib").join(file);
+    if out.is_file() {
+        return Ok(out);
+    }
+    for wheel in entry.wheels.iter().filter(|w| selected(w, Selection::RuntimeOnly)) {
+        let path = download(root, wheel)?;
+        let mut zip = zip::ZipArchive::new(std::fs::File::open(&path)?)?;
+        let Some(name) = zip.file_names().find(|n| n.ends_with(&format!("/lib/{file}"))).map(str::to_owned) else {
+            continue;
+        };
+        let mut bytes = Vec::new();
+        zip.by_name(&name)?.read_to_end(&mut bytes)?;
+        std::fs::create_dir_all(out.parent().unwrap_or(root))?;
+        // Written whole under another name first: a concurrent reader never sees half a file.
+        let partial = out.with_extension(format!("partial-{}", std::process::id()));
+        std::fs::write(&partial, bytes)?;
+        std::fs::rename(&partial, &out)?;
+        return Ok(out);
+    }
+    bail!("no {file} in the CUDA {cuda} runtime wheels of headers/cuda.lock.toml")
+}
+
 fn download(root: &Path, wheel: &Wheel) -> Result<PathBuf> {
     let dir = wheel_dir(root);
     std::fs::create_dir_all(&dir)?;

@@ -90,7 +90,13 @@ pub fn declarations(
         }
     }
     if library.proc_table {
-        let pass = Pass { include: vec!["cudaTypedefs.h".into()], defines: vec![], cplusplus: false };
+        // The internal block holds the typedefs of older versions of renamed functions
+        // (PFN_cuDevicePrimaryCtxReset_v7000): NVIDIA's runtime asks for those versions.
+        let pass = Pass {
+            include: vec!["cudaTypedefs.h".into()],
+            defines: vec!["__CUDA_API_VERSION_INTERNAL".into()],
+            cplusplus: false,
+        };
         let typedefs_re = regex::Regex::new("^cudaTypedefs\\.h$")?;
         let output = run_bindgen(include, stub, &typedefs_re, &pass).context("bindgen for cudaTypedefs.h")?;
         for item in parse_bindgen(&output)? {
@@ -521,7 +527,9 @@ pub fn run(root: &Path, versions: &[String], only: Option<&str>) -> Result<()> {
     let lock = crate::lock::Lock::load(root)?;
     for cuda in versions {
         let entry = lock.version(cuda)?;
-        if !headers::is_complete(root, entry, headers::Selection::All) {
+        // The driver's headers (cuda.h, cudaTypedefs.h) are all in the runtime wheel.
+        let selection = if only == Some("driver") { headers::Selection::RuntimeOnly } else { headers::Selection::All };
+        if !headers::is_complete(root, entry, selection) {
             bail!("headers for CUDA {cuda} are not in the cache: run `cargo xtask headers --cuda {cuda}` first");
         }
         let dir = ir::ir_dir(root).join(cuda);

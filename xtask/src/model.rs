@@ -1134,22 +1134,30 @@ fn build_procs(all: &AllIr, envs: &BTreeMap<String, TypeEnv>) -> Result<Vec<Proc
         Ok(s)
     };
     let mut out = Vec::new();
-    for ((base, version, per_thread), (pfn, v)) in &pfns {
+    // Newest version first within each (base, per-thread) group: a typedef of an older
+    // version (cudaTypedefs.h's internal block: `PFN_cuDevicePrimaryCtxReset_v7000`, which
+    // NVIDIA's runtime asks for) takes the newest matching variant a newer typedef of the
+    // group has not taken (cuDevicePrimaryCtxReset, where v11000 took its _v2).
+    let mut used: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for ((base, version, per_thread), (pfn, v)) in pfns.iter().rev() {
         let env = &envs[v];
         let want = signature(env, &pfn.ret, &pfn.params)?;
         let suffix = if per_thread.is_empty() { String::new() } else { format!("_{per_thread}") };
-        let mut best: Option<(u32, String)> = None;
+        let taken = used.entry((base.clone(), per_thread.clone())).or_default();
+        let mut matching = Vec::new();
         for n in 1..=9u32 {
             let name = if n == 1 { format!("{base}{suffix}") } else { format!("{base}_v{n}{suffix}") };
             if let Some((f, fv)) = functions.get(&name) {
                 let fenv = &envs[fv];
                 let params: Vec<String> = f.params.iter().map(|p| p.ty.clone()).collect();
                 if signature(fenv, &f.ret, &params)? == want {
-                    best = Some((n, name));
+                    matching.push(name);
                 }
             }
         }
-        if let Some((_, symbol)) = best {
+        let best = matching.iter().rev().find(|n| !taken.contains(n)).or(matching.last()).cloned();
+        if let Some(symbol) = best {
+            taken.push(symbol.clone());
             out.push(ProcEntry { base: base.clone(), version: *version, per_thread: !per_thread.is_empty(), symbol });
         }
     }

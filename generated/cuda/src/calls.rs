@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 14333705282093402169u64;
+pub const SCHEMA_HASH: u64 = 17599339164358681013u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2595usize] = [
+pub static FUNCTIONS: [&str; 2591usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -2059,7 +2059,6 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cuMemSetAccess",
     "cuMemSetMemPool",
     "cuMemUnmap",
-    "cuMemcpy",
     "cuMemcpy2DAsync_v2",
     "cuMemcpy2DAsync_v2_ptsz",
     "cuMemcpy2DUnaligned_v2",
@@ -2074,8 +2073,6 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cuMemcpy3DPeer_ptds",
     "cuMemcpy3D_v2",
     "cuMemcpy3D_v2_ptds",
-    "cuMemcpyAsync",
-    "cuMemcpyAsync_ptsz",
     "cuMemcpyAtoA",
     "cuMemcpyAtoA_v2",
     "cuMemcpyAtoA_v2_ptds",
@@ -2115,7 +2112,6 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cuMemcpyPeerAsync",
     "cuMemcpyPeerAsync_ptsz",
     "cuMemcpyPeer_ptds",
-    "cuMemcpy_ptds",
     "cuMemsetD16",
     "cuMemsetD16Async",
     "cuMemsetD16Async_ptsz",
@@ -2604,7 +2600,7 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2595usize] = [
+pub static LIBRARY_OF: [&str; 2591usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -4889,10 +4885,6 @@ pub static LIBRARY_OF: [&str; 2595usize] = [
     "driver",
     "driver",
     "driver",
-    "driver",
-    "driver",
-    "driver",
-    "driver",
     "nccl",
     "nccl",
     "nccl",
@@ -5851,7 +5843,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemSetAccess,
     &driver::cuMemSetMemPool,
     &driver::cuMemUnmap__call,
-    &driver::cuMemcpy,
     &driver::cuMemcpy2DAsync_v2__d2d,
     &driver::cuMemcpy2DAsync_v2_ptsz__d2d,
     &driver::cuMemcpy2DUnaligned_v2__d2d,
@@ -5866,8 +5857,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemcpy3DPeer_ptds,
     &driver::cuMemcpy3D_v2__d2d,
     &driver::cuMemcpy3D_v2_ptds__d2d,
-    &driver::cuMemcpyAsync,
-    &driver::cuMemcpyAsync_ptsz,
     &driver::cuMemcpyAtoA,
     &driver::cuMemcpyAtoA_v2,
     &driver::cuMemcpyAtoA_v2_ptds,
@@ -5907,7 +5896,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemcpyPeerAsync,
     &driver::cuMemcpyPeerAsync_ptsz,
     &driver::cuMemcpyPeer_ptds,
-    &driver::cuMemcpy_ptds,
     &driver::cuMemsetD16,
     &driver::cuMemsetD16Async,
     &driver::cuMemsetD16Async_ptsz,
@@ -8476,8 +8464,8 @@ pub mod cublas {
         ],
     );
     pub static cublasAxpyEx: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 793u32,
+        wire: 900u32,
+        call: 789u32,
         name: "cublasAxpyEx",
         form: None,
         library: "cublas",
@@ -8536,8 +8524,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasAxpyEx_64: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 794u32,
+        wire: 901u32,
+        call: 790u32,
         name: "cublasAxpyEx_64",
         form: None,
         library: "cublas",
@@ -8596,8 +8584,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 795u32,
+        wire: 902u32,
+        call: 791u32,
         name: "cublasCaxpy",
         form: None,
         library: "cublas",
@@ -8631,8 +8619,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 796u32,
+        wire: 903u32,
+        call: 792u32,
         name: "cublasCaxpy_v2",
         form: None,
         library: "cublas",
@@ -8675,8 +8663,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2_64: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 797u32,
+        wire: 904u32,
+        call: 793u32,
         name: "cublasCaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -8719,8 +8707,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 798u32,
+        wire: 905u32,
+        call: 794u32,
         name: "cublasCcopy",
         form: None,
         library: "cublas",
@@ -8753,8 +8741,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 799u32,
+        wire: 906u32,
+        call: 795u32,
         name: "cublasCcopy_v2",
         form: None,
         library: "cublas",
@@ -8791,8 +8779,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2_64: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 800u32,
+        wire: 907u32,
+        call: 796u32,
         name: "cublasCcopy_v2_64",
         form: None,
         library: "cublas",
@@ -8829,8 +8817,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 801u32,
+        wire: 908u32,
+        call: 797u32,
         name: "cublasCdgmm",
         form: None,
         library: "cublas",
@@ -8880,8 +8868,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm_64: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 802u32,
+        wire: 909u32,
+        call: 798u32,
         name: "cublasCdgmm_64",
         form: None,
         library: "cublas",
@@ -8931,8 +8919,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 803u32,
+        wire: 910u32,
+        call: 799u32,
         name: "cublasCdotc_v2",
         form: None,
         library: "cublas",
@@ -8975,8 +8963,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2_64: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 804u32,
+        wire: 911u32,
+        call: 800u32,
         name: "cublasCdotc_v2_64",
         form: None,
         library: "cublas",
@@ -9019,8 +9007,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 805u32,
+        wire: 912u32,
+        call: 801u32,
         name: "cublasCdotu_v2",
         form: None,
         library: "cublas",
@@ -9063,8 +9051,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2_64: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 806u32,
+        wire: 913u32,
+        call: 802u32,
         name: "cublasCdotu_v2_64",
         form: None,
         library: "cublas",
@@ -9107,8 +9095,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 807u32,
+        wire: 914u32,
+        call: 803u32,
         name: "cublasCgbmv",
         form: None,
         library: "cublas",
@@ -9164,8 +9152,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 808u32,
+        wire: 915u32,
+        call: 804u32,
         name: "cublasCgbmv_v2",
         form: None,
         library: "cublas",
@@ -9235,8 +9223,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2_64: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 809u32,
+        wire: 916u32,
+        call: 805u32,
         name: "cublasCgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -9306,8 +9294,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 810u32,
+        wire: 917u32,
+        call: 806u32,
         name: "cublasCgeam",
         form: None,
         library: "cublas",
@@ -9373,8 +9361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam_64: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 811u32,
+        wire: 918u32,
+        call: 807u32,
         name: "cublasCgeam_64",
         form: None,
         library: "cublas",
@@ -9440,8 +9428,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgelsBatched: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 812u32,
+        wire: 919u32,
+        call: 808u32,
         name: "cublasCgelsBatched",
         form: None,
         library: "cublas",
@@ -9502,8 +9490,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 813u32,
+        wire: 920u32,
+        call: 809u32,
         name: "cublasCgemm",
         form: None,
         library: "cublas",
@@ -9559,8 +9547,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 814u32,
+        wire: 921u32,
+        call: 810u32,
         name: "cublasCgemm3m",
         form: None,
         library: "cublas",
@@ -9630,8 +9618,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 815u32,
+        wire: 922u32,
+        call: 811u32,
         name: "cublasCgemm3mBatched",
         form: None,
         library: "cublas",
@@ -9705,8 +9693,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched_64: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 816u32,
+        wire: 923u32,
+        call: 812u32,
         name: "cublasCgemm3mBatched_64",
         form: None,
         library: "cublas",
@@ -9780,8 +9768,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 817u32,
+        wire: 924u32,
+        call: 813u32,
         name: "cublasCgemm3mEx",
         form: None,
         library: "cublas",
@@ -9863,8 +9851,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx_64: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 818u32,
+        wire: 925u32,
+        call: 814u32,
         name: "cublasCgemm3mEx_64",
         form: None,
         library: "cublas",
@@ -9946,8 +9934,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 819u32,
+        wire: 926u32,
+        call: 815u32,
         name: "cublasCgemm3mStridedBatched",
         form: None,
         library: "cublas",
@@ -10033,8 +10021,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched_64: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 820u32,
+        wire: 927u32,
+        call: 816u32,
         name: "cublasCgemm3mStridedBatched_64",
         form: None,
         library: "cublas",
@@ -10120,8 +10108,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m_64: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 821u32,
+        wire: 928u32,
+        call: 817u32,
         name: "cublasCgemm3m_64",
         form: None,
         library: "cublas",
@@ -10191,8 +10179,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 822u32,
+        wire: 929u32,
+        call: 818u32,
         name: "cublasCgemmBatched",
         form: None,
         library: "cublas",
@@ -10266,8 +10254,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched_64: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 823u32,
+        wire: 930u32,
+        call: 819u32,
         name: "cublasCgemmBatched_64",
         form: None,
         library: "cublas",
@@ -10341,8 +10329,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 824u32,
+        wire: 931u32,
+        call: 820u32,
         name: "cublasCgemmEx",
         form: None,
         library: "cublas",
@@ -10424,8 +10412,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx_64: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 825u32,
+        wire: 932u32,
+        call: 821u32,
         name: "cublasCgemmEx_64",
         form: None,
         library: "cublas",
@@ -10507,8 +10495,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 826u32,
+        wire: 933u32,
+        call: 822u32,
         name: "cublasCgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -10594,8 +10582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 827u32,
+        wire: 934u32,
+        call: 823u32,
         name: "cublasCgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -10681,8 +10669,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 828u32,
+        wire: 935u32,
+        call: 824u32,
         name: "cublasCgemm_v2",
         form: None,
         library: "cublas",
@@ -10752,8 +10740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2_64: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 829u32,
+        wire: 936u32,
+        call: 825u32,
         name: "cublasCgemm_v2_64",
         form: None,
         library: "cublas",
@@ -10823,8 +10811,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 830u32,
+        wire: 937u32,
+        call: 826u32,
         name: "cublasCgemv",
         form: None,
         library: "cublas",
@@ -10872,8 +10860,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 831u32,
+        wire: 938u32,
+        call: 827u32,
         name: "cublasCgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -10951,8 +10939,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 832u32,
+        wire: 939u32,
+        call: 828u32,
         name: "cublasCgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -11030,8 +11018,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 833u32,
+        wire: 940u32,
+        call: 829u32,
         name: "cublasCgemv_v2",
         form: None,
         library: "cublas",
@@ -11093,8 +11081,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2_64: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 834u32,
+        wire: 941u32,
+        call: 830u32,
         name: "cublasCgemv_v2_64",
         form: None,
         library: "cublas",
@@ -11156,8 +11144,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeqrfBatched: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 835u32,
+        wire: 942u32,
+        call: 831u32,
         name: "cublasCgeqrfBatched",
         form: None,
         library: "cublas",
@@ -11205,8 +11193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 836u32,
+        wire: 943u32,
+        call: 832u32,
         name: "cublasCgerc",
         form: None,
         library: "cublas",
@@ -11249,8 +11237,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 837u32,
+        wire: 944u32,
+        call: 833u32,
         name: "cublasCgerc_v2",
         form: None,
         library: "cublas",
@@ -11302,8 +11290,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2_64: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 838u32,
+        wire: 945u32,
+        call: 834u32,
         name: "cublasCgerc_v2_64",
         form: None,
         library: "cublas",
@@ -11355,8 +11343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 839u32,
+        wire: 946u32,
+        call: 835u32,
         name: "cublasCgeru",
         form: None,
         library: "cublas",
@@ -11399,8 +11387,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 840u32,
+        wire: 947u32,
+        call: 836u32,
         name: "cublasCgeru_v2",
         form: None,
         library: "cublas",
@@ -11452,8 +11440,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2_64: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 841u32,
+        wire: 948u32,
+        call: 837u32,
         name: "cublasCgeru_v2_64",
         form: None,
         library: "cublas",
@@ -11505,8 +11493,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrfBatched: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 842u32,
+        wire: 949u32,
+        call: 838u32,
         name: "cublasCgetrfBatched",
         form: None,
         library: "cublas",
@@ -11544,8 +11532,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetriBatched: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 843u32,
+        wire: 950u32,
+        call: 839u32,
         name: "cublasCgetriBatched",
         form: None,
         library: "cublas",
@@ -11594,8 +11582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrsBatched: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 844u32,
+        wire: 951u32,
+        call: 840u32,
         name: "cublasCgetrsBatched",
         form: None,
         library: "cublas",
@@ -11652,8 +11640,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 845u32,
+        wire: 952u32,
+        call: 841u32,
         name: "cublasChbmv",
         form: None,
         library: "cublas",
@@ -11701,8 +11689,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 846u32,
+        wire: 953u32,
+        call: 842u32,
         name: "cublasChbmv_v2",
         form: None,
         library: "cublas",
@@ -11764,8 +11752,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2_64: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 847u32,
+        wire: 954u32,
+        call: 843u32,
         name: "cublasChbmv_v2_64",
         form: None,
         library: "cublas",
@@ -11827,8 +11815,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 848u32,
+        wire: 955u32,
+        call: 844u32,
         name: "cublasChemm",
         form: None,
         library: "cublas",
@@ -11880,8 +11868,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 849u32,
+        wire: 956u32,
+        call: 845u32,
         name: "cublasChemm_v2",
         form: None,
         library: "cublas",
@@ -11947,8 +11935,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2_64: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 850u32,
+        wire: 957u32,
+        call: 846u32,
         name: "cublasChemm_v2_64",
         form: None,
         library: "cublas",
@@ -12014,8 +12002,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 851u32,
+        wire: 958u32,
+        call: 847u32,
         name: "cublasChemv",
         form: None,
         library: "cublas",
@@ -12059,8 +12047,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 852u32,
+        wire: 959u32,
+        call: 848u32,
         name: "cublasChemv_v2",
         form: None,
         library: "cublas",
@@ -12118,8 +12106,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2_64: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 853u32,
+        wire: 960u32,
+        call: 849u32,
         name: "cublasChemv_v2_64",
         form: None,
         library: "cublas",
@@ -12177,8 +12165,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 854u32,
+        wire: 961u32,
+        call: 850u32,
         name: "cublasCher",
         form: None,
         library: "cublas",
@@ -12219,8 +12207,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 855u32,
+        wire: 962u32,
+        call: 851u32,
         name: "cublasCher2",
         form: None,
         library: "cublas",
@@ -12263,8 +12251,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 856u32,
+        wire: 963u32,
+        call: 852u32,
         name: "cublasCher2_v2",
         form: None,
         library: "cublas",
@@ -12316,8 +12304,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2_64: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 857u32,
+        wire: 964u32,
+        call: 853u32,
         name: "cublasCher2_v2_64",
         form: None,
         library: "cublas",
@@ -12369,8 +12357,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 858u32,
+        wire: 965u32,
+        call: 854u32,
         name: "cublasCher2k",
         form: None,
         library: "cublas",
@@ -12425,8 +12413,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 859u32,
+        wire: 966u32,
+        call: 855u32,
         name: "cublasCher2k_v2",
         form: None,
         library: "cublas",
@@ -12492,8 +12480,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2_64: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 860u32,
+        wire: 967u32,
+        call: 856u32,
         name: "cublasCher2k_v2_64",
         form: None,
         library: "cublas",
@@ -12559,8 +12547,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 861u32,
+        wire: 968u32,
+        call: 857u32,
         name: "cublasCher_v2",
         form: None,
         library: "cublas",
@@ -12607,8 +12595,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2_64: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 862u32,
+        wire: 969u32,
+        call: 858u32,
         name: "cublasCher_v2_64",
         form: None,
         library: "cublas",
@@ -12655,8 +12643,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 863u32,
+        wire: 970u32,
+        call: 859u32,
         name: "cublasCherk",
         form: None,
         library: "cublas",
@@ -12709,8 +12697,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 864u32,
+        wire: 971u32,
+        call: 860u32,
         name: "cublasCherk3mEx",
         form: None,
         library: "cublas",
@@ -12779,8 +12767,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx_64: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 865u32,
+        wire: 972u32,
+        call: 861u32,
         name: "cublasCherk3mEx_64",
         form: None,
         library: "cublas",
@@ -12849,8 +12837,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 866u32,
+        wire: 973u32,
+        call: 862u32,
         name: "cublasCherkEx",
         form: None,
         library: "cublas",
@@ -12919,8 +12907,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx_64: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 867u32,
+        wire: 974u32,
+        call: 863u32,
         name: "cublasCherkEx_64",
         form: None,
         library: "cublas",
@@ -12989,8 +12977,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 868u32,
+        wire: 975u32,
+        call: 864u32,
         name: "cublasCherk_v2",
         form: None,
         library: "cublas",
@@ -13051,8 +13039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2_64: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 869u32,
+        wire: 976u32,
+        call: 865u32,
         name: "cublasCherk_v2_64",
         form: None,
         library: "cublas",
@@ -13113,8 +13101,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 870u32,
+        wire: 977u32,
+        call: 866u32,
         name: "cublasCherkx",
         form: None,
         library: "cublas",
@@ -13180,8 +13168,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx_64: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 871u32,
+        wire: 978u32,
+        call: 867u32,
         name: "cublasCherkx_64",
         form: None,
         library: "cublas",
@@ -13247,8 +13235,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 872u32,
+        wire: 979u32,
+        call: 868u32,
         name: "cublasChpmv",
         form: None,
         library: "cublas",
@@ -13294,8 +13282,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 873u32,
+        wire: 980u32,
+        call: 869u32,
         name: "cublasChpmv_v2",
         form: None,
         library: "cublas",
@@ -13355,8 +13343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2_64: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 874u32,
+        wire: 981u32,
+        call: 870u32,
         name: "cublasChpmv_v2_64",
         form: None,
         library: "cublas",
@@ -13416,8 +13404,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 875u32,
+        wire: 982u32,
+        call: 871u32,
         name: "cublasCopyEx",
         form: None,
         library: "cublas",
@@ -13462,8 +13450,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx_64: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 876u32,
+        wire: 983u32,
+        call: 872u32,
         name: "cublasCopyEx_64",
         form: None,
         library: "cublas",
@@ -13508,8 +13496,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCreate_v2__call: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 877u32,
+        wire: 984u32,
+        call: 873u32,
         name: "cublasCreate_v2",
         form: Some(Form::Call),
         library: "cublas",
@@ -13532,8 +13520,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 878u32,
+        wire: 985u32,
+        call: 874u32,
         name: "cublasCrot",
         form: None,
         library: "cublas",
@@ -13571,8 +13559,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 879u32,
+        wire: 986u32,
+        call: 875u32,
         name: "cublasCrot_v2",
         form: None,
         library: "cublas",
@@ -13621,8 +13609,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2_64: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 880u32,
+        wire: 987u32,
+        call: 876u32,
         name: "cublasCrot_v2_64",
         form: None,
         library: "cublas",
@@ -13671,8 +13659,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrotg_v2: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 881u32,
+        wire: 988u32,
+        call: 877u32,
         name: "cublasCrotg_v2",
         form: None,
         library: "cublas",
@@ -13719,8 +13707,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 882u32,
+        wire: 989u32,
+        call: 878u32,
         name: "cublasCscal",
         form: None,
         library: "cublas",
@@ -13749,8 +13737,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 883u32,
+        wire: 990u32,
+        call: 879u32,
         name: "cublasCscal_v2",
         form: None,
         library: "cublas",
@@ -13788,8 +13776,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2_64: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 884u32,
+        wire: 991u32,
+        call: 880u32,
         name: "cublasCscal_v2_64",
         form: None,
         library: "cublas",
@@ -13827,8 +13815,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 885u32,
+        wire: 992u32,
+        call: 881u32,
         name: "cublasCsrot",
         form: None,
         library: "cublas",
@@ -13869,8 +13857,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 886u32,
+        wire: 993u32,
+        call: 882u32,
         name: "cublasCsrot_v2",
         form: None,
         library: "cublas",
@@ -13919,8 +13907,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2_64: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 887u32,
+        wire: 994u32,
+        call: 883u32,
         name: "cublasCsrot_v2_64",
         form: None,
         library: "cublas",
@@ -13969,8 +13957,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 888u32,
+        wire: 995u32,
+        call: 884u32,
         name: "cublasCsscal",
         form: None,
         library: "cublas",
@@ -14002,8 +13990,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 889u32,
+        wire: 996u32,
+        call: 885u32,
         name: "cublasCsscal_v2",
         form: None,
         library: "cublas",
@@ -14041,8 +14029,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2_64: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 890u32,
+        wire: 997u32,
+        call: 886u32,
         name: "cublasCsscal_v2_64",
         form: None,
         library: "cublas",
@@ -14080,8 +14068,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 891u32,
+        wire: 998u32,
+        call: 887u32,
         name: "cublasCswap",
         form: None,
         library: "cublas",
@@ -14114,8 +14102,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 892u32,
+        wire: 999u32,
+        call: 888u32,
         name: "cublasCswap_v2",
         form: None,
         library: "cublas",
@@ -14152,8 +14140,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2_64: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 893u32,
+        wire: 1000u32,
+        call: 889u32,
         name: "cublasCswap_v2_64",
         form: None,
         library: "cublas",
@@ -14190,8 +14178,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 894u32,
+        wire: 1001u32,
+        call: 890u32,
         name: "cublasCsymm",
         form: None,
         library: "cublas",
@@ -14243,8 +14231,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 895u32,
+        wire: 1002u32,
+        call: 891u32,
         name: "cublasCsymm_v2",
         form: None,
         library: "cublas",
@@ -14310,8 +14298,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2_64: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 896u32,
+        wire: 1003u32,
+        call: 892u32,
         name: "cublasCsymm_v2_64",
         form: None,
         library: "cublas",
@@ -14377,8 +14365,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 897u32,
+        wire: 1004u32,
+        call: 893u32,
         name: "cublasCsymv_v2",
         form: None,
         library: "cublas",
@@ -14436,8 +14424,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2_64: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 898u32,
+        wire: 1005u32,
+        call: 894u32,
         name: "cublasCsymv_v2_64",
         form: None,
         library: "cublas",
@@ -14495,8 +14483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 899u32,
+        wire: 1006u32,
+        call: 895u32,
         name: "cublasCsyr2_v2",
         form: None,
         library: "cublas",
@@ -14548,8 +14536,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 900u32,
+        wire: 1007u32,
+        call: 896u32,
         name: "cublasCsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -14601,8 +14589,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 901u32,
+        wire: 1008u32,
+        call: 897u32,
         name: "cublasCsyr2k",
         form: None,
         library: "cublas",
@@ -14654,8 +14642,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 902u32,
+        wire: 1009u32,
+        call: 898u32,
         name: "cublasCsyr2k_v2",
         form: None,
         library: "cublas",
@@ -14721,8 +14709,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 903u32,
+        wire: 1010u32,
+        call: 899u32,
         name: "cublasCsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -14788,8 +14776,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 904u32,
+        wire: 1011u32,
+        call: 900u32,
         name: "cublasCsyr_v2",
         form: None,
         library: "cublas",
@@ -14836,8 +14824,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2_64: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 905u32,
+        wire: 1012u32,
+        call: 901u32,
         name: "cublasCsyr_v2_64",
         form: None,
         library: "cublas",
@@ -14884,8 +14872,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 906u32,
+        wire: 1013u32,
+        call: 902u32,
         name: "cublasCsyrk",
         form: None,
         library: "cublas",
@@ -14932,8 +14920,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 907u32,
+        wire: 1014u32,
+        call: 903u32,
         name: "cublasCsyrk3mEx",
         form: None,
         library: "cublas",
@@ -15002,8 +14990,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx_64: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 908u32,
+        wire: 1015u32,
+        call: 904u32,
         name: "cublasCsyrk3mEx_64",
         form: None,
         library: "cublas",
@@ -15072,8 +15060,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 909u32,
+        wire: 1016u32,
+        call: 905u32,
         name: "cublasCsyrkEx",
         form: None,
         library: "cublas",
@@ -15142,8 +15130,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx_64: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 910u32,
+        wire: 1017u32,
+        call: 906u32,
         name: "cublasCsyrkEx_64",
         form: None,
         library: "cublas",
@@ -15212,8 +15200,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 911u32,
+        wire: 1018u32,
+        call: 907u32,
         name: "cublasCsyrk_v2",
         form: None,
         library: "cublas",
@@ -15274,8 +15262,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 912u32,
+        wire: 1019u32,
+        call: 908u32,
         name: "cublasCsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -15336,8 +15324,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 913u32,
+        wire: 1020u32,
+        call: 909u32,
         name: "cublasCsyrkx",
         form: None,
         library: "cublas",
@@ -15403,8 +15391,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx_64: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 914u32,
+        wire: 1021u32,
+        call: 910u32,
         name: "cublasCsyrkx_64",
         form: None,
         library: "cublas",
@@ -15470,8 +15458,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 915u32,
+        wire: 1022u32,
+        call: 911u32,
         name: "cublasCtbmv",
         form: None,
         library: "cublas",
@@ -15520,8 +15508,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 916u32,
+        wire: 1023u32,
+        call: 912u32,
         name: "cublasCtbmv_v2",
         form: None,
         library: "cublas",
@@ -15574,8 +15562,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 917u32,
+        wire: 1024u32,
+        call: 913u32,
         name: "cublasCtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -15628,8 +15616,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 918u32,
+        wire: 1025u32,
+        call: 914u32,
         name: "cublasCtbsv",
         form: None,
         library: "cublas",
@@ -15678,8 +15666,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 919u32,
+        wire: 1026u32,
+        call: 915u32,
         name: "cublasCtbsv_v2",
         form: None,
         library: "cublas",
@@ -15732,8 +15720,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 920u32,
+        wire: 1027u32,
+        call: 916u32,
         name: "cublasCtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -15786,8 +15774,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 921u32,
+        wire: 1028u32,
+        call: 917u32,
         name: "cublasCtpmv",
         form: None,
         library: "cublas",
@@ -15834,8 +15822,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 922u32,
+        wire: 1029u32,
+        call: 918u32,
         name: "cublasCtpmv_v2",
         form: None,
         library: "cublas",
@@ -15886,8 +15874,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 923u32,
+        wire: 1030u32,
+        call: 919u32,
         name: "cublasCtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -15938,8 +15926,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 924u32,
+        wire: 1031u32,
+        call: 920u32,
         name: "cublasCtpsv",
         form: None,
         library: "cublas",
@@ -15986,8 +15974,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 925u32,
+        wire: 1032u32,
+        call: 921u32,
         name: "cublasCtpsv_v2",
         form: None,
         library: "cublas",
@@ -16038,8 +16026,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 926u32,
+        wire: 1033u32,
+        call: 922u32,
         name: "cublasCtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -16090,8 +16078,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpttr: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 927u32,
+        wire: 1034u32,
+        call: 923u32,
         name: "cublasCtpttr",
         form: None,
         library: "cublas",
@@ -16134,8 +16122,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 928u32,
+        wire: 1035u32,
+        call: 924u32,
         name: "cublasCtrmm",
         form: None,
         library: "cublas",
@@ -16189,8 +16177,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 929u32,
+        wire: 1036u32,
+        call: 925u32,
         name: "cublasCtrmm_v2",
         form: None,
         library: "cublas",
@@ -16258,8 +16246,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 930u32,
+        wire: 1037u32,
+        call: 926u32,
         name: "cublasCtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -16327,8 +16315,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 931u32,
+        wire: 1038u32,
+        call: 927u32,
         name: "cublasCtrmv",
         form: None,
         library: "cublas",
@@ -16373,8 +16361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 932u32,
+        wire: 1039u32,
+        call: 928u32,
         name: "cublasCtrmv_v2",
         form: None,
         library: "cublas",
@@ -16423,8 +16411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 933u32,
+        wire: 1040u32,
+        call: 929u32,
         name: "cublasCtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -16473,8 +16461,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 934u32,
+        wire: 1041u32,
+        call: 930u32,
         name: "cublasCtrsm",
         form: None,
         library: "cublas",
@@ -16528,8 +16516,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 935u32,
+        wire: 1042u32,
+        call: 931u32,
         name: "cublasCtrsmBatched",
         form: None,
         library: "cublas",
@@ -16596,8 +16584,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 936u32,
+        wire: 1043u32,
+        call: 932u32,
         name: "cublasCtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -16664,8 +16652,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 937u32,
+        wire: 1044u32,
+        call: 933u32,
         name: "cublasCtrsm_v2",
         form: None,
         library: "cublas",
@@ -16728,8 +16716,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 938u32,
+        wire: 1045u32,
+        call: 934u32,
         name: "cublasCtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -16792,8 +16780,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 939u32,
+        wire: 1046u32,
+        call: 935u32,
         name: "cublasCtrsv",
         form: None,
         library: "cublas",
@@ -16838,8 +16826,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 940u32,
+        wire: 1047u32,
+        call: 936u32,
         name: "cublasCtrsv_v2",
         form: None,
         library: "cublas",
@@ -16888,8 +16876,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 941u32,
+        wire: 1048u32,
+        call: 937u32,
         name: "cublasCtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -16938,8 +16926,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 942u32,
+        wire: 1049u32,
+        call: 938u32,
         name: "cublasDasum",
         form: None,
         library: "cublas",
@@ -16970,8 +16958,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 943u32,
+        wire: 1050u32,
+        call: 939u32,
         name: "cublasDasum_v2",
         form: None,
         library: "cublas",
@@ -17009,8 +16997,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2_64: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 944u32,
+        wire: 1051u32,
+        call: 940u32,
         name: "cublasDasum_v2_64",
         form: None,
         library: "cublas",
@@ -17048,8 +17036,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 945u32,
+        wire: 1052u32,
+        call: 941u32,
         name: "cublasDaxpy",
         form: None,
         library: "cublas",
@@ -17086,8 +17074,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 946u32,
+        wire: 1053u32,
+        call: 942u32,
         name: "cublasDaxpy_v2",
         form: None,
         library: "cublas",
@@ -17130,8 +17118,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 947u32,
+        wire: 1054u32,
+        call: 943u32,
         name: "cublasDaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -17174,8 +17162,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 948u32,
+        wire: 1055u32,
+        call: 944u32,
         name: "cublasDcopy",
         form: None,
         library: "cublas",
@@ -17208,8 +17196,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 949u32,
+        wire: 1056u32,
+        call: 945u32,
         name: "cublasDcopy_v2",
         form: None,
         library: "cublas",
@@ -17246,8 +17234,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2_64: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 950u32,
+        wire: 1057u32,
+        call: 946u32,
         name: "cublasDcopy_v2_64",
         form: None,
         library: "cublas",
@@ -17284,8 +17272,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 951u32,
+        wire: 1058u32,
+        call: 947u32,
         name: "cublasDdgmm",
         form: None,
         library: "cublas",
@@ -17335,8 +17323,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm_64: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 952u32,
+        wire: 1059u32,
+        call: 948u32,
         name: "cublasDdgmm_64",
         form: None,
         library: "cublas",
@@ -17386,8 +17374,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 953u32,
+        wire: 1060u32,
+        call: 949u32,
         name: "cublasDdot",
         form: None,
         library: "cublas",
@@ -17423,8 +17411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 954u32,
+        wire: 1061u32,
+        call: 950u32,
         name: "cublasDdot_v2",
         form: None,
         library: "cublas",
@@ -17467,8 +17455,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2_64: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 955u32,
+        wire: 1062u32,
+        call: 951u32,
         name: "cublasDdot_v2_64",
         form: None,
         library: "cublas",
@@ -17511,8 +17499,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 956u32,
+        wire: 1063u32,
+        call: 952u32,
         name: "cublasDestroy_v2",
         form: None,
         library: "cublas",
@@ -17535,8 +17523,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 957u32,
+        wire: 1064u32,
+        call: 953u32,
         name: "cublasDgbmv",
         form: None,
         library: "cublas",
@@ -17598,8 +17586,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 958u32,
+        wire: 1065u32,
+        call: 954u32,
         name: "cublasDgbmv_v2",
         form: None,
         library: "cublas",
@@ -17669,8 +17657,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 959u32,
+        wire: 1066u32,
+        call: 955u32,
         name: "cublasDgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -17740,8 +17728,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 960u32,
+        wire: 1067u32,
+        call: 956u32,
         name: "cublasDgeam",
         form: None,
         library: "cublas",
@@ -17807,8 +17795,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam_64: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 961u32,
+        wire: 1068u32,
+        call: 957u32,
         name: "cublasDgeam_64",
         form: None,
         library: "cublas",
@@ -17874,8 +17862,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgelsBatched: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 962u32,
+        wire: 1069u32,
+        call: 958u32,
         name: "cublasDgelsBatched",
         form: None,
         library: "cublas",
@@ -17936,8 +17924,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 963u32,
+        wire: 1070u32,
+        call: 959u32,
         name: "cublasDgemm",
         form: None,
         library: "cublas",
@@ -17999,8 +17987,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 964u32,
+        wire: 1071u32,
+        call: 960u32,
         name: "cublasDgemmBatched",
         form: None,
         library: "cublas",
@@ -18074,8 +18062,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched_64: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 965u32,
+        wire: 1072u32,
+        call: 961u32,
         name: "cublasDgemmBatched_64",
         form: None,
         library: "cublas",
@@ -18149,8 +18137,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 966u32,
+        wire: 1073u32,
+        call: 962u32,
         name: "cublasDgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -18236,8 +18224,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 967u32,
+        wire: 1074u32,
+        call: 963u32,
         name: "cublasDgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -18323,8 +18311,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 968u32,
+        wire: 1075u32,
+        call: 964u32,
         name: "cublasDgemm_v2",
         form: None,
         library: "cublas",
@@ -18394,8 +18382,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2_64: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 969u32,
+        wire: 1076u32,
+        call: 965u32,
         name: "cublasDgemm_v2_64",
         form: None,
         library: "cublas",
@@ -18465,8 +18453,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 970u32,
+        wire: 1077u32,
+        call: 966u32,
         name: "cublasDgemv",
         form: None,
         library: "cublas",
@@ -18520,8 +18508,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 971u32,
+        wire: 1078u32,
+        call: 967u32,
         name: "cublasDgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -18599,8 +18587,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 972u32,
+        wire: 1079u32,
+        call: 968u32,
         name: "cublasDgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -18678,8 +18666,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 973u32,
+        wire: 1080u32,
+        call: 969u32,
         name: "cublasDgemv_v2",
         form: None,
         library: "cublas",
@@ -18741,8 +18729,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2_64: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 974u32,
+        wire: 1081u32,
+        call: 970u32,
         name: "cublasDgemv_v2_64",
         form: None,
         library: "cublas",
@@ -18804,8 +18792,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeqrfBatched: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 975u32,
+        wire: 1082u32,
+        call: 971u32,
         name: "cublasDgeqrfBatched",
         form: None,
         library: "cublas",
@@ -18853,8 +18841,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 976u32,
+        wire: 1083u32,
+        call: 972u32,
         name: "cublasDger",
         form: None,
         library: "cublas",
@@ -18900,8 +18888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 977u32,
+        wire: 1084u32,
+        call: 973u32,
         name: "cublasDger_v2",
         form: None,
         library: "cublas",
@@ -18953,8 +18941,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2_64: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 978u32,
+        wire: 1085u32,
+        call: 974u32,
         name: "cublasDger_v2_64",
         form: None,
         library: "cublas",
@@ -19006,8 +18994,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrfBatched: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 979u32,
+        wire: 1086u32,
+        call: 975u32,
         name: "cublasDgetrfBatched",
         form: None,
         library: "cublas",
@@ -19045,8 +19033,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetriBatched: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 980u32,
+        wire: 1087u32,
+        call: 976u32,
         name: "cublasDgetriBatched",
         form: None,
         library: "cublas",
@@ -19095,8 +19083,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrsBatched: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 981u32,
+        wire: 1088u32,
+        call: 977u32,
         name: "cublasDgetrsBatched",
         form: None,
         library: "cublas",
@@ -19153,8 +19141,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 982u32,
+        wire: 1089u32,
+        call: 978u32,
         name: "cublasDnrm2",
         form: None,
         library: "cublas",
@@ -19185,8 +19173,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 983u32,
+        wire: 1090u32,
+        call: 979u32,
         name: "cublasDnrm2_v2",
         form: None,
         library: "cublas",
@@ -19224,8 +19212,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 984u32,
+        wire: 1091u32,
+        call: 980u32,
         name: "cublasDnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -19263,8 +19251,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__device: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 985u32,
+        wire: 1092u32,
+        call: 981u32,
         name: "cublasDotEx",
         form: Some(Form::Device),
         library: "cublas",
@@ -19318,8 +19306,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__host: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 985u32,
+        wire: 1093u32,
+        call: 981u32,
         name: "cublasDotEx",
         form: Some(Form::Host),
         library: "cublas",
@@ -19379,8 +19367,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 986u32,
+        wire: 1094u32,
+        call: 982u32,
         name: "cublasDrot",
         form: None,
         library: "cublas",
@@ -19421,8 +19409,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 987u32,
+        wire: 1095u32,
+        call: 983u32,
         name: "cublasDrot_v2",
         form: None,
         library: "cublas",
@@ -19471,8 +19459,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 988u32,
+        wire: 1096u32,
+        call: 984u32,
         name: "cublasDrot_v2_64",
         form: None,
         library: "cublas",
@@ -19521,8 +19509,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 989u32,
+        wire: 1097u32,
+        call: 985u32,
         name: "cublasDrotg_v2",
         form: None,
         library: "cublas",
@@ -19569,8 +19557,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotm_v2: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 990u32,
+        wire: 1098u32,
+        call: 986u32,
         name: "cublasDrotm_v2",
         form: None,
         library: "cublas",
@@ -19613,8 +19601,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotmg_v2: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 991u32,
+        wire: 1099u32,
+        call: 987u32,
         name: "cublasDrotmg_v2",
         form: None,
         library: "cublas",
@@ -19667,8 +19655,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 992u32,
+        wire: 1100u32,
+        call: 988u32,
         name: "cublasDsbmv",
         form: None,
         library: "cublas",
@@ -19722,8 +19710,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 993u32,
+        wire: 1101u32,
+        call: 989u32,
         name: "cublasDsbmv_v2",
         form: None,
         library: "cublas",
@@ -19785,8 +19773,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 994u32,
+        wire: 1102u32,
+        call: 990u32,
         name: "cublasDsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -19848,8 +19836,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 995u32,
+        wire: 1103u32,
+        call: 991u32,
         name: "cublasDscal",
         form: None,
         library: "cublas",
@@ -19881,8 +19869,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 996u32,
+        wire: 1104u32,
+        call: 992u32,
         name: "cublasDscal_v2",
         form: None,
         library: "cublas",
@@ -19920,8 +19908,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 997u32,
+        wire: 1105u32,
+        call: 993u32,
         name: "cublasDscal_v2_64",
         form: None,
         library: "cublas",
@@ -19959,8 +19947,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 998u32,
+        wire: 1106u32,
+        call: 994u32,
         name: "cublasDswap",
         form: None,
         library: "cublas",
@@ -19993,8 +19981,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 999u32,
+        wire: 1107u32,
+        call: 995u32,
         name: "cublasDswap_v2",
         form: None,
         library: "cublas",
@@ -20031,8 +20019,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 1000u32,
+        wire: 1108u32,
+        call: 996u32,
         name: "cublasDswap_v2_64",
         form: None,
         library: "cublas",
@@ -20069,8 +20057,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 1001u32,
+        wire: 1109u32,
+        call: 997u32,
         name: "cublasDsymm",
         form: None,
         library: "cublas",
@@ -20128,8 +20116,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 1002u32,
+        wire: 1110u32,
+        call: 998u32,
         name: "cublasDsymm_v2",
         form: None,
         library: "cublas",
@@ -20195,8 +20183,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 1003u32,
+        wire: 1111u32,
+        call: 999u32,
         name: "cublasDsymm_v2_64",
         form: None,
         library: "cublas",
@@ -20262,8 +20250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 1004u32,
+        wire: 1112u32,
+        call: 1000u32,
         name: "cublasDsymv",
         form: None,
         library: "cublas",
@@ -20313,8 +20301,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 1005u32,
+        wire: 1113u32,
+        call: 1001u32,
         name: "cublasDsymv_v2",
         form: None,
         library: "cublas",
@@ -20372,8 +20360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 1006u32,
+        wire: 1114u32,
+        call: 1002u32,
         name: "cublasDsymv_v2_64",
         form: None,
         library: "cublas",
@@ -20431,8 +20419,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 1007u32,
+        wire: 1115u32,
+        call: 1003u32,
         name: "cublasDsyr",
         form: None,
         library: "cublas",
@@ -20473,8 +20461,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 1008u32,
+        wire: 1116u32,
+        call: 1004u32,
         name: "cublasDsyr2",
         form: None,
         library: "cublas",
@@ -20520,8 +20508,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 1009u32,
+        wire: 1117u32,
+        call: 1005u32,
         name: "cublasDsyr2_v2",
         form: None,
         library: "cublas",
@@ -20573,8 +20561,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 1010u32,
+        wire: 1118u32,
+        call: 1006u32,
         name: "cublasDsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -20626,8 +20614,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 1011u32,
+        wire: 1119u32,
+        call: 1007u32,
         name: "cublasDsyr2k",
         form: None,
         library: "cublas",
@@ -20685,8 +20673,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 1012u32,
+        wire: 1120u32,
+        call: 1008u32,
         name: "cublasDsyr2k_v2",
         form: None,
         library: "cublas",
@@ -20752,8 +20740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1013u32,
+        wire: 1121u32,
+        call: 1009u32,
         name: "cublasDsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -20819,8 +20807,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1014u32,
+        wire: 1122u32,
+        call: 1010u32,
         name: "cublasDsyr_v2",
         form: None,
         library: "cublas",
@@ -20867,8 +20855,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1015u32,
+        wire: 1123u32,
+        call: 1011u32,
         name: "cublasDsyr_v2_64",
         form: None,
         library: "cublas",
@@ -20915,8 +20903,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1016u32,
+        wire: 1124u32,
+        call: 1012u32,
         name: "cublasDsyrk",
         form: None,
         library: "cublas",
@@ -20969,8 +20957,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1017u32,
+        wire: 1125u32,
+        call: 1013u32,
         name: "cublasDsyrk_v2",
         form: None,
         library: "cublas",
@@ -21031,8 +21019,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1018u32,
+        wire: 1126u32,
+        call: 1014u32,
         name: "cublasDsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -21093,8 +21081,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1019u32,
+        wire: 1127u32,
+        call: 1015u32,
         name: "cublasDsyrkx",
         form: None,
         library: "cublas",
@@ -21160,8 +21148,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1020u32,
+        wire: 1128u32,
+        call: 1016u32,
         name: "cublasDsyrkx_64",
         form: None,
         library: "cublas",
@@ -21227,8 +21215,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1021u32,
+        wire: 1129u32,
+        call: 1017u32,
         name: "cublasDtbmv",
         form: None,
         library: "cublas",
@@ -21277,8 +21265,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1022u32,
+        wire: 1130u32,
+        call: 1018u32,
         name: "cublasDtbmv_v2",
         form: None,
         library: "cublas",
@@ -21331,8 +21319,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1023u32,
+        wire: 1131u32,
+        call: 1019u32,
         name: "cublasDtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -21385,8 +21373,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1024u32,
+        wire: 1132u32,
+        call: 1020u32,
         name: "cublasDtbsv",
         form: None,
         library: "cublas",
@@ -21435,8 +21423,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1025u32,
+        wire: 1133u32,
+        call: 1021u32,
         name: "cublasDtbsv_v2",
         form: None,
         library: "cublas",
@@ -21489,8 +21477,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1026u32,
+        wire: 1134u32,
+        call: 1022u32,
         name: "cublasDtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -21543,8 +21531,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1027u32,
+        wire: 1135u32,
+        call: 1023u32,
         name: "cublasDtrmm",
         form: None,
         library: "cublas",
@@ -21601,8 +21589,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1028u32,
+        wire: 1136u32,
+        call: 1024u32,
         name: "cublasDtrmm_v2",
         form: None,
         library: "cublas",
@@ -21670,8 +21658,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1029u32,
+        wire: 1137u32,
+        call: 1025u32,
         name: "cublasDtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -21739,8 +21727,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1030u32,
+        wire: 1138u32,
+        call: 1026u32,
         name: "cublasDtrmv",
         form: None,
         library: "cublas",
@@ -21785,8 +21773,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1031u32,
+        wire: 1139u32,
+        call: 1027u32,
         name: "cublasDtrmv_v2",
         form: None,
         library: "cublas",
@@ -21835,8 +21823,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1032u32,
+        wire: 1140u32,
+        call: 1028u32,
         name: "cublasDtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -21885,8 +21873,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1033u32,
+        wire: 1141u32,
+        call: 1029u32,
         name: "cublasDtrsm",
         form: None,
         library: "cublas",
@@ -21943,8 +21931,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1034u32,
+        wire: 1142u32,
+        call: 1030u32,
         name: "cublasDtrsmBatched",
         form: None,
         library: "cublas",
@@ -22011,8 +21999,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1035u32,
+        wire: 1143u32,
+        call: 1031u32,
         name: "cublasDtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -22079,8 +22067,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1036u32,
+        wire: 1144u32,
+        call: 1032u32,
         name: "cublasDtrsm_v2",
         form: None,
         library: "cublas",
@@ -22143,8 +22131,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1037u32,
+        wire: 1145u32,
+        call: 1033u32,
         name: "cublasDtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -22207,8 +22195,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1038u32,
+        wire: 1146u32,
+        call: 1034u32,
         name: "cublasDtrsv",
         form: None,
         library: "cublas",
@@ -22253,8 +22241,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1039u32,
+        wire: 1147u32,
+        call: 1035u32,
         name: "cublasDtrsv_v2",
         form: None,
         library: "cublas",
@@ -22303,8 +22291,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1040u32,
+        wire: 1148u32,
+        call: 1036u32,
         name: "cublasDtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -22353,8 +22341,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1041u32,
+        wire: 1149u32,
+        call: 1037u32,
         name: "cublasDzasum",
         form: None,
         library: "cublas",
@@ -22385,8 +22373,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1042u32,
+        wire: 1150u32,
+        call: 1038u32,
         name: "cublasDzasum_v2",
         form: None,
         library: "cublas",
@@ -22424,8 +22412,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1043u32,
+        wire: 1151u32,
+        call: 1039u32,
         name: "cublasDzasum_v2_64",
         form: None,
         library: "cublas",
@@ -22463,8 +22451,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1044u32,
+        wire: 1152u32,
+        call: 1040u32,
         name: "cublasDznrm2",
         form: None,
         library: "cublas",
@@ -22495,8 +22483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1045u32,
+        wire: 1153u32,
+        call: 1041u32,
         name: "cublasDznrm2_v2",
         form: None,
         library: "cublas",
@@ -22534,8 +22522,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1046u32,
+        wire: 1154u32,
+        call: 1042u32,
         name: "cublasDznrm2_v2_64",
         form: None,
         library: "cublas",
@@ -22573,8 +22561,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1047u32,
+        wire: 1155u32,
+        call: 1043u32,
         name: "cublasGemmBatchedEx",
         form: None,
         library: "cublas",
@@ -22668,8 +22656,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1048u32,
+        wire: 1156u32,
+        call: 1044u32,
         name: "cublasGemmBatchedEx_64",
         form: None,
         library: "cublas",
@@ -22763,8 +22751,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1049u32,
+        wire: 1157u32,
+        call: 1045u32,
         name: "cublasGemmEx",
         form: None,
         library: "cublas",
@@ -22854,8 +22842,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1050u32,
+        wire: 1158u32,
+        call: 1046u32,
         name: "cublasGemmEx_64",
         form: None,
         library: "cublas",
@@ -22945,8 +22933,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1051u32,
+        wire: 1159u32,
+        call: 1047u32,
         name: "cublasGemmStridedBatchedEx",
         form: None,
         library: "cublas",
@@ -23052,8 +23040,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1052u32,
+        wire: 1160u32,
+        call: 1048u32,
         name: "cublasGemmStridedBatchedEx_64",
         form: None,
         library: "cublas",
@@ -23159,8 +23147,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1053u32,
+        wire: 1161u32,
+        call: 1049u32,
         name: "cublasGetAtomicsMode",
         form: None,
         library: "cublas",
@@ -23190,8 +23178,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1054u32,
+        wire: 1162u32,
+        call: 1050u32,
         name: "cublasGetCudartVersion",
         form: None,
         library: "cublas",
@@ -23212,8 +23200,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1055u32,
+        wire: 1163u32,
+        call: 1051u32,
         name: "cublasGetError",
         form: None,
         library: "cublas",
@@ -23231,8 +23219,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetMathMode__call: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1056u32,
+        wire: 1164u32,
+        call: 1052u32,
         name: "cublasGetMathMode",
         form: Some(Form::Call),
         library: "cublas",
@@ -23262,8 +23250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1057u32,
+        wire: 1165u32,
+        call: 1053u32,
         name: "cublasGetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -23293,8 +23281,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetProperty: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1058u32,
+        wire: 1166u32,
+        call: 1054u32,
         name: "cublasGetProperty",
         form: None,
         library: "cublas",
@@ -23324,8 +23312,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1059u32,
+        wire: 1167u32,
+        call: 1055u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -23352,8 +23340,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetVersion: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1060u32,
+        wire: 1168u32,
+        call: 1056u32,
         name: "cublasGetVersion",
         form: None,
         library: "cublas",
@@ -23379,8 +23367,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetVersion_v2: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1061u32,
+        wire: 1169u32,
+        call: 1057u32,
         name: "cublasGetVersion_v2",
         form: None,
         library: "cublas",
@@ -23410,8 +23398,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1062u32,
+        wire: 1170u32,
+        call: 1058u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -23453,8 +23441,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1063u32,
+        wire: 1171u32,
+        call: 1059u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -23496,8 +23484,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1064u32,
+        wire: 1172u32,
+        call: 1060u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -23539,8 +23527,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1065u32,
+        wire: 1173u32,
+        call: 1061u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -23582,8 +23570,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1066u32,
+        wire: 1174u32,
+        call: 1062u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -23614,8 +23602,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1067u32,
+        wire: 1175u32,
+        call: 1063u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -23653,8 +23641,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1068u32,
+        wire: 1176u32,
+        call: 1064u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -23692,8 +23680,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1069u32,
+        wire: 1177u32,
+        call: 1065u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -23724,8 +23712,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1070u32,
+        wire: 1178u32,
+        call: 1066u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -23763,8 +23751,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1071u32,
+        wire: 1179u32,
+        call: 1067u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -23802,8 +23790,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1072u32,
+        wire: 1180u32,
+        call: 1068u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -23834,8 +23822,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1073u32,
+        wire: 1181u32,
+        call: 1069u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -23873,8 +23861,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1074u32,
+        wire: 1182u32,
+        call: 1070u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -23912,8 +23900,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1075u32,
+        wire: 1183u32,
+        call: 1071u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -23944,8 +23932,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1076u32,
+        wire: 1184u32,
+        call: 1072u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -23983,8 +23971,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1077u32,
+        wire: 1185u32,
+        call: 1073u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -24022,8 +24010,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1078u32,
+        wire: 1186u32,
+        call: 1074u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -24041,8 +24029,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1079u32,
+        wire: 1187u32,
+        call: 1075u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -24073,8 +24061,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1080u32,
+        wire: 1188u32,
+        call: 1076u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -24112,8 +24100,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1081u32,
+        wire: 1189u32,
+        call: 1077u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -24151,8 +24139,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1082u32,
+        wire: 1190u32,
+        call: 1078u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -24183,8 +24171,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1083u32,
+        wire: 1191u32,
+        call: 1079u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -24222,8 +24210,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1084u32,
+        wire: 1192u32,
+        call: 1080u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -24261,8 +24249,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1085u32,
+        wire: 1193u32,
+        call: 1081u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -24293,8 +24281,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1086u32,
+        wire: 1194u32,
+        call: 1082u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -24332,8 +24320,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1087u32,
+        wire: 1195u32,
+        call: 1083u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -24371,8 +24359,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1088u32,
+        wire: 1196u32,
+        call: 1084u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -24403,8 +24391,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1089u32,
+        wire: 1197u32,
+        call: 1085u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -24442,8 +24430,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1090u32,
+        wire: 1198u32,
+        call: 1086u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -24481,8 +24469,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1091u32,
+        wire: 1199u32,
+        call: 1087u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -24547,8 +24535,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1092u32,
+        wire: 1200u32,
+        call: 1088u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -24613,8 +24601,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1093u32,
+        wire: 1201u32,
+        call: 1089u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -24645,8 +24633,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1094u32,
+        wire: 1202u32,
+        call: 1090u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -24684,8 +24672,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1095u32,
+        wire: 1203u32,
+        call: 1091u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -24723,8 +24711,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1096u32,
+        wire: 1204u32,
+        call: 1092u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -24761,8 +24749,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1097u32,
+        wire: 1205u32,
+        call: 1093u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -24805,8 +24793,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1098u32,
+        wire: 1206u32,
+        call: 1094u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -24849,8 +24837,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1099u32,
+        wire: 1207u32,
+        call: 1095u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -24900,8 +24888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1100u32,
+        wire: 1208u32,
+        call: 1096u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -24951,8 +24939,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1101u32,
+        wire: 1209u32,
+        call: 1097u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -24983,8 +24971,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1102u32,
+        wire: 1210u32,
+        call: 1098u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -25022,8 +25010,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1103u32,
+        wire: 1211u32,
+        call: 1099u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -25061,8 +25049,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1104u32,
+        wire: 1212u32,
+        call: 1100u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -25093,8 +25081,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1105u32,
+        wire: 1213u32,
+        call: 1101u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -25132,8 +25120,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1106u32,
+        wire: 1214u32,
+        call: 1102u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -25171,8 +25159,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1107u32,
+        wire: 1215u32,
+        call: 1103u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -25205,8 +25193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1108u32,
+        wire: 1216u32,
+        call: 1104u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -25243,8 +25231,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1109u32,
+        wire: 1217u32,
+        call: 1105u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -25281,8 +25269,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1110u32,
+        wire: 1218u32,
+        call: 1106u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -25332,8 +25320,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1111u32,
+        wire: 1219u32,
+        call: 1107u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -25383,8 +25371,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1112u32,
+        wire: 1220u32,
+        call: 1108u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -25420,8 +25408,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1113u32,
+        wire: 1221u32,
+        call: 1109u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -25464,8 +25452,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1114u32,
+        wire: 1222u32,
+        call: 1110u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -25508,8 +25496,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1115u32,
+        wire: 1223u32,
+        call: 1111u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -25536,8 +25524,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1116u32,
+        wire: 1224u32,
+        call: 1112u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -25564,8 +25552,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1117u32,
+        wire: 1225u32,
+        call: 1113u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -25592,8 +25580,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1118u32,
+        wire: 1226u32,
+        call: 1114u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -25620,8 +25608,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1119u32,
+        wire: 1227u32,
+        call: 1115u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -25648,8 +25636,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1120u32,
+        wire: 1228u32,
+        call: 1116u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -25676,8 +25664,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1121u32,
+        wire: 1229u32,
+        call: 1117u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -25700,8 +25688,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1122u32,
+        wire: 1230u32,
+        call: 1118u32,
         name: "cublasSetMathMode",
         form: Some(Form::Call),
         library: "cublas",
@@ -25728,8 +25716,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1123u32,
+        wire: 1231u32,
+        call: 1119u32,
         name: "cublasSetPointerMode_v2",
         form: Some(Form::Call),
         library: "cublas",
@@ -25756,8 +25744,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1124u32,
+        wire: 1232u32,
+        call: 1120u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -25784,8 +25772,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1125u32,
+        wire: 1233u32,
+        call: 1121u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -25812,8 +25800,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1126u32,
+        wire: 1234u32,
+        call: 1122u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -25841,8 +25829,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1127u32,
+        wire: 1235u32,
+        call: 1123u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -25904,8 +25892,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1128u32,
+        wire: 1236u32,
+        call: 1124u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -25975,8 +25963,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1129u32,
+        wire: 1237u32,
+        call: 1125u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -26046,8 +26034,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1130u32,
+        wire: 1238u32,
+        call: 1126u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -26113,8 +26101,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1131u32,
+        wire: 1239u32,
+        call: 1127u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -26180,8 +26168,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1132u32,
+        wire: 1240u32,
+        call: 1128u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -26242,8 +26230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1133u32,
+        wire: 1241u32,
+        call: 1129u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -26305,8 +26293,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1134u32,
+        wire: 1242u32,
+        call: 1130u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -26380,8 +26368,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1135u32,
+        wire: 1243u32,
+        call: 1131u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -26455,8 +26443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1136u32,
+        wire: 1244u32,
+        call: 1132u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -26538,8 +26526,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1137u32,
+        wire: 1245u32,
+        call: 1133u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -26621,8 +26609,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1138u32,
+        wire: 1246u32,
+        call: 1134u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -26708,8 +26696,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1139u32,
+        wire: 1247u32,
+        call: 1135u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -26795,8 +26783,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1140u32,
+        wire: 1248u32,
+        call: 1136u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -26866,8 +26854,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1141u32,
+        wire: 1249u32,
+        call: 1137u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -26937,8 +26925,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1142u32,
+        wire: 1250u32,
+        call: 1138u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -26992,8 +26980,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1143u32,
+        wire: 1251u32,
+        call: 1139u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -27071,8 +27059,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1144u32,
+        wire: 1252u32,
+        call: 1140u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -27150,8 +27138,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1145u32,
+        wire: 1253u32,
+        call: 1141u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -27213,8 +27201,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1146u32,
+        wire: 1254u32,
+        call: 1142u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -27276,8 +27264,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1147u32,
+        wire: 1255u32,
+        call: 1143u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -27325,8 +27313,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1148u32,
+        wire: 1256u32,
+        call: 1144u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -27372,8 +27360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1149u32,
+        wire: 1257u32,
+        call: 1145u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -27425,8 +27413,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1150u32,
+        wire: 1258u32,
+        call: 1146u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -27478,8 +27466,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1151u32,
+        wire: 1259u32,
+        call: 1147u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -27517,8 +27505,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1152u32,
+        wire: 1260u32,
+        call: 1148u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -27567,8 +27555,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1153u32,
+        wire: 1261u32,
+        call: 1149u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -27625,8 +27613,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1154u32,
+        wire: 1262u32,
+        call: 1150u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -27644,8 +27632,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1155u32,
+        wire: 1263u32,
+        call: 1151u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -27676,8 +27664,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1156u32,
+        wire: 1264u32,
+        call: 1152u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -27715,8 +27703,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1157u32,
+        wire: 1265u32,
+        call: 1153u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -27754,8 +27742,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1158u32,
+        wire: 1266u32,
+        call: 1154u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -27796,8 +27784,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1159u32,
+        wire: 1267u32,
+        call: 1155u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -27846,8 +27834,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1160u32,
+        wire: 1268u32,
+        call: 1156u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -27896,8 +27884,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1161u32,
+        wire: 1269u32,
+        call: 1157u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -27944,8 +27932,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotm_v2: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1162u32,
+        wire: 1270u32,
+        call: 1158u32,
         name: "cublasSrotm_v2",
         form: None,
         library: "cublas",
@@ -27988,8 +27976,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotmg_v2: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1163u32,
+        wire: 1271u32,
+        call: 1159u32,
         name: "cublasSrotmg_v2",
         form: None,
         library: "cublas",
@@ -28042,8 +28030,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1164u32,
+        wire: 1272u32,
+        call: 1160u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -28097,8 +28085,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1165u32,
+        wire: 1273u32,
+        call: 1161u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -28160,8 +28148,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1166u32,
+        wire: 1274u32,
+        call: 1162u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -28223,8 +28211,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1167u32,
+        wire: 1275u32,
+        call: 1163u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -28256,8 +28244,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1168u32,
+        wire: 1276u32,
+        call: 1164u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -28295,8 +28283,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1169u32,
+        wire: 1277u32,
+        call: 1165u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -28334,8 +28322,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1170u32,
+        wire: 1278u32,
+        call: 1166u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -28368,8 +28356,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1171u32,
+        wire: 1279u32,
+        call: 1167u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -28406,8 +28394,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1172u32,
+        wire: 1280u32,
+        call: 1168u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -28444,8 +28432,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1173u32,
+        wire: 1281u32,
+        call: 1169u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -28503,8 +28491,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1174u32,
+        wire: 1282u32,
+        call: 1170u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -28570,8 +28558,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1175u32,
+        wire: 1283u32,
+        call: 1171u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -28637,8 +28625,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1176u32,
+        wire: 1284u32,
+        call: 1172u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -28688,8 +28676,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1177u32,
+        wire: 1285u32,
+        call: 1173u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -28747,8 +28735,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1178u32,
+        wire: 1286u32,
+        call: 1174u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -28806,8 +28794,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1179u32,
+        wire: 1287u32,
+        call: 1175u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -28848,8 +28836,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1180u32,
+        wire: 1288u32,
+        call: 1176u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -28895,8 +28883,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1181u32,
+        wire: 1289u32,
+        call: 1177u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -28948,8 +28936,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1182u32,
+        wire: 1290u32,
+        call: 1178u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -29001,8 +28989,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1183u32,
+        wire: 1291u32,
+        call: 1179u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -29060,8 +29048,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1184u32,
+        wire: 1292u32,
+        call: 1180u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -29127,8 +29115,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1185u32,
+        wire: 1293u32,
+        call: 1181u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -29194,8 +29182,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1186u32,
+        wire: 1294u32,
+        call: 1182u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -29242,8 +29230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1187u32,
+        wire: 1295u32,
+        call: 1183u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -29290,8 +29278,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1188u32,
+        wire: 1296u32,
+        call: 1184u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -29344,8 +29332,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1189u32,
+        wire: 1297u32,
+        call: 1185u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -29406,8 +29394,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1190u32,
+        wire: 1298u32,
+        call: 1186u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -29468,8 +29456,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1191u32,
+        wire: 1299u32,
+        call: 1187u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -29535,8 +29523,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1192u32,
+        wire: 1300u32,
+        call: 1188u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -29602,8 +29590,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1193u32,
+        wire: 1301u32,
+        call: 1189u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -29652,8 +29640,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1194u32,
+        wire: 1302u32,
+        call: 1190u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -29706,8 +29694,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1195u32,
+        wire: 1303u32,
+        call: 1191u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -29760,8 +29748,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1196u32,
+        wire: 1304u32,
+        call: 1192u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -29810,8 +29798,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1197u32,
+        wire: 1305u32,
+        call: 1193u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -29864,8 +29852,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1198u32,
+        wire: 1306u32,
+        call: 1194u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -29918,8 +29906,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1199u32,
+        wire: 1307u32,
+        call: 1195u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -29976,8 +29964,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1200u32,
+        wire: 1308u32,
+        call: 1196u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -30045,8 +30033,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1201u32,
+        wire: 1309u32,
+        call: 1197u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -30114,8 +30102,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1202u32,
+        wire: 1310u32,
+        call: 1198u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -30160,8 +30148,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1203u32,
+        wire: 1311u32,
+        call: 1199u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -30210,8 +30198,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1204u32,
+        wire: 1312u32,
+        call: 1200u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -30260,8 +30248,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1205u32,
+        wire: 1313u32,
+        call: 1201u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -30318,8 +30306,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1206u32,
+        wire: 1314u32,
+        call: 1202u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -30386,8 +30374,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1207u32,
+        wire: 1315u32,
+        call: 1203u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -30454,8 +30442,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1208u32,
+        wire: 1316u32,
+        call: 1204u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -30518,8 +30506,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1209u32,
+        wire: 1317u32,
+        call: 1205u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -30582,8 +30570,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1210u32,
+        wire: 1318u32,
+        call: 1206u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -30628,8 +30616,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1211u32,
+        wire: 1319u32,
+        call: 1207u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -30678,8 +30666,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1212u32,
+        wire: 1320u32,
+        call: 1208u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -30728,8 +30716,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1213u32,
+        wire: 1321u32,
+        call: 1209u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -30774,8 +30762,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1214u32,
+        wire: 1322u32,
+        call: 1210u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -30820,8 +30808,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1215u32,
+        wire: 1323u32,
+        call: 1211u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -30903,8 +30891,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1216u32,
+        wire: 1324u32,
+        call: 1212u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -30928,8 +30916,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1217u32,
+        wire: 1325u32,
+        call: 1213u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -30999,8 +30987,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1218u32,
+        wire: 1326u32,
+        call: 1214u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -31066,8 +31054,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1219u32,
+        wire: 1327u32,
+        call: 1215u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -31133,8 +31121,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1220u32,
+        wire: 1328u32,
+        call: 1216u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -31195,8 +31183,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1221u32,
+        wire: 1329u32,
+        call: 1217u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -31262,8 +31250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1222u32,
+        wire: 1330u32,
+        call: 1218u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -31286,8 +31274,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1223u32,
+        wire: 1331u32,
+        call: 1219u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -31355,8 +31343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1224u32,
+        wire: 1332u32,
+        call: 1220u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -31422,8 +31410,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1225u32,
+        wire: 1333u32,
+        call: 1221u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -31489,8 +31477,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1226u32,
+        wire: 1334u32,
+        call: 1222u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -31551,8 +31539,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1227u32,
+        wire: 1335u32,
+        call: 1223u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -31618,8 +31606,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1228u32,
+        wire: 1336u32,
+        call: 1224u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -31687,8 +31675,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1229u32,
+        wire: 1337u32,
+        call: 1225u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -31751,8 +31739,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1230u32,
+        wire: 1338u32,
+        call: 1226u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -31775,8 +31763,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1231u32,
+        wire: 1339u32,
+        call: 1227u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -31846,8 +31834,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1232u32,
+        wire: 1340u32,
+        call: 1228u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -31913,8 +31901,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1233u32,
+        wire: 1341u32,
+        call: 1229u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -31980,8 +31968,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1234u32,
+        wire: 1342u32,
+        call: 1230u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -32042,8 +32030,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1235u32,
+        wire: 1343u32,
+        call: 1231u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -32109,8 +32097,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1236u32,
+        wire: 1344u32,
+        call: 1232u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -32178,8 +32166,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1237u32,
+        wire: 1345u32,
+        call: 1233u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -32242,8 +32230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1238u32,
+        wire: 1346u32,
+        call: 1234u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -32273,8 +32261,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1239u32,
+        wire: 1347u32,
+        call: 1235u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -32301,8 +32289,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1240u32,
+        wire: 1348u32,
+        call: 1236u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -32337,8 +32325,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1241u32,
+        wire: 1349u32,
+        call: 1237u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -32365,8 +32353,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1242u32,
+        wire: 1350u32,
+        call: 1238u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -32436,8 +32424,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1243u32,
+        wire: 1351u32,
+        call: 1239u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -32503,8 +32491,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1244u32,
+        wire: 1352u32,
+        call: 1240u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -32570,8 +32558,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1245u32,
+        wire: 1353u32,
+        call: 1241u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -32632,8 +32620,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1246u32,
+        wire: 1354u32,
+        call: 1242u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -32699,8 +32687,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1247u32,
+        wire: 1355u32,
+        call: 1243u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -32768,8 +32756,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1248u32,
+        wire: 1356u32,
+        call: 1244u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -32832,8 +32820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1249u32,
+        wire: 1357u32,
+        call: 1245u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -32903,8 +32891,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1250u32,
+        wire: 1358u32,
+        call: 1246u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -32970,8 +32958,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1251u32,
+        wire: 1359u32,
+        call: 1247u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -33037,8 +33025,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1252u32,
+        wire: 1360u32,
+        call: 1248u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -33099,8 +33087,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1253u32,
+        wire: 1361u32,
+        call: 1249u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -33166,8 +33154,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1254u32,
+        wire: 1362u32,
+        call: 1250u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -33235,8 +33223,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1255u32,
+        wire: 1363u32,
+        call: 1251u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -33302,8 +33290,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1256u32,
+        wire: 1364u32,
+        call: 1252u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -33369,8 +33357,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1257u32,
+        wire: 1365u32,
+        call: 1253u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -33431,8 +33419,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1258u32,
+        wire: 1366u32,
+        call: 1254u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -33498,8 +33486,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1259u32,
+        wire: 1367u32,
+        call: 1255u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -33567,8 +33555,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1260u32,
+        wire: 1368u32,
+        call: 1256u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -33631,8 +33619,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1261u32,
+        wire: 1369u32,
+        call: 1257u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -33666,8 +33654,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1262u32,
+        wire: 1370u32,
+        call: 1258u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -33710,8 +33698,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1263u32,
+        wire: 1371u32,
+        call: 1259u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -33754,8 +33742,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1264u32,
+        wire: 1372u32,
+        call: 1260u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -33788,8 +33776,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1265u32,
+        wire: 1373u32,
+        call: 1261u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -33826,8 +33814,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1266u32,
+        wire: 1374u32,
+        call: 1262u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -33864,8 +33852,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1267u32,
+        wire: 1375u32,
+        call: 1263u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -33915,8 +33903,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1268u32,
+        wire: 1376u32,
+        call: 1264u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -33966,8 +33954,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1269u32,
+        wire: 1377u32,
+        call: 1265u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -34010,8 +33998,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1270u32,
+        wire: 1378u32,
+        call: 1266u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -34054,8 +34042,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1271u32,
+        wire: 1379u32,
+        call: 1267u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -34098,8 +34086,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1272u32,
+        wire: 1380u32,
+        call: 1268u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -34142,8 +34130,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1273u32,
+        wire: 1381u32,
+        call: 1269u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -34184,8 +34172,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1274u32,
+        wire: 1382u32,
+        call: 1270u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -34234,8 +34222,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1275u32,
+        wire: 1383u32,
+        call: 1271u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -34284,8 +34272,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1276u32,
+        wire: 1384u32,
+        call: 1272u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -34317,8 +34305,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1277u32,
+        wire: 1385u32,
+        call: 1273u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -34356,8 +34344,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1278u32,
+        wire: 1386u32,
+        call: 1274u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -34395,8 +34383,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1279u32,
+        wire: 1387u32,
+        call: 1275u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -34452,8 +34440,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1280u32,
+        wire: 1388u32,
+        call: 1276u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -34523,8 +34511,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1281u32,
+        wire: 1389u32,
+        call: 1277u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -34594,8 +34582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1282u32,
+        wire: 1390u32,
+        call: 1278u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -34661,8 +34649,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1283u32,
+        wire: 1391u32,
+        call: 1279u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -34728,8 +34716,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1284u32,
+        wire: 1392u32,
+        call: 1280u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -34790,8 +34778,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1285u32,
+        wire: 1393u32,
+        call: 1281u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -34847,8 +34835,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1286u32,
+        wire: 1394u32,
+        call: 1282u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -34918,8 +34906,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1287u32,
+        wire: 1395u32,
+        call: 1283u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -34989,8 +34977,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1288u32,
+        wire: 1396u32,
+        call: 1284u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -35064,8 +35052,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1289u32,
+        wire: 1397u32,
+        call: 1285u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -35139,8 +35127,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1290u32,
+        wire: 1398u32,
+        call: 1286u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -35226,8 +35214,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1291u32,
+        wire: 1399u32,
+        call: 1287u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -35313,8 +35301,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1292u32,
+        wire: 1400u32,
+        call: 1288u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -35384,8 +35372,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1293u32,
+        wire: 1401u32,
+        call: 1289u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -35455,8 +35443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1294u32,
+        wire: 1402u32,
+        call: 1290u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -35504,8 +35492,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1295u32,
+        wire: 1403u32,
+        call: 1291u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -35583,8 +35571,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1296u32,
+        wire: 1404u32,
+        call: 1292u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -35662,8 +35650,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1297u32,
+        wire: 1405u32,
+        call: 1293u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -35725,8 +35713,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1298u32,
+        wire: 1406u32,
+        call: 1294u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -35788,8 +35776,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1299u32,
+        wire: 1407u32,
+        call: 1295u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -35837,8 +35825,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1300u32,
+        wire: 1408u32,
+        call: 1296u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -35881,8 +35869,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1301u32,
+        wire: 1409u32,
+        call: 1297u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -35934,8 +35922,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1302u32,
+        wire: 1410u32,
+        call: 1298u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -35987,8 +35975,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1303u32,
+        wire: 1411u32,
+        call: 1299u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -36031,8 +36019,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1304u32,
+        wire: 1412u32,
+        call: 1300u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -36084,8 +36072,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1305u32,
+        wire: 1413u32,
+        call: 1301u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -36137,8 +36125,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1306u32,
+        wire: 1414u32,
+        call: 1302u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -36176,8 +36164,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1307u32,
+        wire: 1415u32,
+        call: 1303u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -36226,8 +36214,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1308u32,
+        wire: 1416u32,
+        call: 1304u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -36284,8 +36272,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1309u32,
+        wire: 1417u32,
+        call: 1305u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -36333,8 +36321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1310u32,
+        wire: 1418u32,
+        call: 1306u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -36396,8 +36384,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1311u32,
+        wire: 1419u32,
+        call: 1307u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -36459,8 +36447,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1312u32,
+        wire: 1420u32,
+        call: 1308u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -36512,8 +36500,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1313u32,
+        wire: 1421u32,
+        call: 1309u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -36579,8 +36567,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1314u32,
+        wire: 1422u32,
+        call: 1310u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -36646,8 +36634,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1315u32,
+        wire: 1423u32,
+        call: 1311u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -36691,8 +36679,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1316u32,
+        wire: 1424u32,
+        call: 1312u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -36750,8 +36738,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1317u32,
+        wire: 1425u32,
+        call: 1313u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -36809,8 +36797,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1318u32,
+        wire: 1426u32,
+        call: 1314u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -36851,8 +36839,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1319u32,
+        wire: 1427u32,
+        call: 1315u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -36895,8 +36883,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1320u32,
+        wire: 1428u32,
+        call: 1316u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -36948,8 +36936,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1321u32,
+        wire: 1429u32,
+        call: 1317u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -37001,8 +36989,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1322u32,
+        wire: 1430u32,
+        call: 1318u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -37057,8 +37045,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1323u32,
+        wire: 1431u32,
+        call: 1319u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -37124,8 +37112,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1324u32,
+        wire: 1432u32,
+        call: 1320u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -37191,8 +37179,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1325u32,
+        wire: 1433u32,
+        call: 1321u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -37239,8 +37227,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1326u32,
+        wire: 1434u32,
+        call: 1322u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -37287,8 +37275,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1327u32,
+        wire: 1435u32,
+        call: 1323u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -37341,8 +37329,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1328u32,
+        wire: 1436u32,
+        call: 1324u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -37403,8 +37391,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1329u32,
+        wire: 1437u32,
+        call: 1325u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -37465,8 +37453,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1330u32,
+        wire: 1438u32,
+        call: 1326u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -37532,8 +37520,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1331u32,
+        wire: 1439u32,
+        call: 1327u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -37599,8 +37587,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1332u32,
+        wire: 1440u32,
+        call: 1328u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -37646,8 +37634,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1333u32,
+        wire: 1441u32,
+        call: 1329u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -37707,8 +37695,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1334u32,
+        wire: 1442u32,
+        call: 1330u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -37768,8 +37756,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1335u32,
+        wire: 1443u32,
+        call: 1331u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -37807,8 +37795,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1336u32,
+        wire: 1444u32,
+        call: 1332u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -37857,8 +37845,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1337u32,
+        wire: 1445u32,
+        call: 1333u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -37907,8 +37895,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1338u32,
+        wire: 1446u32,
+        call: 1334u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -37955,8 +37943,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1339u32,
+        wire: 1447u32,
+        call: 1335u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -37985,8 +37973,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1340u32,
+        wire: 1448u32,
+        call: 1336u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -38024,8 +38012,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1341u32,
+        wire: 1449u32,
+        call: 1337u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -38063,8 +38051,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1342u32,
+        wire: 1450u32,
+        call: 1338u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -38097,8 +38085,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1343u32,
+        wire: 1451u32,
+        call: 1339u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -38135,8 +38123,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1344u32,
+        wire: 1452u32,
+        call: 1340u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -38173,8 +38161,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1345u32,
+        wire: 1453u32,
+        call: 1341u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -38226,8 +38214,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1346u32,
+        wire: 1454u32,
+        call: 1342u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -38293,8 +38281,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1347u32,
+        wire: 1455u32,
+        call: 1343u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -38360,8 +38348,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1348u32,
+        wire: 1456u32,
+        call: 1344u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -38419,8 +38407,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1349u32,
+        wire: 1457u32,
+        call: 1345u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -38478,8 +38466,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1350u32,
+        wire: 1458u32,
+        call: 1346u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -38531,8 +38519,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1351u32,
+        wire: 1459u32,
+        call: 1347u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -38584,8 +38572,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1352u32,
+        wire: 1460u32,
+        call: 1348u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -38637,8 +38625,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1353u32,
+        wire: 1461u32,
+        call: 1349u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -38704,8 +38692,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1354u32,
+        wire: 1462u32,
+        call: 1350u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -38771,8 +38759,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1355u32,
+        wire: 1463u32,
+        call: 1351u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -38819,8 +38807,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1356u32,
+        wire: 1464u32,
+        call: 1352u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -38867,8 +38855,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1357u32,
+        wire: 1465u32,
+        call: 1353u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -38915,8 +38903,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1358u32,
+        wire: 1466u32,
+        call: 1354u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -38977,8 +38965,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1359u32,
+        wire: 1467u32,
+        call: 1355u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -39039,8 +39027,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1360u32,
+        wire: 1468u32,
+        call: 1356u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -39106,8 +39094,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1361u32,
+        wire: 1469u32,
+        call: 1357u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -39173,8 +39161,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1362u32,
+        wire: 1470u32,
+        call: 1358u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -39223,8 +39211,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1363u32,
+        wire: 1471u32,
+        call: 1359u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -39277,8 +39265,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1364u32,
+        wire: 1472u32,
+        call: 1360u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -39331,8 +39319,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1365u32,
+        wire: 1473u32,
+        call: 1361u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -39381,8 +39369,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1366u32,
+        wire: 1474u32,
+        call: 1362u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -39435,8 +39423,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1367u32,
+        wire: 1475u32,
+        call: 1363u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -39489,8 +39477,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1368u32,
+        wire: 1476u32,
+        call: 1364u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -39537,8 +39525,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1369u32,
+        wire: 1477u32,
+        call: 1365u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -39589,8 +39577,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1370u32,
+        wire: 1478u32,
+        call: 1366u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -39641,8 +39629,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1371u32,
+        wire: 1479u32,
+        call: 1367u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -39689,8 +39677,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1372u32,
+        wire: 1480u32,
+        call: 1368u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -39741,8 +39729,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1373u32,
+        wire: 1481u32,
+        call: 1369u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -39793,8 +39781,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1374u32,
+        wire: 1482u32,
+        call: 1370u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -39837,8 +39825,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1375u32,
+        wire: 1483u32,
+        call: 1371u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -39892,8 +39880,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1376u32,
+        wire: 1484u32,
+        call: 1372u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -39961,8 +39949,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1377u32,
+        wire: 1485u32,
+        call: 1373u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -40030,8 +40018,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1378u32,
+        wire: 1486u32,
+        call: 1374u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -40076,8 +40064,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1379u32,
+        wire: 1487u32,
+        call: 1375u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -40126,8 +40114,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1380u32,
+        wire: 1488u32,
+        call: 1376u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -40176,8 +40164,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1381u32,
+        wire: 1489u32,
+        call: 1377u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -40231,8 +40219,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1382u32,
+        wire: 1490u32,
+        call: 1378u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -40299,8 +40287,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1383u32,
+        wire: 1491u32,
+        call: 1379u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -40367,8 +40355,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1384u32,
+        wire: 1492u32,
+        call: 1380u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -40431,8 +40419,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1385u32,
+        wire: 1493u32,
+        call: 1381u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -40495,8 +40483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1386u32,
+        wire: 1494u32,
+        call: 1382u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -40541,8 +40529,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1387u32,
+        wire: 1495u32,
+        call: 1383u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -40591,8 +40579,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1388u32,
+        wire: 1496u32,
+        call: 1384u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -40665,8 +40653,8 @@ pub mod cublaslt {
     static LEN_cublasLtMatrixLayoutGetAttribute_15: Len = Len::Param(3u8);
     static LEN_cublasLtMatrixLayoutSetAttribute__call_16: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1389u32,
+        wire: 1497u32,
+        call: 1385u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -40689,8 +40677,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1390u32,
+        wire: 1498u32,
+        call: 1386u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -40713,8 +40701,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1391u32,
+        wire: 1499u32,
+        call: 1387u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -40740,8 +40728,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1392u32,
+        wire: 1500u32,
+        call: 1388u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -40764,8 +40752,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1393u32,
+        wire: 1501u32,
+        call: 1389u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -40788,8 +40776,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1394u32,
+        wire: 1502u32,
+        call: 1390u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -40816,8 +40804,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1395u32,
+        wire: 1503u32,
+        call: 1391u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -40838,8 +40826,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetProperty: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1396u32,
+        wire: 1504u32,
+        call: 1392u32,
         name: "cublasLtGetProperty",
         form: None,
         library: "cublaslt",
@@ -40869,8 +40857,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1397u32,
+        wire: 1505u32,
+        call: 1393u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -40891,8 +40879,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheGetCapacity: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1398u32,
+        wire: 1506u32,
+        call: 1394u32,
         name: "cublasLtHeuristicsCacheGetCapacity",
         form: None,
         library: "cublaslt",
@@ -40918,8 +40906,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1399u32,
+        wire: 1507u32,
+        call: 1395u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -40942,8 +40930,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1400u32,
+        wire: 1508u32,
+        call: 1396u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -40961,8 +40949,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1401u32,
+        wire: 1509u32,
+        call: 1397u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -40985,8 +40973,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1402u32,
+        wire: 1510u32,
+        call: 1398u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -41009,8 +40997,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1403u32,
+        wire: 1511u32,
+        call: 1399u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -41085,8 +41073,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1403u32,
+        wire: 1512u32,
+        call: 1399u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -41161,8 +41149,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoCapGetAttribute: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1404u32,
+        wire: 1513u32,
+        call: 1400u32,
         name: "cublasLtMatmulAlgoCapGetAttribute",
         form: None,
         library: "cublaslt",
@@ -41210,8 +41198,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoCheck__cu118: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1405u32,
+        wire: 1514u32,
+        call: 1401u32,
         name: "cublasLtMatmulAlgoCheck",
         form: None,
         library: "cublaslt",
@@ -41268,8 +41256,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoCheck__cu126: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1405u32,
+        wire: 1515u32,
+        call: 1401u32,
         name: "cublasLtMatmulAlgoCheck",
         form: None,
         library: "cublaslt",
@@ -41326,8 +41314,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoConfigGetAttribute: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1406u32,
+        wire: 1516u32,
+        call: 1402u32,
         name: "cublasLtMatmulAlgoConfigGetAttribute",
         form: None,
         library: "cublaslt",
@@ -41375,8 +41363,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoConfigSetAttribute: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1407u32,
+        wire: 1517u32,
+        call: 1403u32,
         name: "cublasLtMatmulAlgoConfigSetAttribute",
         form: None,
         library: "cublaslt",
@@ -41417,8 +41405,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1408u32,
+        wire: 1518u32,
+        call: 1404u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41483,8 +41471,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1408u32,
+        wire: 1519u32,
+        call: 1404u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41549,8 +41537,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1408u32,
+        wire: 1520u32,
+        call: 1404u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41615,8 +41603,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetIds: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1409u32,
+        wire: 1521u32,
+        call: 1405u32,
         name: "cublasLtMatmulAlgoGetIds",
         form: None,
         library: "cublaslt",
@@ -41681,8 +41669,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoInit: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1410u32,
+        wire: 1522u32,
+        call: 1406u32,
         name: "cublasLtMatmulAlgoInit",
         form: None,
         library: "cublaslt",
@@ -41740,8 +41728,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1411u32,
+        wire: 1523u32,
+        call: 1407u32,
         name: "cublasLtMatmulDescCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41772,8 +41760,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1411u32,
+        wire: 1524u32,
+        call: 1407u32,
         name: "cublasLtMatmulDescCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41804,8 +41792,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1412u32,
+        wire: 1525u32,
+        call: 1408u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41828,8 +41816,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1412u32,
+        wire: 1526u32,
+        call: 1408u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41852,8 +41840,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1413u32,
+        wire: 1527u32,
+        call: 1409u32,
         name: "cublasLtMatmulDescGetAttribute",
         form: None,
         library: "cublaslt",
@@ -41898,8 +41886,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1413u32,
+        wire: 1528u32,
+        call: 1409u32,
         name: "cublasLtMatmulDescGetAttribute",
         form: None,
         library: "cublaslt",
@@ -41944,8 +41932,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1414u32,
+        wire: 1529u32,
+        call: 1410u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -41980,8 +41968,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1414u32,
+        wire: 1530u32,
+        call: 1410u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -42016,8 +42004,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1415u32,
+        wire: 1531u32,
+        call: 1411u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42055,8 +42043,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1415u32,
+        wire: 1532u32,
+        call: 1411u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42094,8 +42082,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1416u32,
+        wire: 1533u32,
+        call: 1412u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42118,8 +42106,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1416u32,
+        wire: 1534u32,
+        call: 1412u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42142,8 +42130,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1417u32,
+        wire: 1535u32,
+        call: 1413u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42166,8 +42154,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1417u32,
+        wire: 1536u32,
+        call: 1413u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42190,8 +42178,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1418u32,
+        wire: 1537u32,
+        call: 1414u32,
         name: "cublasLtMatmulPreferenceGetAttribute",
         form: None,
         library: "cublaslt",
@@ -42236,8 +42224,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1418u32,
+        wire: 1538u32,
+        call: 1414u32,
         name: "cublasLtMatmulPreferenceGetAttribute",
         form: None,
         library: "cublaslt",
@@ -42282,8 +42270,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1419u32,
+        wire: 1539u32,
+        call: 1415u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -42310,8 +42298,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1419u32,
+        wire: 1540u32,
+        call: 1415u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -42338,8 +42326,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1420u32,
+        wire: 1541u32,
+        call: 1416u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42377,8 +42365,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1420u32,
+        wire: 1542u32,
+        call: 1416u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42416,8 +42404,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1421u32,
+        wire: 1543u32,
+        call: 1417u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42456,8 +42444,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1422u32,
+        wire: 1544u32,
+        call: 1418u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42480,8 +42468,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutGetAttribute: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1423u32,
+        wire: 1545u32,
+        call: 1419u32,
         name: "cublasLtMatrixLayoutGetAttribute",
         form: None,
         library: "cublaslt",
@@ -42526,8 +42514,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1424u32,
+        wire: 1546u32,
+        call: 1420u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -42570,8 +42558,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1425u32,
+        wire: 1547u32,
+        call: 1421u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42609,8 +42597,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1426u32,
+        wire: 1548u32,
+        call: 1422u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -42637,8 +42625,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1427u32,
+        wire: 1549u32,
+        call: 1423u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -42661,8 +42649,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1428u32,
+        wire: 1550u32,
+        call: 1424u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -56505,8 +56493,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1429u32,
+        wire: 1551u32,
+        call: 1425u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -56567,8 +56555,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1429u32,
+        wire: 1552u32,
+        call: 1425u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -56629,8 +56617,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1430u32,
+        wire: 1553u32,
+        call: 1426u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -56681,8 +56669,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1430u32,
+        wire: 1554u32,
+        call: 1426u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -56733,8 +56721,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1431u32,
+        wire: 1555u32,
+        call: 1427u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -56752,8 +56740,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1432u32,
+        wire: 1556u32,
+        call: 1428u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -56771,8 +56759,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1433u32,
+        wire: 1557u32,
+        call: 1429u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -56790,8 +56778,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1434u32,
+        wire: 1558u32,
+        call: 1430u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56818,8 +56806,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1434u32,
+        wire: 1559u32,
+        call: 1430u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Named),
         library: "cudnn",
@@ -56846,8 +56834,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1434u32,
+        wire: 1560u32,
+        call: 1430u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56874,8 +56862,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1434u32,
+        wire: 1561u32,
+        call: 1430u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Named),
         library: "cudnn",
@@ -56902,8 +56890,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1435u32,
+        wire: 1562u32,
+        call: 1431u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56926,8 +56914,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1435u32,
+        wire: 1563u32,
+        call: 1431u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56950,8 +56938,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1436u32,
+        wire: 1564u32,
+        call: 1432u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -56982,8 +56970,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1436u32,
+        wire: 1565u32,
+        call: 1432u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -57014,8 +57002,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1437u32,
+        wire: 1566u32,
+        call: 1433u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Async),
         library: "cudnn",
@@ -57038,8 +57026,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1437u32,
+        wire: 1567u32,
+        call: 1433u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57062,8 +57050,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1437u32,
+        wire: 1568u32,
+        call: 1433u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Async),
         library: "cudnn",
@@ -57086,8 +57074,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1437u32,
+        wire: 1569u32,
+        call: 1433u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57110,8 +57098,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1438u32,
+        wire: 1570u32,
+        call: 1434u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57160,8 +57148,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1438u32,
+        wire: 1571u32,
+        call: 1434u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -57207,8 +57195,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1438u32,
+        wire: 1572u32,
+        call: 1434u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Refill),
         library: "cudnn",
@@ -57248,8 +57236,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1438u32,
+        wire: 1573u32,
+        call: 1434u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57298,8 +57286,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1438u32,
+        wire: 1574u32,
+        call: 1434u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -57345,8 +57333,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1438u32,
+        wire: 1575u32,
+        call: 1434u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Refill),
         library: "cudnn",
@@ -57386,8 +57374,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1439u32,
+        wire: 1576u32,
+        call: 1435u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -57410,8 +57398,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1439u32,
+        wire: 1577u32,
+        call: 1435u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -57434,8 +57422,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1440u32,
+        wire: 1578u32,
+        call: 1436u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -57470,8 +57458,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1441u32,
+        wire: 1579u32,
+        call: 1437u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57513,8 +57501,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1441u32,
+        wire: 1580u32,
+        call: 1437u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -57553,8 +57541,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1441u32,
+        wire: 1581u32,
+        call: 1437u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::HostValues),
         library: "cudnn",
@@ -57596,8 +57584,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1441u32,
+        wire: 1582u32,
+        call: 1437u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57639,8 +57627,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1441u32,
+        wire: 1583u32,
+        call: 1437u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -57679,8 +57667,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1441u32,
+        wire: 1584u32,
+        call: 1437u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::HostValues),
         library: "cudnn",
@@ -57722,8 +57710,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1442u32,
+        wire: 1585u32,
+        call: 1438u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -57758,8 +57746,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1443u32,
+        wire: 1586u32,
+        call: 1439u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -57871,8 +57859,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1443u32,
+        wire: 1587u32,
+        call: 1439u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -57984,8 +57972,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1444u32,
+        wire: 1588u32,
+        call: 1440u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -58048,8 +58036,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1444u32,
+        wire: 1589u32,
+        call: 1440u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -58112,8 +58100,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1445u32,
+        wire: 1590u32,
+        call: 1441u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -58182,8 +58170,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1445u32,
+        wire: 1591u32,
+        call: 1441u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -58252,8 +58240,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1446u32,
+        wire: 1592u32,
+        call: 1442u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -58345,8 +58333,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1446u32,
+        wire: 1593u32,
+        call: 1442u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -58438,8 +58426,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1447u32,
+        wire: 1594u32,
+        call: 1443u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -58470,8 +58458,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1447u32,
+        wire: 1595u32,
+        call: 1443u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -58502,8 +58490,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1448u32,
+        wire: 1596u32,
+        call: 1444u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -58553,8 +58541,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1448u32,
+        wire: 1597u32,
+        call: 1444u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -58604,8 +58592,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1449u32,
+        wire: 1598u32,
+        call: 1445u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -58623,8 +58611,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1450u32,
+        wire: 1599u32,
+        call: 1446u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -58642,8 +58630,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1451u32,
+        wire: 1600u32,
+        call: 1447u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -58661,8 +58649,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1452u32,
+        wire: 1601u32,
+        call: 1448u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -58727,8 +58715,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1452u32,
+        wire: 1602u32,
+        call: 1448u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -58793,8 +58781,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1453u32,
+        wire: 1603u32,
+        call: 1449u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -58859,8 +58847,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1453u32,
+        wire: 1604u32,
+        call: 1449u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -58925,8 +58913,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1454u32,
+        wire: 1605u32,
+        call: 1450u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -59005,8 +58993,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1454u32,
+        wire: 1606u32,
+        call: 1450u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -59085,8 +59073,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1455u32,
+        wire: 1607u32,
+        call: 1451u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -59151,8 +59139,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1455u32,
+        wire: 1608u32,
+        call: 1451u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -59217,8 +59205,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1456u32,
+        wire: 1609u32,
+        call: 1452u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59245,8 +59233,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1457u32,
+        wire: 1610u32,
+        call: 1453u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -59269,8 +59257,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1457u32,
+        wire: 1611u32,
+        call: 1453u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -59293,8 +59281,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1458u32,
+        wire: 1612u32,
+        call: 1454u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59317,8 +59305,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1458u32,
+        wire: 1613u32,
+        call: 1454u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59341,8 +59329,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1459u32,
+        wire: 1614u32,
+        call: 1455u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59365,8 +59353,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1460u32,
+        wire: 1615u32,
+        call: 1456u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -59393,8 +59381,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1461u32,
+        wire: 1616u32,
+        call: 1457u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -59417,8 +59405,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1461u32,
+        wire: 1617u32,
+        call: 1457u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -59441,8 +59429,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1462u32,
+        wire: 1618u32,
+        call: 1458u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59465,8 +59453,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1462u32,
+        wire: 1619u32,
+        call: 1458u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59489,8 +59477,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1463u32,
+        wire: 1620u32,
+        call: 1459u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -59513,8 +59501,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1463u32,
+        wire: 1621u32,
+        call: 1459u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -59537,8 +59525,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1464u32,
+        wire: 1622u32,
+        call: 1460u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59561,8 +59549,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1464u32,
+        wire: 1623u32,
+        call: 1460u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59585,8 +59573,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1465u32,
+        wire: 1624u32,
+        call: 1461u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -59609,8 +59597,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1465u32,
+        wire: 1625u32,
+        call: 1461u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -59633,8 +59621,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1466u32,
+        wire: 1626u32,
+        call: 1462u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -59661,8 +59649,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1466u32,
+        wire: 1627u32,
+        call: 1462u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -59689,8 +59677,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1467u32,
+        wire: 1628u32,
+        call: 1463u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -59717,8 +59705,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1467u32,
+        wire: 1629u32,
+        call: 1463u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -59745,8 +59733,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1468u32,
+        wire: 1630u32,
+        call: 1464u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -59773,8 +59761,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1468u32,
+        wire: 1631u32,
+        call: 1464u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -59801,8 +59789,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1469u32,
+        wire: 1632u32,
+        call: 1465u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59825,8 +59813,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1469u32,
+        wire: 1633u32,
+        call: 1465u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59849,8 +59837,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1470u32,
+        wire: 1634u32,
+        call: 1466u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59873,8 +59861,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1470u32,
+        wire: 1635u32,
+        call: 1466u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59897,8 +59885,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1471u32,
+        wire: 1636u32,
+        call: 1467u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -59933,8 +59921,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1472u32,
+        wire: 1637u32,
+        call: 1468u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -59957,8 +59945,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1472u32,
+        wire: 1638u32,
+        call: 1468u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -59981,8 +59969,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1473u32,
+        wire: 1639u32,
+        call: 1469u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60005,8 +59993,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1473u32,
+        wire: 1640u32,
+        call: 1469u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60029,8 +60017,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1474u32,
+        wire: 1641u32,
+        call: 1470u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -60053,8 +60041,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1474u32,
+        wire: 1642u32,
+        call: 1470u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -60077,8 +60065,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1475u32,
+        wire: 1643u32,
+        call: 1471u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60101,8 +60089,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1475u32,
+        wire: 1644u32,
+        call: 1471u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60125,8 +60113,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1476u32,
+        wire: 1645u32,
+        call: 1472u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60149,8 +60137,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1476u32,
+        wire: 1646u32,
+        call: 1472u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60173,8 +60161,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1477u32,
+        wire: 1647u32,
+        call: 1473u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -60197,8 +60185,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1477u32,
+        wire: 1648u32,
+        call: 1473u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -60221,8 +60209,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1478u32,
+        wire: 1649u32,
+        call: 1474u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60245,8 +60233,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1478u32,
+        wire: 1650u32,
+        call: 1474u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60269,8 +60257,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1479u32,
+        wire: 1651u32,
+        call: 1475u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60293,8 +60281,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1479u32,
+        wire: 1652u32,
+        call: 1475u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60317,8 +60305,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1480u32,
+        wire: 1653u32,
+        call: 1476u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60349,8 +60337,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1480u32,
+        wire: 1654u32,
+        call: 1476u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60381,8 +60369,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1481u32,
+        wire: 1655u32,
+        call: 1477u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60421,8 +60409,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1481u32,
+        wire: 1656u32,
+        call: 1477u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60461,8 +60449,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1482u32,
+        wire: 1657u32,
+        call: 1478u32,
         name: "cudnnDestroy",
         form: Some(Form::Call),
         library: "cudnn",
@@ -60485,8 +60473,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1482u32,
+        wire: 1658u32,
+        call: 1478u32,
         name: "cudnnDestroy",
         form: Some(Form::Call),
         library: "cudnn",
@@ -60509,8 +60497,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1483u32,
+        wire: 1659u32,
+        call: 1479u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -60533,8 +60521,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1483u32,
+        wire: 1660u32,
+        call: 1479u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -60557,8 +60545,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1484u32,
+        wire: 1661u32,
+        call: 1480u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -60581,8 +60569,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1485u32,
+        wire: 1662u32,
+        call: 1481u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -60609,8 +60597,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1486u32,
+        wire: 1663u32,
+        call: 1482u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -60633,8 +60621,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1486u32,
+        wire: 1664u32,
+        call: 1482u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -60657,8 +60645,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1487u32,
+        wire: 1665u32,
+        call: 1483u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -60681,8 +60669,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1487u32,
+        wire: 1666u32,
+        call: 1483u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -60705,8 +60693,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1488u32,
+        wire: 1667u32,
+        call: 1484u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -60729,8 +60717,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1488u32,
+        wire: 1668u32,
+        call: 1484u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -60753,8 +60741,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1489u32,
+        wire: 1669u32,
+        call: 1485u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -60777,8 +60765,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1489u32,
+        wire: 1670u32,
+        call: 1485u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -60801,8 +60789,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1490u32,
+        wire: 1671u32,
+        call: 1486u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -60825,8 +60813,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1490u32,
+        wire: 1672u32,
+        call: 1486u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -60849,8 +60837,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1491u32,
+        wire: 1673u32,
+        call: 1487u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -60873,8 +60861,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1491u32,
+        wire: 1674u32,
+        call: 1487u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -60897,8 +60885,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1492u32,
+        wire: 1675u32,
+        call: 1488u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -60921,8 +60909,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1492u32,
+        wire: 1676u32,
+        call: 1488u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -60945,8 +60933,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1493u32,
+        wire: 1677u32,
+        call: 1489u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -60969,8 +60957,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1493u32,
+        wire: 1678u32,
+        call: 1489u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -60993,8 +60981,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1494u32,
+        wire: 1679u32,
+        call: 1490u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -61017,8 +61005,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1494u32,
+        wire: 1680u32,
+        call: 1490u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -61041,8 +61029,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1495u32,
+        wire: 1681u32,
+        call: 1491u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61065,8 +61053,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1495u32,
+        wire: 1682u32,
+        call: 1491u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61089,8 +61077,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1496u32,
+        wire: 1683u32,
+        call: 1492u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -61113,8 +61101,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1497u32,
+        wire: 1684u32,
+        call: 1493u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -61137,8 +61125,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1497u32,
+        wire: 1685u32,
+        call: 1493u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -61161,8 +61149,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1498u32,
+        wire: 1686u32,
+        call: 1494u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -61185,8 +61173,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1498u32,
+        wire: 1687u32,
+        call: 1494u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -61209,8 +61197,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1499u32,
+        wire: 1688u32,
+        call: 1495u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -61233,8 +61221,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1499u32,
+        wire: 1689u32,
+        call: 1495u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -61257,8 +61245,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1500u32,
+        wire: 1690u32,
+        call: 1496u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61281,8 +61269,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1500u32,
+        wire: 1691u32,
+        call: 1496u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61305,8 +61293,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1501u32,
+        wire: 1692u32,
+        call: 1497u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -61329,8 +61317,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1501u32,
+        wire: 1693u32,
+        call: 1497u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -61353,8 +61341,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1502u32,
+        wire: 1694u32,
+        call: 1498u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -61377,8 +61365,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1502u32,
+        wire: 1695u32,
+        call: 1498u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -61401,8 +61389,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1503u32,
+        wire: 1696u32,
+        call: 1499u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61425,8 +61413,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1503u32,
+        wire: 1697u32,
+        call: 1499u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61449,8 +61437,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1504u32,
+        wire: 1698u32,
+        call: 1500u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -61473,8 +61461,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1504u32,
+        wire: 1699u32,
+        call: 1500u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -61497,8 +61485,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1505u32,
+        wire: 1700u32,
+        call: 1501u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -61540,8 +61528,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1505u32,
+        wire: 1701u32,
+        call: 1501u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -61583,8 +61571,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1506u32,
+        wire: 1702u32,
+        call: 1502u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -61626,8 +61614,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1506u32,
+        wire: 1703u32,
+        call: 1502u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -61669,8 +61657,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1507u32,
+        wire: 1704u32,
+        call: 1503u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -61700,8 +61688,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1507u32,
+        wire: 1705u32,
+        call: 1503u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -61731,8 +61719,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1508u32,
+        wire: 1706u32,
+        call: 1504u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -61762,8 +61750,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1508u32,
+        wire: 1707u32,
+        call: 1504u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -61793,8 +61781,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1509u32,
+        wire: 1708u32,
+        call: 1505u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61859,8 +61847,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1509u32,
+        wire: 1709u32,
+        call: 1505u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61925,8 +61913,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1510u32,
+        wire: 1710u32,
+        call: 1506u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61991,8 +61979,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1510u32,
+        wire: 1711u32,
+        call: 1506u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -62057,8 +62045,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1511u32,
+        wire: 1712u32,
+        call: 1507u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -62123,8 +62111,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1511u32,
+        wire: 1713u32,
+        call: 1507u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -62189,8 +62177,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1512u32,
+        wire: 1714u32,
+        call: 1508u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -62221,8 +62209,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1512u32,
+        wire: 1715u32,
+        call: 1508u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -62253,8 +62241,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1513u32,
+        wire: 1716u32,
+        call: 1509u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -62298,8 +62286,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1513u32,
+        wire: 1717u32,
+        call: 1509u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -62343,8 +62331,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1514u32,
+        wire: 1718u32,
+        call: 1510u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -62374,8 +62362,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1514u32,
+        wire: 1719u32,
+        call: 1510u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -62405,8 +62393,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1515u32,
+        wire: 1720u32,
+        call: 1511u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -62454,8 +62442,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1516u32,
+        wire: 1721u32,
+        call: 1512u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -62489,8 +62477,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1517u32,
+        wire: 1722u32,
+        call: 1513u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62556,8 +62544,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1517u32,
+        wire: 1723u32,
+        call: 1513u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62623,8 +62611,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1518u32,
+        wire: 1724u32,
+        call: 1514u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62682,8 +62670,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1518u32,
+        wire: 1725u32,
+        call: 1514u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62741,8 +62729,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1519u32,
+        wire: 1726u32,
+        call: 1515u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -62788,8 +62776,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1519u32,
+        wire: 1727u32,
+        call: 1515u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -62835,8 +62823,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1520u32,
+        wire: 1728u32,
+        call: 1516u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62866,8 +62854,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1520u32,
+        wire: 1729u32,
+        call: 1516u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62897,8 +62885,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1521u32,
+        wire: 1730u32,
+        call: 1517u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -62942,8 +62930,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1521u32,
+        wire: 1731u32,
+        call: 1517u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -62987,8 +62975,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1522u32,
+        wire: 1732u32,
+        call: 1518u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -63034,8 +63022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1522u32,
+        wire: 1733u32,
+        call: 1518u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -63081,8 +63069,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1523u32,
+        wire: 1734u32,
+        call: 1519u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -63161,8 +63149,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1523u32,
+        wire: 1735u32,
+        call: 1519u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -63241,8 +63229,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1524u32,
+        wire: 1736u32,
+        call: 1520u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -63295,8 +63283,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1524u32,
+        wire: 1737u32,
+        call: 1520u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -63349,8 +63337,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1525u32,
+        wire: 1738u32,
+        call: 1521u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63380,8 +63368,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1525u32,
+        wire: 1739u32,
+        call: 1521u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63411,8 +63399,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1526u32,
+        wire: 1740u32,
+        call: 1522u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63469,8 +63457,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1526u32,
+        wire: 1741u32,
+        call: 1522u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63527,8 +63515,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1527u32,
+        wire: 1742u32,
+        call: 1523u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63578,8 +63566,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1527u32,
+        wire: 1743u32,
+        call: 1523u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63629,8 +63617,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1528u32,
+        wire: 1744u32,
+        call: 1524u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63660,8 +63648,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1528u32,
+        wire: 1745u32,
+        call: 1524u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63691,8 +63679,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1529u32,
+        wire: 1746u32,
+        call: 1525u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63749,8 +63737,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1529u32,
+        wire: 1747u32,
+        call: 1525u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63807,8 +63795,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1530u32,
+        wire: 1748u32,
+        call: 1526u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63858,8 +63846,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1530u32,
+        wire: 1749u32,
+        call: 1526u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63909,8 +63897,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1531u32,
+        wire: 1750u32,
+        call: 1527u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63940,8 +63928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1531u32,
+        wire: 1751u32,
+        call: 1527u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63971,8 +63959,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1532u32,
+        wire: 1752u32,
+        call: 1528u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -64029,8 +64017,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1532u32,
+        wire: 1753u32,
+        call: 1528u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -64087,8 +64075,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1533u32,
+        wire: 1754u32,
+        call: 1529u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64138,8 +64126,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1533u32,
+        wire: 1755u32,
+        call: 1529u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64189,8 +64177,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1534u32,
+        wire: 1756u32,
+        call: 1530u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -64220,8 +64208,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1534u32,
+        wire: 1757u32,
+        call: 1530u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -64251,8 +64239,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1535u32,
+        wire: 1758u32,
+        call: 1531u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -64282,8 +64270,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1535u32,
+        wire: 1759u32,
+        call: 1531u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -64313,8 +64301,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1536u32,
+        wire: 1760u32,
+        call: 1532u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -64356,8 +64344,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1536u32,
+        wire: 1761u32,
+        call: 1532u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -64399,8 +64387,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1537u32,
+        wire: 1762u32,
+        call: 1533u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -64430,8 +64418,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1537u32,
+        wire: 1763u32,
+        call: 1533u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -64461,8 +64449,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1538u32,
+        wire: 1764u32,
+        call: 1534u32,
         name: "cudnnGetCudartVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -64483,8 +64471,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1538u32,
+        wire: 1765u32,
+        call: 1534u32,
         name: "cudnnGetCudartVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -64505,8 +64493,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1539u32,
+        wire: 1766u32,
+        call: 1535u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -64548,8 +64536,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1539u32,
+        wire: 1767u32,
+        call: 1535u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -64591,8 +64579,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1540u32,
+        wire: 1768u32,
+        call: 1536u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64651,8 +64639,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1540u32,
+        wire: 1769u32,
+        call: 1536u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64711,8 +64699,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1541u32,
+        wire: 1770u32,
+        call: 1537u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64767,8 +64755,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1541u32,
+        wire: 1771u32,
+        call: 1537u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64823,8 +64811,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1542u32,
+        wire: 1772u32,
+        call: 1538u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -64854,8 +64842,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1542u32,
+        wire: 1773u32,
+        call: 1538u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -64885,8 +64873,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1543u32,
+        wire: 1774u32,
+        call: 1539u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -64961,8 +64949,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1543u32,
+        wire: 1775u32,
+        call: 1539u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -65037,8 +65025,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1544u32,
+        wire: 1776u32,
+        call: 1540u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -65089,8 +65077,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1544u32,
+        wire: 1777u32,
+        call: 1540u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -65141,8 +65129,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1545u32,
+        wire: 1778u32,
+        call: 1541u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -65172,8 +65160,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1546u32,
+        wire: 1779u32,
+        call: 1542u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -65194,8 +65182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1546u32,
+        wire: 1780u32,
+        call: 1542u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -65216,8 +65204,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1547u32,
+        wire: 1781u32,
+        call: 1543u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -65295,8 +65283,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1547u32,
+        wire: 1782u32,
+        call: 1543u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -65374,8 +65362,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1548u32,
+        wire: 1783u32,
+        call: 1544u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -65445,8 +65433,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1548u32,
+        wire: 1784u32,
+        call: 1544u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -65516,8 +65504,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1549u32,
+        wire: 1785u32,
+        call: 1545u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -65571,8 +65559,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1549u32,
+        wire: 1786u32,
+        call: 1545u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -65626,8 +65614,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1550u32,
+        wire: 1787u32,
+        call: 1546u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -65671,8 +65659,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1550u32,
+        wire: 1788u32,
+        call: 1546u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -65716,8 +65704,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1551u32,
+        wire: 1789u32,
+        call: 1547u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -65796,8 +65784,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1551u32,
+        wire: 1790u32,
+        call: 1547u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -65876,8 +65864,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1552u32,
+        wire: 1791u32,
+        call: 1548u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65926,8 +65914,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1552u32,
+        wire: 1792u32,
+        call: 1548u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65976,8 +65964,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1553u32,
+        wire: 1793u32,
+        call: 1549u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -66046,8 +66034,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1553u32,
+        wire: 1794u32,
+        call: 1549u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -66116,8 +66104,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1554u32,
+        wire: 1795u32,
+        call: 1550u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -66155,8 +66143,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1554u32,
+        wire: 1796u32,
+        call: 1550u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -66194,8 +66182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1555u32,
+        wire: 1797u32,
+        call: 1551u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -66225,8 +66213,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1555u32,
+        wire: 1798u32,
+        call: 1551u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -66256,8 +66244,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1556u32,
+        wire: 1799u32,
+        call: 1552u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -66291,8 +66279,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1557u32,
+        wire: 1800u32,
+        call: 1553u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -66326,8 +66314,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1558u32,
+        wire: 1801u32,
+        call: 1554u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -66357,8 +66345,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1559u32,
+        wire: 1802u32,
+        call: 1555u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -66392,8 +66380,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1560u32,
+        wire: 1803u32,
+        call: 1556u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -66427,8 +66415,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1561u32,
+        wire: 1804u32,
+        call: 1557u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -66458,8 +66446,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1562u32,
+        wire: 1805u32,
+        call: 1558u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -66489,8 +66477,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1563u32,
+        wire: 1806u32,
+        call: 1559u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -66532,8 +66520,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1564u32,
+        wire: 1807u32,
+        call: 1560u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -66582,8 +66570,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1564u32,
+        wire: 1808u32,
+        call: 1560u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -66632,8 +66620,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1565u32,
+        wire: 1809u32,
+        call: 1561u32,
         name: "cudnnGetRNNWeightParams",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66695,8 +66683,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1565u32,
+        wire: 1810u32,
+        call: 1561u32,
         name: "cudnnGetRNNWeightParams",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66758,8 +66746,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1566u32,
+        wire: 1811u32,
+        call: 1562u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -66793,8 +66781,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1566u32,
+        wire: 1812u32,
+        call: 1562u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -66828,8 +66816,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1567u32,
+        wire: 1813u32,
+        call: 1563u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -66887,8 +66875,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1567u32,
+        wire: 1814u32,
+        call: 1563u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -66946,8 +66934,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1568u32,
+        wire: 1815u32,
+        call: 1564u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -66989,8 +66977,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1568u32,
+        wire: 1816u32,
+        call: 1564u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -67032,8 +67020,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1569u32,
+        wire: 1817u32,
+        call: 1565u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -67075,8 +67063,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1569u32,
+        wire: 1818u32,
+        call: 1565u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -67118,8 +67106,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1570u32,
+        wire: 1819u32,
+        call: 1566u32,
         name: "cudnnGetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67146,8 +67134,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1570u32,
+        wire: 1820u32,
+        call: 1566u32,
         name: "cudnnGetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67174,8 +67162,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1571u32,
+        wire: 1821u32,
+        call: 1567u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -67255,8 +67243,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1571u32,
+        wire: 1822u32,
+        call: 1567u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -67336,8 +67324,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1572u32,
+        wire: 1823u32,
+        call: 1568u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67392,8 +67380,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1572u32,
+        wire: 1824u32,
+        call: 1568u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67448,8 +67436,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1573u32,
+        wire: 1825u32,
+        call: 1569u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -67479,8 +67467,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1573u32,
+        wire: 1826u32,
+        call: 1569u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -67510,8 +67498,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1574u32,
+        wire: 1827u32,
+        call: 1570u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -67573,8 +67561,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1574u32,
+        wire: 1828u32,
+        call: 1570u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -67636,8 +67624,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1575u32,
+        wire: 1829u32,
+        call: 1571u32,
         name: "cudnnGetVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67658,8 +67646,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1575u32,
+        wire: 1830u32,
+        call: 1571u32,
         name: "cudnnGetVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67680,8 +67668,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1576u32,
+        wire: 1831u32,
+        call: 1572u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -67699,8 +67687,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1577u32,
+        wire: 1832u32,
+        call: 1573u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -67738,8 +67726,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1577u32,
+        wire: 1833u32,
+        call: 1573u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -67777,8 +67765,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1578u32,
+        wire: 1834u32,
+        call: 1574u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -67843,8 +67831,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1578u32,
+        wire: 1835u32,
+        call: 1574u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -67909,8 +67897,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1579u32,
+        wire: 1836u32,
+        call: 1575u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -67965,8 +67953,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1579u32,
+        wire: 1837u32,
+        call: 1575u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -68021,8 +68009,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1580u32,
+        wire: 1838u32,
+        call: 1576u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -68060,8 +68048,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1580u32,
+        wire: 1839u32,
+        call: 1576u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -68099,8 +68087,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1581u32,
+        wire: 1840u32,
+        call: 1577u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -68118,8 +68106,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1582u32,
+        wire: 1841u32,
+        call: 1578u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -68137,8 +68125,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1583u32,
+        wire: 1842u32,
+        call: 1579u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -68156,8 +68144,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1584u32,
+        wire: 1843u32,
+        call: 1580u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -68218,8 +68206,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1584u32,
+        wire: 1844u32,
+        call: 1580u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -68280,8 +68268,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1585u32,
+        wire: 1845u32,
+        call: 1581u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -68332,8 +68320,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1585u32,
+        wire: 1846u32,
+        call: 1581u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -68384,8 +68372,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1586u32,
+        wire: 1847u32,
+        call: 1582u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -68423,8 +68411,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1586u32,
+        wire: 1848u32,
+        call: 1582u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -68462,8 +68450,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1587u32,
+        wire: 1849u32,
+        call: 1583u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -68531,8 +68519,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1587u32,
+        wire: 1850u32,
+        call: 1583u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -68600,8 +68588,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1588u32,
+        wire: 1851u32,
+        call: 1584u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -68658,8 +68646,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1589u32,
+        wire: 1852u32,
+        call: 1585u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -68721,8 +68709,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1589u32,
+        wire: 1853u32,
+        call: 1585u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -68784,8 +68772,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1590u32,
+        wire: 1854u32,
+        call: 1586u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -68854,8 +68842,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1590u32,
+        wire: 1855u32,
+        call: 1586u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -68924,8 +68912,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1591u32,
+        wire: 1856u32,
+        call: 1587u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -68980,8 +68968,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1592u32,
+        wire: 1857u32,
+        call: 1588u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -69032,8 +69020,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1592u32,
+        wire: 1858u32,
+        call: 1588u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -69084,8 +69072,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1593u32,
+        wire: 1859u32,
+        call: 1589u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -69129,8 +69117,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1594u32,
+        wire: 1860u32,
+        call: 1590u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -69173,8 +69161,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1595u32,
+        wire: 1861u32,
+        call: 1591u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -69213,8 +69201,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1595u32,
+        wire: 1862u32,
+        call: 1591u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -69253,8 +69241,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1596u32,
+        wire: 1863u32,
+        call: 1592u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -69289,8 +69277,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1597u32,
+        wire: 1864u32,
+        call: 1593u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -69330,8 +69318,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1597u32,
+        wire: 1865u32,
+        call: 1593u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -69371,8 +69359,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1598u32,
+        wire: 1866u32,
+        call: 1594u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -69407,8 +69395,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1598u32,
+        wire: 1867u32,
+        call: 1594u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -69443,8 +69431,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1599u32,
+        wire: 1868u32,
+        call: 1595u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -69479,8 +69467,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1599u32,
+        wire: 1869u32,
+        call: 1595u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -69515,8 +69503,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1600u32,
+        wire: 1870u32,
+        call: 1596u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -69543,8 +69531,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1600u32,
+        wire: 1871u32,
+        call: 1596u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -69571,8 +69559,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1601u32,
+        wire: 1872u32,
+        call: 1597u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -69596,8 +69584,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1602u32,
+        wire: 1873u32,
+        call: 1598u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -69636,8 +69624,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1603u32,
+        wire: 1874u32,
+        call: 1599u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -69736,8 +69724,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1603u32,
+        wire: 1875u32,
+        call: 1599u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -69836,8 +69824,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1604u32,
+        wire: 1876u32,
+        call: 1600u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -69864,8 +69852,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1604u32,
+        wire: 1877u32,
+        call: 1600u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -69892,8 +69880,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1605u32,
+        wire: 1878u32,
+        call: 1601u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -69928,8 +69916,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1605u32,
+        wire: 1879u32,
+        call: 1601u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -69964,8 +69952,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1606u32,
+        wire: 1880u32,
+        call: 1602u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -70004,8 +69992,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1606u32,
+        wire: 1881u32,
+        call: 1602u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -70044,8 +70032,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1607u32,
+        wire: 1882u32,
+        call: 1603u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -70084,8 +70072,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1608u32,
+        wire: 1883u32,
+        call: 1604u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70140,8 +70128,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1608u32,
+        wire: 1884u32,
+        call: 1604u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70196,8 +70184,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1609u32,
+        wire: 1885u32,
+        call: 1605u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -70224,8 +70212,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1609u32,
+        wire: 1886u32,
+        call: 1605u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -70252,8 +70240,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1610u32,
+        wire: 1887u32,
+        call: 1606u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -70280,8 +70268,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1610u32,
+        wire: 1888u32,
+        call: 1606u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -70308,8 +70296,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1611u32,
+        wire: 1889u32,
+        call: 1607u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70365,8 +70353,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1611u32,
+        wire: 1890u32,
+        call: 1607u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70422,8 +70410,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1612u32,
+        wire: 1891u32,
+        call: 1608u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -70450,8 +70438,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1612u32,
+        wire: 1892u32,
+        call: 1608u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -70478,8 +70466,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1613u32,
+        wire: 1893u32,
+        call: 1609u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -70519,8 +70507,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1613u32,
+        wire: 1894u32,
+        call: 1609u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -70560,8 +70548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1614u32,
+        wire: 1895u32,
+        call: 1610u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -70608,8 +70596,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1614u32,
+        wire: 1896u32,
+        call: 1610u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -70656,8 +70644,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1615u32,
+        wire: 1897u32,
+        call: 1611u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70699,8 +70687,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1615u32,
+        wire: 1898u32,
+        call: 1611u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70742,8 +70730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1616u32,
+        wire: 1899u32,
+        call: 1612u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -70782,8 +70770,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1616u32,
+        wire: 1900u32,
+        call: 1612u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -70822,8 +70810,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1617u32,
+        wire: 1901u32,
+        call: 1613u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70858,8 +70846,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1617u32,
+        wire: 1902u32,
+        call: 1613u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70894,8 +70882,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1618u32,
+        wire: 1903u32,
+        call: 1614u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -70922,8 +70910,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1619u32,
+        wire: 1904u32,
+        call: 1615u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70978,8 +70966,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1619u32,
+        wire: 1905u32,
+        call: 1615u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -71034,8 +71022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1620u32,
+        wire: 1906u32,
+        call: 1616u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -71066,8 +71054,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1621u32,
+        wire: 1907u32,
+        call: 1617u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -71094,8 +71082,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1622u32,
+        wire: 1908u32,
+        call: 1618u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -71152,8 +71140,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1622u32,
+        wire: 1909u32,
+        call: 1618u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -71210,8 +71198,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1623u32,
+        wire: 1910u32,
+        call: 1619u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -71270,8 +71258,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1624u32,
+        wire: 1911u32,
+        call: 1620u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -71350,8 +71338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1624u32,
+        wire: 1912u32,
+        call: 1620u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -71430,8 +71418,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1625u32,
+        wire: 1913u32,
+        call: 1621u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -71458,8 +71446,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1626u32,
+        wire: 1914u32,
+        call: 1622u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -71486,8 +71474,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1627u32,
+        wire: 1915u32,
+        call: 1623u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -71522,8 +71510,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1628u32,
+        wire: 1916u32,
+        call: 1624u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -71566,8 +71554,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1628u32,
+        wire: 1917u32,
+        call: 1624u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -71610,8 +71598,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1629u32,
+        wire: 1918u32,
+        call: 1625u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71653,8 +71641,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1629u32,
+        wire: 1919u32,
+        call: 1625u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71696,8 +71684,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1630u32,
+        wire: 1920u32,
+        call: 1626u32,
         name: "cudnnSetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -71724,8 +71712,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1630u32,
+        wire: 1921u32,
+        call: 1626u32,
         name: "cudnnSetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -71752,8 +71740,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1631u32,
+        wire: 1922u32,
+        call: 1627u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -71800,8 +71788,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1631u32,
+        wire: 1923u32,
+        call: 1627u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -71848,8 +71836,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1632u32,
+        wire: 1924u32,
+        call: 1628u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -71908,8 +71896,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1632u32,
+        wire: 1925u32,
+        call: 1628u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -71968,8 +71956,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1633u32,
+        wire: 1926u32,
+        call: 1629u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -72014,8 +72002,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1633u32,
+        wire: 1927u32,
+        call: 1629u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -72060,8 +72048,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1634u32,
+        wire: 1928u32,
+        call: 1630u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -72121,8 +72109,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1634u32,
+        wire: 1929u32,
+        call: 1630u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -72182,8 +72170,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1635u32,
+        wire: 1930u32,
+        call: 1631u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -72238,8 +72226,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1635u32,
+        wire: 1931u32,
+        call: 1631u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -72294,8 +72282,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1636u32,
+        wire: 1932u32,
+        call: 1632u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -72324,8 +72312,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1636u32,
+        wire: 1933u32,
+        call: 1632u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -72354,8 +72342,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1637u32,
+        wire: 1934u32,
+        call: 1633u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -72384,8 +72372,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1637u32,
+        wire: 1935u32,
+        call: 1633u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -72414,8 +72402,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1638u32,
+        wire: 1936u32,
+        call: 1634u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -72487,8 +72475,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1638u32,
+        wire: 1937u32,
+        call: 1634u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -72560,8 +72548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1639u32,
+        wire: 1938u32,
+        call: 1635u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -72613,8 +72601,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1639u32,
+        wire: 1939u32,
+        call: 1635u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -72666,8 +72654,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1640u32,
+        wire: 1940u32,
+        call: 1636u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -72714,8 +72702,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1640u32,
+        wire: 1941u32,
+        call: 1636u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -72789,8 +72777,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_22: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_23: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1861u32,
+        wire: 2165u32,
+        call: 1857u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -72816,8 +72804,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1862u32,
+        wire: 2166u32,
+        call: 1858u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -72840,8 +72828,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate1d: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1863u32,
+        wire: 2167u32,
+        call: 1859u32,
         name: "cufftEstimate1d",
         form: None,
         library: "cufft",
@@ -72879,8 +72867,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate2d: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1864u32,
+        wire: 2168u32,
+        call: 1860u32,
         name: "cufftEstimate2d",
         form: None,
         library: "cufft",
@@ -72918,8 +72906,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate3d: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1865u32,
+        wire: 2169u32,
+        call: 1861u32,
         name: "cufftEstimate3d",
         form: None,
         library: "cufft",
@@ -72961,8 +72949,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimateMany: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1866u32,
+        wire: 2170u32,
+        call: 1862u32,
         name: "cufftEstimateMany",
         form: None,
         library: "cufft",
@@ -73037,8 +73025,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2C: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1867u32,
+        wire: 2171u32,
+        call: 1863u32,
         name: "cufftExecC2C",
         form: None,
         library: "cufft",
@@ -73067,8 +73055,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2R: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1868u32,
+        wire: 2172u32,
+        call: 1864u32,
         name: "cufftExecC2R",
         form: None,
         library: "cufft",
@@ -73093,8 +73081,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecD2Z: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1869u32,
+        wire: 2173u32,
+        call: 1865u32,
         name: "cufftExecD2Z",
         form: None,
         library: "cufft",
@@ -73119,8 +73107,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecR2C: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1870u32,
+        wire: 2174u32,
+        call: 1866u32,
         name: "cufftExecR2C",
         form: None,
         library: "cufft",
@@ -73145,8 +73133,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2D: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1871u32,
+        wire: 2175u32,
+        call: 1867u32,
         name: "cufftExecZ2D",
         form: None,
         library: "cufft",
@@ -73171,8 +73159,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2Z: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1872u32,
+        wire: 2176u32,
+        call: 1868u32,
         name: "cufftExecZ2Z",
         form: None,
         library: "cufft",
@@ -73201,8 +73189,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1873u32,
+        wire: 2177u32,
+        call: 1869u32,
         name: "cufftGetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -73236,8 +73224,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetProperty: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1874u32,
+        wire: 2178u32,
+        call: 1870u32,
         name: "cufftGetProperty",
         form: None,
         library: "cufft",
@@ -73267,8 +73255,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1875u32,
+        wire: 2179u32,
+        call: 1871u32,
         name: "cufftGetSize",
         form: None,
         library: "cufft",
@@ -73298,8 +73286,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize1d: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1876u32,
+        wire: 2180u32,
+        call: 1872u32,
         name: "cufftGetSize1d",
         form: None,
         library: "cufft",
@@ -73341,8 +73329,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize2d: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1877u32,
+        wire: 2181u32,
+        call: 1873u32,
         name: "cufftGetSize2d",
         form: None,
         library: "cufft",
@@ -73384,8 +73372,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize3d: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1878u32,
+        wire: 2182u32,
+        call: 1874u32,
         name: "cufftGetSize3d",
         form: None,
         library: "cufft",
@@ -73431,8 +73419,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1879u32,
+        wire: 2183u32,
+        call: 1875u32,
         name: "cufftGetSizeMany",
         form: None,
         library: "cufft",
@@ -73511,8 +73499,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany64: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1880u32,
+        wire: 2184u32,
+        call: 1876u32,
         name: "cufftGetSizeMany64",
         form: None,
         library: "cufft",
@@ -73591,8 +73579,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetVersion: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1881u32,
+        wire: 2185u32,
+        call: 1877u32,
         name: "cufftGetVersion",
         form: None,
         library: "cufft",
@@ -73618,8 +73606,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan1d: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1882u32,
+        wire: 2186u32,
+        call: 1878u32,
         name: "cufftMakePlan1d",
         form: None,
         library: "cufft",
@@ -73661,8 +73649,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan2d: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1883u32,
+        wire: 2187u32,
+        call: 1879u32,
         name: "cufftMakePlan2d",
         form: None,
         library: "cufft",
@@ -73704,8 +73692,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan3d: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1884u32,
+        wire: 2188u32,
+        call: 1880u32,
         name: "cufftMakePlan3d",
         form: None,
         library: "cufft",
@@ -73751,8 +73739,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1885u32,
+        wire: 2189u32,
+        call: 1881u32,
         name: "cufftMakePlanMany",
         form: None,
         library: "cufft",
@@ -73831,8 +73819,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany64: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1886u32,
+        wire: 2190u32,
+        call: 1882u32,
         name: "cufftMakePlanMany64",
         form: None,
         library: "cufft",
@@ -73911,8 +73899,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan1d: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1887u32,
+        wire: 2191u32,
+        call: 1883u32,
         name: "cufftPlan1d",
         form: None,
         library: "cufft",
@@ -73950,8 +73938,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan2d: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1888u32,
+        wire: 2192u32,
+        call: 1884u32,
         name: "cufftPlan2d",
         form: None,
         library: "cufft",
@@ -73989,8 +73977,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan3d: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1889u32,
+        wire: 2193u32,
+        call: 1885u32,
         name: "cufftPlan3d",
         form: None,
         library: "cufft",
@@ -74032,8 +74020,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlanMany: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1890u32,
+        wire: 2194u32,
+        call: 1886u32,
         name: "cufftPlanMany",
         form: None,
         library: "cufft",
@@ -74108,8 +74096,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1891u32,
+        wire: 2195u32,
+        call: 1887u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -74136,8 +74124,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1892u32,
+        wire: 2196u32,
+        call: 1888u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -74164,8 +74152,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1893u32,
+        wire: 2197u32,
+        call: 1889u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -74196,8 +74184,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1894u32,
+        wire: 2198u32,
+        call: 1890u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -74224,8 +74212,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1895u32,
+        wire: 2199u32,
+        call: 1891u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -74249,8 +74237,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1896u32,
+        wire: 2200u32,
+        call: 1892u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -74277,8 +74265,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1897u32,
+        wire: 2201u32,
+        call: 1893u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -74307,8 +74295,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtGetSizeMany: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1898u32,
+        wire: 2202u32,
+        call: 1894u32,
         name: "cufftXtGetSizeMany",
         form: None,
         library: "cufft",
@@ -74395,8 +74383,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1899u32,
+        wire: 2203u32,
+        call: 1895u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -74483,8 +74471,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1900u32,
+        wire: 2204u32,
+        call: 1896u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -74515,8 +74503,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1901u32,
+        wire: 2205u32,
+        call: 1897u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -74556,8 +74544,8 @@ pub mod cufft {
 pub mod cupti {
     use chidori_protocol::desc::*;
     pub static cuptiGetVersion: CallDesc = CallDesc {
-        wire: 2915u32,
-        call: 2594u32,
+        wire: 2911u32,
+        call: 2590u32,
         name: "cuptiGetVersion",
         form: None,
         library: "cupti",
@@ -74586,8 +74574,8 @@ pub mod cupti {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1902u32,
+        wire: 2206u32,
+        call: 1898u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -74614,8 +74602,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1903u32,
+        wire: 2207u32,
+        call: 1899u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -74642,8 +74630,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1904u32,
+        wire: 2208u32,
+        call: 1900u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -74666,8 +74654,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1905u32,
+        wire: 2209u32,
+        call: 1901u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -74690,8 +74678,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerate: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1906u32,
+        wire: 2210u32,
+        call: 1902u32,
         name: "curandGenerate",
         form: None,
         library: "curand",
@@ -74719,8 +74707,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomial: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1907u32,
+        wire: 2211u32,
+        call: 1903u32,
         name: "curandGenerateBinomial",
         form: None,
         library: "curand",
@@ -74756,8 +74744,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomialMethod: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1908u32,
+        wire: 2212u32,
+        call: 1904u32,
         name: "curandGenerateBinomialMethod",
         form: None,
         library: "curand",
@@ -74797,8 +74785,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormal: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1909u32,
+        wire: 2213u32,
+        call: 1905u32,
         name: "curandGenerateLogNormal",
         form: None,
         library: "curand",
@@ -74834,8 +74822,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormalDouble: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1910u32,
+        wire: 2214u32,
+        call: 1906u32,
         name: "curandGenerateLogNormalDouble",
         form: None,
         library: "curand",
@@ -74871,8 +74859,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLongLong: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1911u32,
+        wire: 2215u32,
+        call: 1907u32,
         name: "curandGenerateLongLong",
         form: None,
         library: "curand",
@@ -74900,8 +74888,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormal: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1912u32,
+        wire: 2216u32,
+        call: 1908u32,
         name: "curandGenerateNormal",
         form: None,
         library: "curand",
@@ -74937,8 +74925,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormalDouble: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1913u32,
+        wire: 2217u32,
+        call: 1909u32,
         name: "curandGenerateNormalDouble",
         form: None,
         library: "curand",
@@ -74974,8 +74962,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoisson: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1914u32,
+        wire: 2218u32,
+        call: 1910u32,
         name: "curandGeneratePoisson",
         form: None,
         library: "curand",
@@ -75007,8 +74995,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoissonMethod: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1915u32,
+        wire: 2219u32,
+        call: 1911u32,
         name: "curandGeneratePoissonMethod",
         form: None,
         library: "curand",
@@ -75044,8 +75032,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1916u32,
+        wire: 2220u32,
+        call: 1912u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -75068,8 +75056,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniform: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1917u32,
+        wire: 2221u32,
+        call: 1913u32,
         name: "curandGenerateUniform",
         form: None,
         library: "curand",
@@ -75097,8 +75085,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniformDouble: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1918u32,
+        wire: 2222u32,
+        call: 1914u32,
         name: "curandGenerateUniformDouble",
         form: None,
         library: "curand",
@@ -75126,8 +75114,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetProperty: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1919u32,
+        wire: 2223u32,
+        call: 1915u32,
         name: "curandGetProperty",
         form: None,
         library: "curand",
@@ -75157,8 +75145,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetVersion: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1920u32,
+        wire: 2224u32,
+        call: 1916u32,
         name: "curandGetVersion",
         form: None,
         library: "curand",
@@ -75184,8 +75172,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1921u32,
+        wire: 2225u32,
+        call: 1917u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -75212,8 +75200,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1922u32,
+        wire: 2226u32,
+        call: 1918u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -75240,8 +75228,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1923u32,
+        wire: 2227u32,
+        call: 1919u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -75268,8 +75256,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1924u32,
+        wire: 2228u32,
+        call: 1920u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -75296,8 +75284,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1925u32,
+        wire: 2229u32,
+        call: 1921u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -75336,8 +75324,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2231u32,
+        wire: 2535u32,
+        call: 2227u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75375,8 +75363,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2232u32,
+        wire: 2536u32,
+        call: 2228u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -75419,8 +75407,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2233u32,
+        wire: 2537u32,
+        call: 2229u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75463,8 +75451,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2234u32,
+        wire: 2538u32,
+        call: 2230u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -75526,8 +75514,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2235u32,
+        wire: 2539u32,
+        call: 2231u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75565,8 +75553,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2236u32,
+        wire: 2540u32,
+        call: 2232u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -75654,8 +75642,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2237u32,
+        wire: 2541u32,
+        call: 2233u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75737,8 +75725,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2238u32,
+        wire: 2542u32,
+        call: 2234u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -75803,8 +75791,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2239u32,
+        wire: 2543u32,
+        call: 2235u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -75869,8 +75857,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2240u32,
+        wire: 2544u32,
+        call: 2236u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75936,8 +75924,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2241u32,
+        wire: 2545u32,
+        call: 2237u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76003,8 +75991,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2242u32,
+        wire: 2546u32,
+        call: 2238u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -76043,8 +76031,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2243u32,
+        wire: 2547u32,
+        call: 2239u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76087,8 +76075,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2244u32,
+        wire: 2548u32,
+        call: 2240u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -76135,8 +76123,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2245u32,
+        wire: 2549u32,
+        call: 2241u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -76183,8 +76171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2246u32,
+        wire: 2550u32,
+        call: 2242u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76232,8 +76220,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2247u32,
+        wire: 2551u32,
+        call: 2243u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -76284,8 +76272,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2248u32,
+        wire: 2552u32,
+        call: 2244u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -76340,8 +76328,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2249u32,
+        wire: 2553u32,
+        call: 2245u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -76397,8 +76385,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2250u32,
+        wire: 2554u32,
+        call: 2246u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76450,8 +76438,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2251u32,
+        wire: 2555u32,
+        call: 2247u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -76507,8 +76495,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2252u32,
+        wire: 2556u32,
+        call: 2248u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76565,8 +76553,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2253u32,
+        wire: 2557u32,
+        call: 2249u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -76626,8 +76614,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2254u32,
+        wire: 2558u32,
+        call: 2250u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76688,8 +76676,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2255u32,
+        wire: 2559u32,
+        call: 2251u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -76734,8 +76722,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2256u32,
+        wire: 2560u32,
+        call: 2252u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -76777,8 +76765,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2257u32,
+        wire: 2561u32,
+        call: 2253u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -76821,8 +76809,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2258u32,
+        wire: 2562u32,
+        call: 2254u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -76864,8 +76852,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2259u32,
+        wire: 2563u32,
+        call: 2255u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -76906,8 +76894,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2260u32,
+        wire: 2564u32,
+        call: 2256u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76950,8 +76938,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2261u32,
+        wire: 2565u32,
+        call: 2257u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -76993,8 +76981,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2262u32,
+        wire: 2566u32,
+        call: 2258u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -77037,8 +77025,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2263u32,
+        wire: 2567u32,
+        call: 2259u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -77084,8 +77072,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2264u32,
+        wire: 2568u32,
+        call: 2260u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -77135,8 +77123,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2265u32,
+        wire: 2569u32,
+        call: 2261u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -77159,8 +77147,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2266u32,
+        wire: 2570u32,
+        call: 2262u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77183,8 +77171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2267u32,
+        wire: 2571u32,
+        call: 2263u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -77207,8 +77195,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2268u32,
+        wire: 2572u32,
+        call: 2264u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -77231,8 +77219,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2269u32,
+        wire: 2573u32,
+        call: 2265u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -77275,8 +77263,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2270u32,
+        wire: 2574u32,
+        call: 2266u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77315,8 +77303,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2271u32,
+        wire: 2575u32,
+        call: 2267u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -77359,8 +77347,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2272u32,
+        wire: 2576u32,
+        call: 2268u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -77404,8 +77392,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2273u32,
+        wire: 2577u32,
+        call: 2269u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -77456,8 +77444,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2274u32,
+        wire: 2578u32,
+        call: 2270u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77509,8 +77497,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2275u32,
+        wire: 2579u32,
+        call: 2271u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -77557,8 +77545,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2276u32,
+        wire: 2580u32,
+        call: 2272u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77606,8 +77594,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2277u32,
+        wire: 2581u32,
+        call: 2273u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -77650,8 +77638,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2278u32,
+        wire: 2582u32,
+        call: 2274u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77695,8 +77683,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2279u32,
+        wire: 2583u32,
+        call: 2275u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -77756,8 +77744,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2280u32,
+        wire: 2584u32,
+        call: 2276u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77818,8 +77806,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2281u32,
+        wire: 2585u32,
+        call: 2277u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -77879,8 +77867,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2282u32,
+        wire: 2586u32,
+        call: 2278u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77941,8 +77929,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2283u32,
+        wire: 2587u32,
+        call: 2279u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -77965,8 +77953,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2284u32,
+        wire: 2588u32,
+        call: 2280u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77989,8 +77977,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2285u32,
+        wire: 2589u32,
+        call: 2281u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -78013,8 +78001,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2286u32,
+        wire: 2590u32,
+        call: 2282u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -78037,8 +78025,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2287u32,
+        wire: 2591u32,
+        call: 2283u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78076,8 +78064,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2288u32,
+        wire: 2592u32,
+        call: 2284u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -78120,8 +78108,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2289u32,
+        wire: 2593u32,
+        call: 2285u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78164,8 +78152,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2290u32,
+        wire: 2594u32,
+        call: 2286u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -78227,8 +78215,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2291u32,
+        wire: 2595u32,
+        call: 2287u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78266,8 +78254,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2292u32,
+        wire: 2596u32,
+        call: 2288u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -78355,8 +78343,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2293u32,
+        wire: 2597u32,
+        call: 2289u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78438,8 +78426,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2294u32,
+        wire: 2598u32,
+        call: 2290u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -78504,8 +78492,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2295u32,
+        wire: 2599u32,
+        call: 2291u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -78570,8 +78558,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2296u32,
+        wire: 2600u32,
+        call: 2292u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78637,8 +78625,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2297u32,
+        wire: 2601u32,
+        call: 2293u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78704,8 +78692,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2298u32,
+        wire: 2602u32,
+        call: 2294u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -78744,8 +78732,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2299u32,
+        wire: 2603u32,
+        call: 2295u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78788,8 +78776,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2300u32,
+        wire: 2604u32,
+        call: 2296u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -78836,8 +78824,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2301u32,
+        wire: 2605u32,
+        call: 2297u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -78882,8 +78870,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2302u32,
+        wire: 2606u32,
+        call: 2298u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -78925,8 +78913,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2303u32,
+        wire: 2607u32,
+        call: 2299u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78969,8 +78957,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2304u32,
+        wire: 2608u32,
+        call: 2300u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -79021,8 +79009,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2305u32,
+        wire: 2609u32,
+        call: 2301u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79074,8 +79062,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2306u32,
+        wire: 2610u32,
+        call: 2302u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -79122,8 +79110,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2307u32,
+        wire: 2611u32,
+        call: 2303u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79171,8 +79159,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2308u32,
+        wire: 2612u32,
+        call: 2304u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -79215,8 +79203,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2309u32,
+        wire: 2613u32,
+        call: 2305u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79260,8 +79248,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2310u32,
+        wire: 2614u32,
+        call: 2306u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -79321,8 +79309,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2311u32,
+        wire: 2615u32,
+        call: 2307u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79383,8 +79371,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2312u32,
+        wire: 2616u32,
+        call: 2308u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -79444,8 +79432,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2313u32,
+        wire: 2617u32,
+        call: 2309u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79506,8 +79494,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2314u32,
+        wire: 2618u32,
+        call: 2310u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -79549,8 +79537,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2315u32,
+        wire: 2619u32,
+        call: 2311u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -79591,8 +79579,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2316u32,
+        wire: 2620u32,
+        call: 2312u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79635,8 +79623,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2317u32,
+        wire: 2621u32,
+        call: 2313u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -79678,8 +79666,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2318u32,
+        wire: 2622u32,
+        call: 2314u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79722,8 +79710,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2319u32,
+        wire: 2623u32,
+        call: 2315u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -79769,8 +79757,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2320u32,
+        wire: 2624u32,
+        call: 2316u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -79820,8 +79808,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2321u32,
+        wire: 2625u32,
+        call: 2317u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -79868,8 +79856,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2322u32,
+        wire: 2626u32,
+        call: 2318u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79917,8 +79905,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2323u32,
+        wire: 2627u32,
+        call: 2319u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -79969,8 +79957,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2324u32,
+        wire: 2628u32,
+        call: 2320u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -80025,8 +80013,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2325u32,
+        wire: 2629u32,
+        call: 2321u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -80082,8 +80070,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2326u32,
+        wire: 2630u32,
+        call: 2322u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -80135,8 +80123,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2327u32,
+        wire: 2631u32,
+        call: 2323u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -80192,8 +80180,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2328u32,
+        wire: 2632u32,
+        call: 2324u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80250,8 +80238,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2329u32,
+        wire: 2633u32,
+        call: 2325u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -80311,8 +80299,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2330u32,
+        wire: 2634u32,
+        call: 2326u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -80373,8 +80361,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2331u32,
+        wire: 2635u32,
+        call: 2327u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -80417,8 +80405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2332u32,
+        wire: 2636u32,
+        call: 2328u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80457,8 +80445,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2333u32,
+        wire: 2637u32,
+        call: 2329u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -80501,8 +80489,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2334u32,
+        wire: 2638u32,
+        call: 2330u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -80546,8 +80534,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2335u32,
+        wire: 2639u32,
+        call: 2331u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -80574,8 +80562,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2336u32,
+        wire: 2640u32,
+        call: 2332u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -80634,8 +80622,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2337u32,
+        wire: 2641u32,
+        call: 2333u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -80658,8 +80646,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2338u32,
+        wire: 2642u32,
+        call: 2334u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -80682,8 +80670,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2339u32,
+        wire: 2643u32,
+        call: 2335u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -80706,8 +80694,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2340u32,
+        wire: 2644u32,
+        call: 2336u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -80730,8 +80718,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2341u32,
+        wire: 2645u32,
+        call: 2337u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -80754,8 +80742,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2342u32,
+        wire: 2646u32,
+        call: 2338u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -80778,8 +80766,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2343u32,
+        wire: 2647u32,
+        call: 2339u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -80802,8 +80790,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2344u32,
+        wire: 2648u32,
+        call: 2340u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -80830,8 +80818,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2345u32,
+        wire: 2649u32,
+        call: 2341u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -80858,8 +80846,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2346u32,
+        wire: 2650u32,
+        call: 2342u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -80886,8 +80874,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2347u32,
+        wire: 2651u32,
+        call: 2343u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -80914,8 +80902,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2348u32,
+        wire: 2652u32,
+        call: 2344u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -80942,8 +80930,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2349u32,
+        wire: 2653u32,
+        call: 2345u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -80974,8 +80962,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2350u32,
+        wire: 2654u32,
+        call: 2346u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -81002,8 +80990,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2351u32,
+        wire: 2655u32,
+        call: 2347u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -81030,8 +81018,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2352u32,
+        wire: 2656u32,
+        call: 2348u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -81049,8 +81037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2353u32,
+        wire: 2657u32,
+        call: 2349u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -81073,8 +81061,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2354u32,
+        wire: 2658u32,
+        call: 2350u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -81097,8 +81085,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2663u32,
-        call: 2355u32,
+        wire: 2659u32,
+        call: 2351u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -81156,8 +81144,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2664u32,
-        call: 2356u32,
+        wire: 2660u32,
+        call: 2352u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -81188,8 +81176,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2665u32,
-        call: 2357u32,
+        wire: 2661u32,
+        call: 2353u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -81216,8 +81204,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2666u32,
-        call: 2358u32,
+        wire: 2662u32,
+        call: 2354u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -81244,8 +81232,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2667u32,
-        call: 2359u32,
+        wire: 2663u32,
+        call: 2355u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -81272,8 +81260,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2668u32,
-        call: 2360u32,
+        wire: 2664u32,
+        call: 2356u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -81300,8 +81288,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2669u32,
-        call: 2361u32,
+        wire: 2665u32,
+        call: 2357u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81339,8 +81327,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2670u32,
-        call: 2362u32,
+        wire: 2666u32,
+        call: 2358u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -81383,8 +81371,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2671u32,
-        call: 2363u32,
+        wire: 2667u32,
+        call: 2359u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81427,8 +81415,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2672u32,
-        call: 2364u32,
+        wire: 2668u32,
+        call: 2360u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -81490,8 +81478,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2673u32,
-        call: 2365u32,
+        wire: 2669u32,
+        call: 2361u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81529,8 +81517,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2674u32,
-        call: 2366u32,
+        wire: 2670u32,
+        call: 2362u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -81618,8 +81606,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2675u32,
-        call: 2367u32,
+        wire: 2671u32,
+        call: 2363u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81701,8 +81689,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2676u32,
-        call: 2368u32,
+        wire: 2672u32,
+        call: 2364u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -81767,8 +81755,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2677u32,
-        call: 2369u32,
+        wire: 2673u32,
+        call: 2365u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -81833,8 +81821,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2678u32,
-        call: 2370u32,
+        wire: 2674u32,
+        call: 2366u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81900,8 +81888,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2679u32,
-        call: 2371u32,
+        wire: 2675u32,
+        call: 2367u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -81967,8 +81955,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2680u32,
-        call: 2372u32,
+        wire: 2676u32,
+        call: 2368u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -82007,8 +81995,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2681u32,
-        call: 2373u32,
+        wire: 2677u32,
+        call: 2369u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82051,8 +82039,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2682u32,
-        call: 2374u32,
+        wire: 2678u32,
+        call: 2370u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -82099,8 +82087,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2683u32,
-        call: 2375u32,
+        wire: 2679u32,
+        call: 2371u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -82145,8 +82133,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2684u32,
-        call: 2376u32,
+        wire: 2680u32,
+        call: 2372u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -82188,8 +82176,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2685u32,
-        call: 2377u32,
+        wire: 2681u32,
+        call: 2373u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -82232,8 +82220,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2686u32,
-        call: 2378u32,
+        wire: 2682u32,
+        call: 2374u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -82284,8 +82272,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2687u32,
-        call: 2379u32,
+        wire: 2683u32,
+        call: 2375u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82337,8 +82325,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2688u32,
-        call: 2380u32,
+        wire: 2684u32,
+        call: 2376u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -82385,8 +82373,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2689u32,
-        call: 2381u32,
+        wire: 2685u32,
+        call: 2377u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82434,8 +82422,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2690u32,
-        call: 2382u32,
+        wire: 2686u32,
+        call: 2378u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -82478,8 +82466,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2691u32,
-        call: 2383u32,
+        wire: 2687u32,
+        call: 2379u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82523,8 +82511,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2692u32,
-        call: 2384u32,
+        wire: 2688u32,
+        call: 2380u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -82584,8 +82572,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2693u32,
-        call: 2385u32,
+        wire: 2689u32,
+        call: 2381u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82646,8 +82634,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2694u32,
-        call: 2386u32,
+        wire: 2690u32,
+        call: 2382u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -82707,8 +82695,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2695u32,
-        call: 2387u32,
+        wire: 2691u32,
+        call: 2383u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82769,8 +82757,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2696u32,
-        call: 2388u32,
+        wire: 2692u32,
+        call: 2384u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -82812,8 +82800,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2697u32,
-        call: 2389u32,
+        wire: 2693u32,
+        call: 2385u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -82854,8 +82842,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2698u32,
-        call: 2390u32,
+        wire: 2694u32,
+        call: 2386u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82898,8 +82886,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2699u32,
-        call: 2391u32,
+        wire: 2695u32,
+        call: 2387u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -82941,8 +82929,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2700u32,
-        call: 2392u32,
+        wire: 2696u32,
+        call: 2388u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -82985,8 +82973,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2701u32,
-        call: 2393u32,
+        wire: 2697u32,
+        call: 2389u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -83032,8 +83020,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2702u32,
-        call: 2394u32,
+        wire: 2698u32,
+        call: 2390u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -83083,8 +83071,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2703u32,
-        call: 2395u32,
+        wire: 2699u32,
+        call: 2391u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -83131,8 +83119,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2704u32,
-        call: 2396u32,
+        wire: 2700u32,
+        call: 2392u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83180,8 +83168,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2705u32,
-        call: 2397u32,
+        wire: 2701u32,
+        call: 2393u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -83232,8 +83220,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2706u32,
-        call: 2398u32,
+        wire: 2702u32,
+        call: 2394u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -83288,8 +83276,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2707u32,
-        call: 2399u32,
+        wire: 2703u32,
+        call: 2395u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -83345,8 +83333,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2708u32,
-        call: 2400u32,
+        wire: 2704u32,
+        call: 2396u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -83398,8 +83386,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2709u32,
-        call: 2401u32,
+        wire: 2705u32,
+        call: 2397u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -83455,8 +83443,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2710u32,
-        call: 2402u32,
+        wire: 2706u32,
+        call: 2398u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83513,8 +83501,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2711u32,
-        call: 2403u32,
+        wire: 2707u32,
+        call: 2399u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -83574,8 +83562,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2712u32,
-        call: 2404u32,
+        wire: 2708u32,
+        call: 2400u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -83636,8 +83624,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2713u32,
-        call: 2405u32,
+        wire: 2709u32,
+        call: 2401u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -83680,8 +83668,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2714u32,
-        call: 2406u32,
+        wire: 2710u32,
+        call: 2402u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83720,8 +83708,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2715u32,
-        call: 2407u32,
+        wire: 2711u32,
+        call: 2403u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -83764,8 +83752,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2716u32,
-        call: 2408u32,
+        wire: 2712u32,
+        call: 2404u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -83809,8 +83797,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2717u32,
-        call: 2409u32,
+        wire: 2713u32,
+        call: 2405u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -83902,8 +83890,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2718u32,
-        call: 2410u32,
+        wire: 2714u32,
+        call: 2406u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -83992,8 +83980,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2719u32,
-        call: 2411u32,
+        wire: 2715u32,
+        call: 2407u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -84063,8 +84051,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2720u32,
-        call: 2412u32,
+        wire: 2716u32,
+        call: 2408u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84131,8 +84119,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2721u32,
-        call: 2413u32,
+        wire: 2717u32,
+        call: 2409u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -84228,8 +84216,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2722u32,
-        call: 2414u32,
+        wire: 2718u32,
+        call: 2410u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84322,8 +84310,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2723u32,
-        call: 2415u32,
+        wire: 2719u32,
+        call: 2411u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -84350,8 +84338,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2724u32,
-        call: 2416u32,
+        wire: 2720u32,
+        call: 2412u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -84378,8 +84366,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2725u32,
-        call: 2417u32,
+        wire: 2721u32,
+        call: 2413u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -84406,8 +84394,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2726u32,
-        call: 2418u32,
+        wire: 2722u32,
+        call: 2414u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -84500,8 +84488,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2727u32,
-        call: 2419u32,
+        wire: 2723u32,
+        call: 2415u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -84567,8 +84555,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2728u32,
-        call: 2420u32,
+        wire: 2724u32,
+        call: 2416u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84630,8 +84618,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2729u32,
-        call: 2421u32,
+        wire: 2725u32,
+        call: 2417u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -84690,8 +84678,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2730u32,
-        call: 2422u32,
+        wire: 2726u32,
+        call: 2418u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -84756,8 +84744,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2731u32,
-        call: 2423u32,
+        wire: 2727u32,
+        call: 2419u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84819,8 +84807,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2732u32,
-        call: 2424u32,
+        wire: 2728u32,
+        call: 2420u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -84878,8 +84866,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2733u32,
-        call: 2425u32,
+        wire: 2729u32,
+        call: 2421u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -84957,8 +84945,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2734u32,
-        call: 2426u32,
+        wire: 2730u32,
+        call: 2422u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85033,8 +85021,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2735u32,
-        call: 2427u32,
+        wire: 2731u32,
+        call: 2423u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -85108,8 +85096,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2736u32,
-        call: 2428u32,
+        wire: 2732u32,
+        call: 2424u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85180,8 +85168,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2737u32,
-        call: 2429u32,
+        wire: 2733u32,
+        call: 2425u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -85208,8 +85196,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2738u32,
-        call: 2430u32,
+        wire: 2734u32,
+        call: 2426u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -85236,8 +85224,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2739u32,
-        call: 2431u32,
+        wire: 2735u32,
+        call: 2427u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -85264,8 +85252,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2740u32,
-        call: 2432u32,
+        wire: 2736u32,
+        call: 2428u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -85336,8 +85324,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2741u32,
-        call: 2433u32,
+        wire: 2737u32,
+        call: 2429u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -85405,8 +85393,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2742u32,
-        call: 2434u32,
+        wire: 2738u32,
+        call: 2430u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -85467,8 +85455,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2743u32,
-        call: 2435u32,
+        wire: 2739u32,
+        call: 2431u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -85526,8 +85514,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2744u32,
-        call: 2436u32,
+        wire: 2740u32,
+        call: 2432u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85565,8 +85553,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2745u32,
-        call: 2437u32,
+        wire: 2741u32,
+        call: 2433u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -85609,8 +85597,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2746u32,
-        call: 2438u32,
+        wire: 2742u32,
+        call: 2434u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -85653,8 +85641,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2747u32,
-        call: 2439u32,
+        wire: 2743u32,
+        call: 2435u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -85716,8 +85704,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2748u32,
-        call: 2440u32,
+        wire: 2744u32,
+        call: 2436u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85755,8 +85743,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2749u32,
-        call: 2441u32,
+        wire: 2745u32,
+        call: 2437u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -85844,8 +85832,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2750u32,
-        call: 2442u32,
+        wire: 2746u32,
+        call: 2438u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85927,8 +85915,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2751u32,
-        call: 2443u32,
+        wire: 2747u32,
+        call: 2439u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -85993,8 +85981,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2752u32,
-        call: 2444u32,
+        wire: 2748u32,
+        call: 2440u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -86059,8 +86047,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2753u32,
-        call: 2445u32,
+        wire: 2749u32,
+        call: 2441u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -86126,8 +86114,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2754u32,
-        call: 2446u32,
+        wire: 2750u32,
+        call: 2442u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86193,8 +86181,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2755u32,
-        call: 2447u32,
+        wire: 2751u32,
+        call: 2443u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -86233,8 +86221,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2756u32,
-        call: 2448u32,
+        wire: 2752u32,
+        call: 2444u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86277,8 +86265,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2757u32,
-        call: 2449u32,
+        wire: 2753u32,
+        call: 2445u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -86325,8 +86313,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2758u32,
-        call: 2450u32,
+        wire: 2754u32,
+        call: 2446u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -86373,8 +86361,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2759u32,
-        call: 2451u32,
+        wire: 2755u32,
+        call: 2447u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -86422,8 +86410,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2760u32,
-        call: 2452u32,
+        wire: 2756u32,
+        call: 2448u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -86474,8 +86462,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2761u32,
-        call: 2453u32,
+        wire: 2757u32,
+        call: 2449u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -86530,8 +86518,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2454u32,
+        wire: 2758u32,
+        call: 2450u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -86587,8 +86575,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2455u32,
+        wire: 2759u32,
+        call: 2451u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86640,8 +86628,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2456u32,
+        wire: 2760u32,
+        call: 2452u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -86697,8 +86685,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2457u32,
+        wire: 2761u32,
+        call: 2453u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -86755,8 +86743,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2458u32,
+        wire: 2762u32,
+        call: 2454u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -86816,8 +86804,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2459u32,
+        wire: 2763u32,
+        call: 2455u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86878,8 +86866,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2460u32,
+        wire: 2764u32,
+        call: 2456u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -86924,8 +86912,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2461u32,
+        wire: 2765u32,
+        call: 2457u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -86967,8 +86955,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2462u32,
+        wire: 2766u32,
+        call: 2458u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -87011,8 +86999,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2463u32,
+        wire: 2767u32,
+        call: 2459u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -87054,8 +87042,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2464u32,
+        wire: 2768u32,
+        call: 2460u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -87096,8 +87084,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2465u32,
+        wire: 2769u32,
+        call: 2461u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -87140,8 +87128,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2466u32,
+        wire: 2770u32,
+        call: 2462u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -87183,8 +87171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2467u32,
+        wire: 2771u32,
+        call: 2463u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -87227,8 +87215,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2468u32,
+        wire: 2772u32,
+        call: 2464u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -87274,8 +87262,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2469u32,
+        wire: 2773u32,
+        call: 2465u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -87325,8 +87313,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2470u32,
+        wire: 2774u32,
+        call: 2466u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -87369,8 +87357,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2471u32,
+        wire: 2775u32,
+        call: 2467u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -87409,8 +87397,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2780u32,
-        call: 2472u32,
+        wire: 2776u32,
+        call: 2468u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -87453,8 +87441,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2781u32,
-        call: 2473u32,
+        wire: 2777u32,
+        call: 2469u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -87498,8 +87486,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2782u32,
-        call: 2474u32,
+        wire: 2778u32,
+        call: 2470u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -87550,8 +87538,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2783u32,
-        call: 2475u32,
+        wire: 2779u32,
+        call: 2471u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87603,8 +87591,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2784u32,
-        call: 2476u32,
+        wire: 2780u32,
+        call: 2472u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -87651,8 +87639,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2785u32,
-        call: 2477u32,
+        wire: 2781u32,
+        call: 2473u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87700,8 +87688,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2786u32,
-        call: 2478u32,
+        wire: 2782u32,
+        call: 2474u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -87744,8 +87732,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2787u32,
-        call: 2479u32,
+        wire: 2783u32,
+        call: 2475u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87789,8 +87777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2788u32,
-        call: 2480u32,
+        wire: 2784u32,
+        call: 2476u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -87850,8 +87838,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2789u32,
-        call: 2481u32,
+        wire: 2785u32,
+        call: 2477u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87912,8 +87900,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2790u32,
-        call: 2482u32,
+        wire: 2786u32,
+        call: 2478u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -87973,8 +87961,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2791u32,
-        call: 2483u32,
+        wire: 2787u32,
+        call: 2479u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -88035,8 +88023,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetProperty: CallDesc = CallDesc {
-        wire: 2792u32,
-        call: 2484u32,
+        wire: 2788u32,
+        call: 2480u32,
         name: "cusolverGetProperty",
         form: None,
         library: "cusolver",
@@ -88066,8 +88054,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetVersion: CallDesc = CallDesc {
-        wire: 2793u32,
-        call: 2485u32,
+        wire: 2789u32,
+        call: 2481u32,
         name: "cusolverGetVersion",
         form: None,
         library: "cusolver",
@@ -88093,8 +88081,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2794u32,
-        call: 2486u32,
+        wire: 2790u32,
+        call: 2482u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -88117,8 +88105,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2795u32,
-        call: 2487u32,
+        wire: 2791u32,
+        call: 2483u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -88141,8 +88129,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2796u32,
-        call: 2488u32,
+        wire: 2792u32,
+        call: 2484u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -88165,8 +88153,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2797u32,
-        call: 2489u32,
+        wire: 2793u32,
+        call: 2485u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -88189,8 +88177,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2798u32,
-        call: 2490u32,
+        wire: 2794u32,
+        call: 2486u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -88213,8 +88201,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2799u32,
-        call: 2491u32,
+        wire: 2795u32,
+        call: 2487u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -88237,8 +88225,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2800u32,
-        call: 2492u32,
+        wire: 2796u32,
+        call: 2488u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -88269,8 +88257,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2801u32,
-        call: 2493u32,
+        wire: 2797u32,
+        call: 2489u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -88301,8 +88289,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2802u32,
-        call: 2494u32,
+        wire: 2798u32,
+        call: 2490u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -88333,8 +88321,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2803u32,
-        call: 2495u32,
+        wire: 2799u32,
+        call: 2491u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -88361,8 +88349,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2804u32,
-        call: 2496u32,
+        wire: 2800u32,
+        call: 2492u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -88385,8 +88373,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2805u32,
-        call: 2497u32,
+        wire: 2801u32,
+        call: 2493u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -88409,8 +88397,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2806u32,
-        call: 2498u32,
+        wire: 2802u32,
+        call: 2494u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -88433,8 +88421,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2807u32,
-        call: 2499u32,
+        wire: 2803u32,
+        call: 2495u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -88457,8 +88445,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2808u32,
-        call: 2500u32,
+        wire: 2804u32,
+        call: 2496u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -88485,8 +88473,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2809u32,
-        call: 2501u32,
+        wire: 2805u32,
+        call: 2497u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -88804,8 +88792,8 @@ pub mod cusparse {
         ],
     );
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1926u32,
+        wire: 2230u32,
+        call: 1922u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -88848,8 +88836,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1927u32,
+        wire: 2231u32,
+        call: 1923u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -88888,8 +88876,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1928u32,
+        wire: 2232u32,
+        call: 1924u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -88942,8 +88930,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1929u32,
+        wire: 2233u32,
+        call: 1925u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -88998,8 +88986,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1930u32,
+        wire: 2234u32,
+        call: 1926u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89056,8 +89044,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1931u32,
+        wire: 2235u32,
+        call: 1927u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -89112,8 +89100,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1932u32,
+        wire: 2236u32,
+        call: 1928u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89168,8 +89156,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1933u32,
+        wire: 2237u32,
+        call: 1929u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89226,8 +89214,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1934u32,
+        wire: 2238u32,
+        call: 1930u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -89311,8 +89299,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1935u32,
+        wire: 2239u32,
+        call: 1931u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -89380,8 +89368,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1936u32,
+        wire: 2240u32,
+        call: 1932u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89448,8 +89436,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1937u32,
+        wire: 2241u32,
+        call: 1933u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89518,8 +89506,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1938u32,
+        wire: 2242u32,
+        call: 1934u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -89602,8 +89590,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1939u32,
+        wire: 2243u32,
+        call: 1935u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -89662,8 +89650,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1940u32,
+        wire: 2244u32,
+        call: 1936u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89724,8 +89712,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1941u32,
+        wire: 2245u32,
+        call: 1937u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89792,8 +89780,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1942u32,
+        wire: 2246u32,
+        call: 1938u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -89867,8 +89855,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1943u32,
+        wire: 2247u32,
+        call: 1939u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -89921,8 +89909,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1944u32,
+        wire: 2248u32,
+        call: 1940u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -89969,8 +89957,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1945u32,
+        wire: 2249u32,
+        call: 1941u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -90028,8 +90016,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1946u32,
+        wire: 2250u32,
+        call: 1942u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -90086,8 +90074,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1947u32,
+        wire: 2251u32,
+        call: 1943u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -90160,8 +90148,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1948u32,
+        wire: 2252u32,
+        call: 1944u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90240,8 +90228,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1949u32,
+        wire: 2253u32,
+        call: 1945u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -90333,8 +90321,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1950u32,
+        wire: 2254u32,
+        call: 1946u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90422,8 +90410,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1951u32,
+        wire: 2255u32,
+        call: 1947u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -90470,8 +90458,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1952u32,
+        wire: 2256u32,
+        call: 1948u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90520,8 +90508,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1953u32,
+        wire: 2257u32,
+        call: 1949u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -90568,8 +90556,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1954u32,
+        wire: 2258u32,
+        call: 1950u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90618,8 +90606,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1955u32,
+        wire: 2259u32,
+        call: 1951u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -90693,8 +90681,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1956u32,
+        wire: 2260u32,
+        call: 1952u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -90768,8 +90756,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1957u32,
+        wire: 2261u32,
+        call: 1953u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -90820,8 +90808,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1958u32,
+        wire: 2262u32,
+        call: 1954u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -90874,8 +90862,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1959u32,
+        wire: 2263u32,
+        call: 1955u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -90934,8 +90922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1960u32,
+        wire: 2264u32,
+        call: 1956u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -90982,8 +90970,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1961u32,
+        wire: 2265u32,
+        call: 1957u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -91032,8 +91020,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1962u32,
+        wire: 2266u32,
+        call: 1958u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -91090,8 +91078,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1963u32,
+        wire: 2267u32,
+        call: 1959u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -91144,8 +91132,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1964u32,
+        wire: 2268u32,
+        call: 1960u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -91215,8 +91203,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1965u32,
+        wire: 2269u32,
+        call: 1961u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -91285,8 +91273,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1966u32,
+        wire: 2270u32,
+        call: 1962u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -91344,8 +91332,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1967u32,
+        wire: 2271u32,
+        call: 1963u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -91403,8 +91391,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1968u32,
+        wire: 2272u32,
+        call: 1964u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -91428,8 +91416,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1969u32,
+        wire: 2273u32,
+        call: 1965u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -91453,8 +91441,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 1970u32,
+        wire: 2274u32,
+        call: 1966u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -91478,8 +91466,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 1971u32,
+        wire: 2275u32,
+        call: 1967u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -91503,8 +91491,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 1972u32,
+        wire: 2276u32,
+        call: 1968u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -91564,8 +91552,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 1973u32,
+        wire: 2277u32,
+        call: 1969u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -91631,8 +91619,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 1974u32,
+        wire: 2278u32,
+        call: 1970u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -91658,8 +91646,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 1975u32,
+        wire: 2279u32,
+        call: 1971u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -91690,8 +91678,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 1976u32,
+        wire: 2280u32,
+        call: 1972u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -91718,8 +91706,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 1977u32,
+        wire: 2281u32,
+        call: 1973u32,
         name: "cusparseCreate",
         form: Some(Form::Call),
         library: "cusparse",
@@ -91742,8 +91730,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 1978u32,
+        wire: 2282u32,
+        call: 1974u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -91809,8 +91797,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 1979u32,
+        wire: 2283u32,
+        call: 1975u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -91833,8 +91821,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 1980u32,
+        wire: 2284u32,
+        call: 1976u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91857,8 +91845,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 1981u32,
+        wire: 2285u32,
+        call: 1977u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91881,8 +91869,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 1982u32,
+        wire: 2286u32,
+        call: 1978u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91905,8 +91893,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 1983u32,
+        wire: 2287u32,
+        call: 1979u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -91929,8 +91917,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 1984u32,
+        wire: 2288u32,
+        call: 1980u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -91996,8 +91984,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 1985u32,
+        wire: 2289u32,
+        call: 1981u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -92047,8 +92035,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 1986u32,
+        wire: 2290u32,
+        call: 1982u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -92102,8 +92090,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 1987u32,
+        wire: 2291u32,
+        call: 1983u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -92147,8 +92135,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 1988u32,
+        wire: 2292u32,
+        call: 1984u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -92180,8 +92168,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 1989u32,
+        wire: 2293u32,
+        call: 1985u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -92231,8 +92219,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 1990u32,
+        wire: 2294u32,
+        call: 1986u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -92281,8 +92269,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 1991u32,
+        wire: 2295u32,
+        call: 1987u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -92336,8 +92324,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 1992u32,
+        wire: 2296u32,
+        call: 1988u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -92360,8 +92348,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 1993u32,
+        wire: 2297u32,
+        call: 1989u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -92384,8 +92372,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 1994u32,
+        wire: 2298u32,
+        call: 1990u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -92408,8 +92396,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 1995u32,
+        wire: 2299u32,
+        call: 1991u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -92432,8 +92420,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 1996u32,
+        wire: 2300u32,
+        call: 1992u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -92456,8 +92444,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 1997u32,
+        wire: 2301u32,
+        call: 1993u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -92480,8 +92468,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 1998u32,
+        wire: 2302u32,
+        call: 1994u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -92525,8 +92513,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 1999u32,
+        wire: 2303u32,
+        call: 1995u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -92558,8 +92546,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2000u32,
+        wire: 2304u32,
+        call: 1996u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -92587,8 +92575,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2001u32,
+        wire: 2305u32,
+        call: 1997u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -92611,8 +92599,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2002u32,
+        wire: 2306u32,
+        call: 1998u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -92635,8 +92623,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2003u32,
+        wire: 2307u32,
+        call: 1999u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -92662,8 +92650,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2004u32,
+        wire: 2308u32,
+        call: 2000u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -92698,8 +92686,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2005u32,
+        wire: 2309u32,
+        call: 2001u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -92752,8 +92740,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2006u32,
+        wire: 2310u32,
+        call: 2002u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -92808,8 +92796,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2007u32,
+        wire: 2311u32,
+        call: 2003u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92866,8 +92854,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2008u32,
+        wire: 2312u32,
+        call: 2004u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -92922,8 +92910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2009u32,
+        wire: 2313u32,
+        call: 2005u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92978,8 +92966,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2010u32,
+        wire: 2314u32,
+        call: 2006u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93036,8 +93024,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2011u32,
+        wire: 2315u32,
+        call: 2007u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -93121,8 +93109,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2012u32,
+        wire: 2316u32,
+        call: 2008u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -93190,8 +93178,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2013u32,
+        wire: 2317u32,
+        call: 2009u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -93258,8 +93246,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2014u32,
+        wire: 2318u32,
+        call: 2010u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93328,8 +93316,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2015u32,
+        wire: 2319u32,
+        call: 2011u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93412,8 +93400,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2016u32,
+        wire: 2320u32,
+        call: 2012u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93472,8 +93460,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2017u32,
+        wire: 2321u32,
+        call: 2013u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93534,8 +93522,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2018u32,
+        wire: 2322u32,
+        call: 2014u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -93602,8 +93590,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2019u32,
+        wire: 2323u32,
+        call: 2015u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -93677,8 +93665,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2020u32,
+        wire: 2324u32,
+        call: 2016u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -93731,8 +93719,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2021u32,
+        wire: 2325u32,
+        call: 2017u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -93779,8 +93767,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2022u32,
+        wire: 2326u32,
+        call: 2018u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -93838,8 +93826,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2023u32,
+        wire: 2327u32,
+        call: 2019u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -93896,8 +93884,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2024u32,
+        wire: 2328u32,
+        call: 2020u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -93970,8 +93958,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2025u32,
+        wire: 2329u32,
+        call: 2021u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94050,8 +94038,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2026u32,
+        wire: 2330u32,
+        call: 2022u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -94143,8 +94131,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2027u32,
+        wire: 2331u32,
+        call: 2023u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94232,8 +94220,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2028u32,
+        wire: 2332u32,
+        call: 2024u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -94280,8 +94268,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2029u32,
+        wire: 2333u32,
+        call: 2025u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94330,8 +94318,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2030u32,
+        wire: 2334u32,
+        call: 2026u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -94378,8 +94366,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2031u32,
+        wire: 2335u32,
+        call: 2027u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94428,8 +94416,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2032u32,
+        wire: 2336u32,
+        call: 2028u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -94503,8 +94491,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2033u32,
+        wire: 2337u32,
+        call: 2029u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -94578,8 +94566,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2034u32,
+        wire: 2338u32,
+        call: 2030u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -94630,8 +94618,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2035u32,
+        wire: 2339u32,
+        call: 2031u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -94684,8 +94672,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2036u32,
+        wire: 2340u32,
+        call: 2032u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -94744,8 +94732,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2037u32,
+        wire: 2341u32,
+        call: 2033u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -94792,8 +94780,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2038u32,
+        wire: 2342u32,
+        call: 2034u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94842,8 +94830,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2039u32,
+        wire: 2343u32,
+        call: 2035u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -94879,8 +94867,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2040u32,
+        wire: 2344u32,
+        call: 2036u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -94922,8 +94910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2041u32,
+        wire: 2345u32,
+        call: 2037u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -94959,8 +94947,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2042u32,
+        wire: 2346u32,
+        call: 2038u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -94983,8 +94971,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2043u32,
+        wire: 2347u32,
+        call: 2039u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -95007,8 +94995,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2044u32,
+        wire: 2348u32,
+        call: 2040u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -95031,8 +95019,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2045u32,
+        wire: 2349u32,
+        call: 2041u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -95055,8 +95043,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2046u32,
+        wire: 2350u32,
+        call: 2042u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -95079,8 +95067,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2047u32,
+        wire: 2351u32,
+        call: 2043u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -95103,8 +95091,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2048u32,
+        wire: 2352u32,
+        call: 2044u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -95127,8 +95115,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2049u32,
+        wire: 2353u32,
+        call: 2045u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -95151,8 +95139,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2050u32,
+        wire: 2354u32,
+        call: 2046u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -95175,8 +95163,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2051u32,
+        wire: 2355u32,
+        call: 2047u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -95199,8 +95187,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2052u32,
+        wire: 2356u32,
+        call: 2048u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -95223,8 +95211,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2053u32,
+        wire: 2357u32,
+        call: 2049u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -95247,8 +95235,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2054u32,
+        wire: 2358u32,
+        call: 2050u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -95271,8 +95259,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2055u32,
+        wire: 2359u32,
+        call: 2051u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -95295,8 +95283,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2056u32,
+        wire: 2360u32,
+        call: 2052u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -95319,8 +95307,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2057u32,
+        wire: 2361u32,
+        call: 2053u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -95343,8 +95331,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2058u32,
+        wire: 2362u32,
+        call: 2054u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -95367,8 +95355,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2059u32,
+        wire: 2363u32,
+        call: 2055u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -95391,8 +95379,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2060u32,
+        wire: 2364u32,
+        call: 2056u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -95449,8 +95437,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2061u32,
+        wire: 2365u32,
+        call: 2057u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -95503,8 +95491,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2062u32,
+        wire: 2366u32,
+        call: 2058u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -95574,8 +95562,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2063u32,
+        wire: 2367u32,
+        call: 2059u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -95644,8 +95632,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2064u32,
+        wire: 2368u32,
+        call: 2060u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -95669,8 +95657,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2065u32,
+        wire: 2369u32,
+        call: 2061u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -95701,8 +95689,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2066u32,
+        wire: 2370u32,
+        call: 2062u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -95726,8 +95714,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2067u32,
+        wire: 2371u32,
+        call: 2063u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -95751,8 +95739,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2068u32,
+        wire: 2372u32,
+        call: 2064u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -95776,8 +95764,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2069u32,
+        wire: 2373u32,
+        call: 2065u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -95835,8 +95823,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2070u32,
+        wire: 2374u32,
+        call: 2066u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -95900,8 +95888,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2071u32,
+        wire: 2375u32,
+        call: 2067u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -95963,8 +95951,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2072u32,
+        wire: 2376u32,
+        call: 2068u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -95995,8 +95983,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2073u32,
+        wire: 2377u32,
+        call: 2069u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -96022,8 +96010,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2074u32,
+        wire: 2378u32,
+        call: 2070u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -96049,8 +96037,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2075u32,
+        wire: 2379u32,
+        call: 2071u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -96076,8 +96064,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2076u32,
+        wire: 2380u32,
+        call: 2072u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -96103,8 +96091,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetProperty: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2077u32,
+        wire: 2381u32,
+        call: 2073u32,
         name: "cusparseGetProperty",
         form: None,
         library: "cusparse",
@@ -96134,8 +96122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2078u32,
+        wire: 2382u32,
+        call: 2074u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -96162,8 +96150,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetVersion: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2079u32,
+        wire: 2383u32,
+        call: 2075u32,
         name: "cusparseGetVersion",
         form: None,
         library: "cusparse",
@@ -96193,8 +96181,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2080u32,
+        wire: 2384u32,
+        call: 2076u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -96212,8 +96200,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2081u32,
+        wire: 2385u32,
+        call: 2077u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -96236,8 +96224,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2082u32,
+        wire: 2386u32,
+        call: 2078u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -96260,8 +96248,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2083u32,
+        wire: 2387u32,
+        call: 2079u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -96325,8 +96313,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2084u32,
+        wire: 2388u32,
+        call: 2080u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -96396,8 +96384,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2085u32,
+        wire: 2389u32,
+        call: 2081u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -96461,8 +96449,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2086u32,
+        wire: 2390u32,
+        call: 2082u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -96515,8 +96503,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2087u32,
+        wire: 2391u32,
+        call: 2083u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -96571,8 +96559,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2088u32,
+        wire: 2392u32,
+        call: 2084u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96629,8 +96617,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2089u32,
+        wire: 2393u32,
+        call: 2085u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -96685,8 +96673,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2090u32,
+        wire: 2394u32,
+        call: 2086u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -96741,8 +96729,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2091u32,
+        wire: 2395u32,
+        call: 2087u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96799,8 +96787,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2092u32,
+        wire: 2396u32,
+        call: 2088u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -96884,8 +96872,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2093u32,
+        wire: 2397u32,
+        call: 2089u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -96953,8 +96941,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2094u32,
+        wire: 2398u32,
+        call: 2090u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -97021,8 +97009,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2095u32,
+        wire: 2399u32,
+        call: 2091u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97091,8 +97079,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2096u32,
+        wire: 2400u32,
+        call: 2092u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -97175,8 +97163,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2097u32,
+        wire: 2401u32,
+        call: 2093u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -97235,8 +97223,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2098u32,
+        wire: 2402u32,
+        call: 2094u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97297,8 +97285,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2099u32,
+        wire: 2403u32,
+        call: 2095u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -97365,8 +97353,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2100u32,
+        wire: 2404u32,
+        call: 2096u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -97440,8 +97428,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2101u32,
+        wire: 2405u32,
+        call: 2097u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -97472,8 +97460,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2102u32,
+        wire: 2406u32,
+        call: 2098u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -97526,8 +97514,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2103u32,
+        wire: 2407u32,
+        call: 2099u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -97574,8 +97562,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2104u32,
+        wire: 2408u32,
+        call: 2100u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -97633,8 +97621,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2105u32,
+        wire: 2409u32,
+        call: 2101u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -97691,8 +97679,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2106u32,
+        wire: 2410u32,
+        call: 2102u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -97765,8 +97753,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2107u32,
+        wire: 2411u32,
+        call: 2103u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97845,8 +97833,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2108u32,
+        wire: 2412u32,
+        call: 2104u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -97938,8 +97926,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2109u32,
+        wire: 2413u32,
+        call: 2105u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -98027,8 +98015,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2110u32,
+        wire: 2414u32,
+        call: 2106u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -98075,8 +98063,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2111u32,
+        wire: 2415u32,
+        call: 2107u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -98125,8 +98113,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2112u32,
+        wire: 2416u32,
+        call: 2108u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -98173,8 +98161,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2113u32,
+        wire: 2417u32,
+        call: 2109u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -98223,8 +98211,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2114u32,
+        wire: 2418u32,
+        call: 2110u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -98298,8 +98286,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2115u32,
+        wire: 2419u32,
+        call: 2111u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -98373,8 +98361,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2116u32,
+        wire: 2420u32,
+        call: 2112u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -98425,8 +98413,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2117u32,
+        wire: 2421u32,
+        call: 2113u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -98479,8 +98467,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2118u32,
+        wire: 2422u32,
+        call: 2114u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -98539,8 +98527,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2119u32,
+        wire: 2423u32,
+        call: 2115u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -98587,8 +98575,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2120u32,
+        wire: 2424u32,
+        call: 2116u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -98637,8 +98625,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2121u32,
+        wire: 2425u32,
+        call: 2117u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -98665,8 +98653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2122u32,
+        wire: 2426u32,
+        call: 2118u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -98693,8 +98681,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2123u32,
+        wire: 2427u32,
+        call: 2119u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -98721,8 +98709,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2124u32,
+        wire: 2428u32,
+        call: 2120u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -98749,8 +98737,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2125u32,
+        wire: 2429u32,
+        call: 2121u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -98777,8 +98765,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2126u32,
+        wire: 2430u32,
+        call: 2122u32,
         name: "cusparseSetPointerMode",
         form: Some(Form::Call),
         library: "cusparse",
@@ -98805,8 +98793,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2127u32,
+        wire: 2431u32,
+        call: 2123u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -98833,8 +98821,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2128u32,
+        wire: 2432u32,
+        call: 2124u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -98891,8 +98879,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2129u32,
+        wire: 2433u32,
+        call: 2125u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -98945,8 +98933,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2130u32,
+        wire: 2434u32,
+        call: 2126u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -99016,8 +99004,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2131u32,
+        wire: 2435u32,
+        call: 2127u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -99086,8 +99074,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2132u32,
+        wire: 2436u32,
+        call: 2128u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -99162,8 +99150,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2133u32,
+        wire: 2437u32,
+        call: 2129u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -99230,8 +99218,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2134u32,
+        wire: 2438u32,
+        call: 2130u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -99254,8 +99242,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2135u32,
+        wire: 2439u32,
+        call: 2131u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99278,8 +99266,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2136u32,
+        wire: 2440u32,
+        call: 2132u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -99354,8 +99342,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2137u32,
+        wire: 2441u32,
+        call: 2133u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -99422,8 +99410,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2138u32,
+        wire: 2442u32,
+        call: 2134u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -99482,8 +99470,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2139u32,
+        wire: 2443u32,
+        call: 2135u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -99547,8 +99535,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2140u32,
+        wire: 2444u32,
+        call: 2136u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -99572,8 +99560,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2141u32,
+        wire: 2445u32,
+        call: 2137u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -99596,8 +99584,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2142u32,
+        wire: 2446u32,
+        call: 2138u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -99667,8 +99655,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2143u32,
+        wire: 2447u32,
+        call: 2139u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -99732,8 +99720,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2144u32,
+        wire: 2448u32,
+        call: 2140u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -99793,8 +99781,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2145u32,
+        wire: 2449u32,
+        call: 2141u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -99860,8 +99848,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2146u32,
+        wire: 2450u32,
+        call: 2142u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -99921,8 +99909,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2147u32,
+        wire: 2451u32,
+        call: 2143u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -99954,8 +99942,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2148u32,
+        wire: 2452u32,
+        call: 2144u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -99999,8 +99987,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2149u32,
+        wire: 2453u32,
+        call: 2145u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -100024,8 +100012,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2150u32,
+        wire: 2454u32,
+        call: 2146u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -100057,8 +100045,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2151u32,
+        wire: 2455u32,
+        call: 2147u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -100085,8 +100073,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2152u32,
+        wire: 2456u32,
+        call: 2148u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -100110,8 +100098,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2153u32,
+        wire: 2457u32,
+        call: 2149u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -100173,8 +100161,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2154u32,
+        wire: 2458u32,
+        call: 2150u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -100242,8 +100230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2155u32,
+        wire: 2459u32,
+        call: 2151u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -100266,8 +100254,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2156u32,
+        wire: 2460u32,
+        call: 2152u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -100290,8 +100278,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2157u32,
+        wire: 2461u32,
+        call: 2153u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -100352,8 +100340,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2158u32,
+        wire: 2462u32,
+        call: 2154u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -100411,8 +100399,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2159u32,
+        wire: 2463u32,
+        call: 2155u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -100476,8 +100464,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2160u32,
+        wire: 2464u32,
+        call: 2156u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -100500,8 +100488,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2161u32,
+        wire: 2465u32,
+        call: 2157u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -100524,8 +100512,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2162u32,
+        wire: 2466u32,
+        call: 2158u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -100582,8 +100570,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2163u32,
+        wire: 2467u32,
+        call: 2159u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -100607,8 +100595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2164u32,
+        wire: 2468u32,
+        call: 2160u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -100632,8 +100620,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2165u32,
+        wire: 2469u32,
+        call: 2161u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -100669,8 +100657,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2166u32,
+        wire: 2470u32,
+        call: 2162u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -100712,8 +100700,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2167u32,
+        wire: 2471u32,
+        call: 2163u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -100771,8 +100759,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2168u32,
+        wire: 2472u32,
+        call: 2164u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100836,8 +100824,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2169u32,
+        wire: 2473u32,
+        call: 2165u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -100899,8 +100887,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2170u32,
+        wire: 2474u32,
+        call: 2166u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100933,8 +100921,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2171u32,
+        wire: 2475u32,
+        call: 2167u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100967,8 +100955,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2172u32,
+        wire: 2476u32,
+        call: 2168u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101001,8 +100989,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2173u32,
+        wire: 2477u32,
+        call: 2169u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101035,8 +101023,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2174u32,
+        wire: 2478u32,
+        call: 2170u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -101073,8 +101061,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2175u32,
+        wire: 2479u32,
+        call: 2171u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -101113,8 +101101,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2176u32,
+        wire: 2480u32,
+        call: 2172u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -101153,8 +101141,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2177u32,
+        wire: 2481u32,
+        call: 2173u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -101198,8 +101186,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2178u32,
+        wire: 2482u32,
+        call: 2174u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -101255,8 +101243,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2179u32,
+        wire: 2483u32,
+        call: 2175u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -101293,8 +101281,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2180u32,
+        wire: 2484u32,
+        call: 2176u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -101355,8 +101343,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2181u32,
+        wire: 2485u32,
+        call: 2177u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -101419,8 +101407,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2182u32,
+        wire: 2486u32,
+        call: 2178u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -101501,8 +101489,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2183u32,
+        wire: 2487u32,
+        call: 2179u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101535,8 +101523,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2184u32,
+        wire: 2488u32,
+        call: 2180u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101569,8 +101557,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2185u32,
+        wire: 2489u32,
+        call: 2181u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101603,8 +101591,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2186u32,
+        wire: 2490u32,
+        call: 2182u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -101647,8 +101635,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2187u32,
+        wire: 2491u32,
+        call: 2183u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -101692,8 +101680,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2188u32,
+        wire: 2492u32,
+        call: 2184u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101726,8 +101714,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2189u32,
+        wire: 2493u32,
+        call: 2185u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -101782,8 +101770,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2190u32,
+        wire: 2494u32,
+        call: 2186u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -101856,8 +101844,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2191u32,
+        wire: 2495u32,
+        call: 2187u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -101910,8 +101898,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2192u32,
+        wire: 2496u32,
+        call: 2188u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -101966,8 +101954,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2193u32,
+        wire: 2497u32,
+        call: 2189u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102024,8 +102012,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2194u32,
+        wire: 2498u32,
+        call: 2190u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -102080,8 +102068,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2195u32,
+        wire: 2499u32,
+        call: 2191u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -102136,8 +102124,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2196u32,
+        wire: 2500u32,
+        call: 2192u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102194,8 +102182,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2197u32,
+        wire: 2501u32,
+        call: 2193u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -102279,8 +102267,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2198u32,
+        wire: 2502u32,
+        call: 2194u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -102348,8 +102336,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2199u32,
+        wire: 2503u32,
+        call: 2195u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -102416,8 +102404,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2200u32,
+        wire: 2504u32,
+        call: 2196u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -102486,8 +102474,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2201u32,
+        wire: 2505u32,
+        call: 2197u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -102570,8 +102558,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2202u32,
+        wire: 2506u32,
+        call: 2198u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -102630,8 +102618,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2203u32,
+        wire: 2507u32,
+        call: 2199u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -102692,8 +102680,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2204u32,
+        wire: 2508u32,
+        call: 2200u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -102760,8 +102748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2205u32,
+        wire: 2509u32,
+        call: 2201u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -102835,8 +102823,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2206u32,
+        wire: 2510u32,
+        call: 2202u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -102889,8 +102877,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2207u32,
+        wire: 2511u32,
+        call: 2203u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -102937,8 +102925,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2208u32,
+        wire: 2512u32,
+        call: 2204u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -102996,8 +102984,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2209u32,
+        wire: 2513u32,
+        call: 2205u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -103054,8 +103042,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2210u32,
+        wire: 2514u32,
+        call: 2206u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -103128,8 +103116,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2211u32,
+        wire: 2515u32,
+        call: 2207u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103208,8 +103196,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2212u32,
+        wire: 2516u32,
+        call: 2208u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -103301,8 +103289,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2213u32,
+        wire: 2517u32,
+        call: 2209u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103390,8 +103378,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2214u32,
+        wire: 2518u32,
+        call: 2210u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -103438,8 +103426,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2215u32,
+        wire: 2519u32,
+        call: 2211u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -103488,8 +103476,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2216u32,
+        wire: 2520u32,
+        call: 2212u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -103536,8 +103524,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2217u32,
+        wire: 2521u32,
+        call: 2213u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -103586,8 +103574,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2218u32,
+        wire: 2522u32,
+        call: 2214u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -103661,8 +103649,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2219u32,
+        wire: 2523u32,
+        call: 2215u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -103736,8 +103724,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2220u32,
+        wire: 2524u32,
+        call: 2216u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -103788,8 +103776,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2221u32,
+        wire: 2525u32,
+        call: 2217u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -103842,8 +103830,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2222u32,
+        wire: 2526u32,
+        call: 2218u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -103902,8 +103890,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2223u32,
+        wire: 2527u32,
+        call: 2219u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -103950,8 +103938,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2224u32,
+        wire: 2528u32,
+        call: 2220u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -104000,8 +103988,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2225u32,
+        wire: 2529u32,
+        call: 2221u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -104058,8 +104046,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2226u32,
+        wire: 2530u32,
+        call: 2222u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -104112,8 +104100,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2227u32,
+        wire: 2531u32,
+        call: 2223u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -104183,8 +104171,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2228u32,
+        wire: 2532u32,
+        call: 2224u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -104253,8 +104241,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2229u32,
+        wire: 2533u32,
+        call: 2225u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -104312,8 +104300,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2230u32,
+        wire: 2534u32,
+        call: 2226u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -104374,8 +104362,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2904u32,
-        call: 2589u32,
+        wire: 2900u32,
+        call: 2585u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104401,8 +104389,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2905u32,
-        call: 2589u32,
+        wire: 2901u32,
+        call: 2585u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104428,8 +104416,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2906u32,
-        call: 2589u32,
+        wire: 2902u32,
+        call: 2585u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104455,8 +104443,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtGetProperty: CallDesc = CallDesc {
-        wire: 2907u32,
-        call: 2590u32,
+        wire: 2903u32,
+        call: 2586u32,
         name: "cusparseLtGetProperty",
         form: None,
         library: "cusparselt",
@@ -104486,8 +104474,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2908u32,
-        call: 2591u32,
+        wire: 2904u32,
+        call: 2587u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104513,8 +104501,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2909u32,
-        call: 2591u32,
+        wire: 2905u32,
+        call: 2587u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104540,8 +104528,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2910u32,
-        call: 2591u32,
+        wire: 2906u32,
+        call: 2587u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104567,8 +104555,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2911u32,
-        call: 2592u32,
+        wire: 2907u32,
+        call: 2588u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -104594,8 +104582,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2912u32,
-        call: 2593u32,
+        wire: 2908u32,
+        call: 2589u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -104621,8 +104609,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2913u32,
-        call: 2593u32,
+        wire: 2909u32,
+        call: 2589u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -104648,8 +104636,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2914u32,
-        call: 2593u32,
+        wire: 2910u32,
+        call: 2589u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -113504,41 +113492,9 @@ pub mod driver {
         },
         only_waits: false,
     };
-    pub static cuMemcpy: CallDesc = CallDesc {
+    pub static cuMemcpy2DAsync_v2__d2d: CallDesc = CallDesc {
         wire: 648u32,
         call: 557u32,
-        name: "cuMemcpy",
-        form: None,
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-            invalid_value: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cuMemcpy2DAsync_v2__d2d: CallDesc = CallDesc {
-        wire: 649u32,
-        call: 558u32,
         name: "cuMemcpy2DAsync_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113568,8 +113524,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DAsync_v2_ptsz__d2d: CallDesc = CallDesc {
-        wire: 650u32,
-        call: 559u32,
+        wire: 649u32,
+        call: 558u32,
         name: "cuMemcpy2DAsync_v2_ptsz",
         form: Some(Form::D2d),
         library: "driver",
@@ -113599,8 +113555,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DUnaligned_v2__d2d: CallDesc = CallDesc {
-        wire: 651u32,
-        call: 560u32,
+        wire: 650u32,
+        call: 559u32,
         name: "cuMemcpy2DUnaligned_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113626,8 +113582,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DUnaligned_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 652u32,
-        call: 561u32,
+        wire: 651u32,
+        call: 560u32,
         name: "cuMemcpy2DUnaligned_v2_ptds",
         form: Some(Form::D2d),
         library: "driver",
@@ -113653,8 +113609,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2D_v2__d2d: CallDesc = CallDesc {
-        wire: 653u32,
-        call: 562u32,
+        wire: 652u32,
+        call: 561u32,
         name: "cuMemcpy2D_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113680,8 +113636,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2D_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 654u32,
-        call: 563u32,
+        wire: 653u32,
+        call: 562u32,
         name: "cuMemcpy2D_v2_ptds",
         form: Some(Form::D2d),
         library: "driver",
@@ -113707,8 +113663,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DAsync_v2__d2d: CallDesc = CallDesc {
-        wire: 655u32,
-        call: 564u32,
+        wire: 654u32,
+        call: 563u32,
         name: "cuMemcpy3DAsync_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113738,8 +113694,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DAsync_v2_ptsz__d2d: CallDesc = CallDesc {
-        wire: 656u32,
-        call: 565u32,
+        wire: 655u32,
+        call: 564u32,
         name: "cuMemcpy3DAsync_v2_ptsz",
         form: Some(Form::D2d),
         library: "driver",
@@ -113769,8 +113725,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeer: CallDesc = CallDesc {
-        wire: 657u32,
-        call: 566u32,
+        wire: 656u32,
+        call: 565u32,
         name: "cuMemcpy3DPeer",
         form: None,
         library: "driver",
@@ -113796,8 +113752,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeerAsync: CallDesc = CallDesc {
-        wire: 658u32,
-        call: 567u32,
+        wire: 657u32,
+        call: 566u32,
         name: "cuMemcpy3DPeerAsync",
         form: None,
         library: "driver",
@@ -113827,8 +113783,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 659u32,
-        call: 568u32,
+        wire: 658u32,
+        call: 567u32,
         name: "cuMemcpy3DPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -113858,8 +113814,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeer_ptds: CallDesc = CallDesc {
-        wire: 660u32,
-        call: 569u32,
+        wire: 659u32,
+        call: 568u32,
         name: "cuMemcpy3DPeer_ptds",
         form: None,
         library: "driver",
@@ -113885,8 +113841,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3D_v2__d2d: CallDesc = CallDesc {
-        wire: 661u32,
-        call: 570u32,
+        wire: 660u32,
+        call: 569u32,
         name: "cuMemcpy3D_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113912,8 +113868,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3D_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 662u32,
-        call: 571u32,
+        wire: 661u32,
+        call: 570u32,
         name: "cuMemcpy3D_v2_ptds",
         form: Some(Form::D2d),
         library: "driver",
@@ -113938,81 +113894,9 @@ pub mod driver {
         },
         only_waits: false,
     };
-    pub static cuMemcpyAsync: CallDesc = CallDesc {
-        wire: 663u32,
-        call: 572u32,
-        name: "cuMemcpyAsync",
-        form: None,
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Handle {
-                kind: 21u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-            invalid_value: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
-        wire: 664u32,
-        call: 573u32,
-        name: "cuMemcpyAsync_ptsz",
-        form: None,
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Handle {
-                kind: 21u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-            invalid_value: 1i64,
-        },
-        only_waits: false,
-    };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 665u32,
-        call: 574u32,
+        wire: 662u32,
+        call: 571u32,
         name: "cuMemcpyAtoA",
         form: None,
         library: "driver",
@@ -114051,8 +113935,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 666u32,
-        call: 575u32,
+        wire: 663u32,
+        call: 572u32,
         name: "cuMemcpyAtoA_v2",
         form: None,
         library: "driver",
@@ -114091,8 +113975,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 667u32,
-        call: 576u32,
+        wire: 664u32,
+        call: 573u32,
         name: "cuMemcpyAtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -114131,8 +114015,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 668u32,
-        call: 577u32,
+        wire: 665u32,
+        call: 574u32,
         name: "cuMemcpyAtoD",
         form: None,
         library: "driver",
@@ -114167,8 +114051,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 669u32,
-        call: 578u32,
+        wire: 666u32,
+        call: 575u32,
         name: "cuMemcpyAtoD_v2",
         form: None,
         library: "driver",
@@ -114203,8 +114087,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 670u32,
-        call: 579u32,
+        wire: 667u32,
+        call: 576u32,
         name: "cuMemcpyAtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -114239,8 +114123,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH: CallDesc = CallDesc {
-        wire: 671u32,
-        call: 580u32,
+        wire: 668u32,
+        call: 577u32,
         name: "cuMemcpyAtoH",
         form: None,
         library: "driver",
@@ -114278,8 +114162,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync: CallDesc = CallDesc {
-        wire: 672u32,
-        call: 581u32,
+        wire: 669u32,
+        call: 578u32,
         name: "cuMemcpyAtoHAsync",
         form: None,
         library: "driver",
@@ -114321,8 +114205,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync_v2: CallDesc = CallDesc {
-        wire: 673u32,
-        call: 582u32,
+        wire: 670u32,
+        call: 579u32,
         name: "cuMemcpyAtoHAsync_v2",
         form: None,
         library: "driver",
@@ -114364,8 +114248,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 674u32,
-        call: 583u32,
+        wire: 671u32,
+        call: 580u32,
         name: "cuMemcpyAtoHAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -114407,8 +114291,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH_v2: CallDesc = CallDesc {
-        wire: 675u32,
-        call: 584u32,
+        wire: 672u32,
+        call: 581u32,
         name: "cuMemcpyAtoH_v2",
         form: None,
         library: "driver",
@@ -114446,8 +114330,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH_v2_ptds: CallDesc = CallDesc {
-        wire: 676u32,
-        call: 585u32,
+        wire: 673u32,
+        call: 582u32,
         name: "cuMemcpyAtoH_v2_ptds",
         form: None,
         library: "driver",
@@ -114485,8 +114369,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 677u32,
-        call: 586u32,
+        wire: 674u32,
+        call: 583u32,
         name: "cuMemcpyDtoA",
         form: None,
         library: "driver",
@@ -114521,8 +114405,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 678u32,
-        call: 587u32,
+        wire: 675u32,
+        call: 584u32,
         name: "cuMemcpyDtoA_v2",
         form: None,
         library: "driver",
@@ -114557,8 +114441,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 679u32,
-        call: 588u32,
+        wire: 676u32,
+        call: 585u32,
         name: "cuMemcpyDtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -114593,8 +114477,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 680u32,
-        call: 589u32,
+        wire: 677u32,
+        call: 586u32,
         name: "cuMemcpyDtoD",
         form: None,
         library: "driver",
@@ -114625,8 +114509,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 681u32,
-        call: 590u32,
+        wire: 678u32,
+        call: 587u32,
         name: "cuMemcpyDtoDAsync",
         form: None,
         library: "driver",
@@ -114661,8 +114545,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 682u32,
-        call: 591u32,
+        wire: 679u32,
+        call: 588u32,
         name: "cuMemcpyDtoDAsync_v2",
         form: None,
         library: "driver",
@@ -114697,8 +114581,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 683u32,
-        call: 592u32,
+        wire: 680u32,
+        call: 589u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -114733,8 +114617,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 684u32,
-        call: 593u32,
+        wire: 681u32,
+        call: 590u32,
         name: "cuMemcpyDtoD_v2",
         form: None,
         library: "driver",
@@ -114765,8 +114649,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 685u32,
-        call: 594u32,
+        wire: 682u32,
+        call: 591u32,
         name: "cuMemcpyDtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -114797,8 +114681,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
-        wire: 686u32,
-        call: 595u32,
+        wire: 683u32,
+        call: 592u32,
         name: "cuMemcpyDtoHAsync_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -114836,8 +114720,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 687u32,
-        call: 596u32,
+        wire: 684u32,
+        call: 593u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -114875,8 +114759,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
-        wire: 688u32,
-        call: 597u32,
+        wire: 685u32,
+        call: 594u32,
         name: "cuMemcpyDtoH_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -114910,8 +114794,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
-        wire: 689u32,
-        call: 598u32,
+        wire: 686u32,
+        call: 595u32,
         name: "cuMemcpyDtoH_v2_ptds",
         form: Some(Form::Call),
         library: "driver",
@@ -114945,8 +114829,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA: CallDesc = CallDesc {
-        wire: 690u32,
-        call: 599u32,
+        wire: 687u32,
+        call: 596u32,
         name: "cuMemcpyHtoA",
         form: None,
         library: "driver",
@@ -114984,8 +114868,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync: CallDesc = CallDesc {
-        wire: 691u32,
-        call: 600u32,
+        wire: 688u32,
+        call: 597u32,
         name: "cuMemcpyHtoAAsync",
         form: None,
         library: "driver",
@@ -115027,8 +114911,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync_v2: CallDesc = CallDesc {
-        wire: 692u32,
-        call: 601u32,
+        wire: 689u32,
+        call: 598u32,
         name: "cuMemcpyHtoAAsync_v2",
         form: None,
         library: "driver",
@@ -115070,8 +114954,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 693u32,
-        call: 602u32,
+        wire: 690u32,
+        call: 599u32,
         name: "cuMemcpyHtoAAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -115113,8 +114997,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA_v2: CallDesc = CallDesc {
-        wire: 694u32,
-        call: 603u32,
+        wire: 691u32,
+        call: 600u32,
         name: "cuMemcpyHtoA_v2",
         form: None,
         library: "driver",
@@ -115152,8 +115036,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 695u32,
-        call: 604u32,
+        wire: 692u32,
+        call: 601u32,
         name: "cuMemcpyHtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -115191,8 +115075,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
-        wire: 696u32,
-        call: 605u32,
+        wire: 693u32,
+        call: 602u32,
         name: "cuMemcpyHtoDAsync_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -115230,8 +115114,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 697u32,
-        call: 606u32,
+        wire: 694u32,
+        call: 603u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -115269,8 +115153,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
-        wire: 698u32,
-        call: 607u32,
+        wire: 695u32,
+        call: 604u32,
         name: "cuMemcpyHtoD_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -115304,8 +115188,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
-        wire: 699u32,
-        call: 608u32,
+        wire: 696u32,
+        call: 605u32,
         name: "cuMemcpyHtoD_v2_ptds",
         form: Some(Form::Call),
         library: "driver",
@@ -115339,8 +115223,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 700u32,
-        call: 609u32,
+        wire: 697u32,
+        call: 606u32,
         name: "cuMemcpyPeer",
         form: None,
         library: "driver",
@@ -115379,8 +115263,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 701u32,
-        call: 610u32,
+        wire: 698u32,
+        call: 607u32,
         name: "cuMemcpyPeerAsync",
         form: None,
         library: "driver",
@@ -115423,8 +115307,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 702u32,
-        call: 611u32,
+        wire: 699u32,
+        call: 608u32,
         name: "cuMemcpyPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -115467,8 +115351,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 703u32,
-        call: 612u32,
+        wire: 700u32,
+        call: 609u32,
         name: "cuMemcpyPeer_ptds",
         form: None,
         library: "driver",
@@ -115506,41 +115390,9 @@ pub mod driver {
         },
         only_waits: false,
     };
-    pub static cuMemcpy_ptds: CallDesc = CallDesc {
-        wire: 704u32,
-        call: 613u32,
-        name: "cuMemcpy_ptds",
-        form: None,
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-            invalid_value: 1i64,
-        },
-        only_waits: false,
-    };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 705u32,
-        call: 614u32,
+        wire: 701u32,
+        call: 610u32,
         name: "cuMemsetD16",
         form: None,
         library: "driver",
@@ -115571,8 +115423,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 706u32,
-        call: 615u32,
+        wire: 702u32,
+        call: 611u32,
         name: "cuMemsetD16Async",
         form: None,
         library: "driver",
@@ -115607,8 +115459,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 707u32,
-        call: 616u32,
+        wire: 703u32,
+        call: 612u32,
         name: "cuMemsetD16Async_ptsz",
         form: None,
         library: "driver",
@@ -115643,8 +115495,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 708u32,
-        call: 617u32,
+        wire: 704u32,
+        call: 613u32,
         name: "cuMemsetD16_v2",
         form: None,
         library: "driver",
@@ -115675,8 +115527,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 709u32,
-        call: 618u32,
+        wire: 705u32,
+        call: 614u32,
         name: "cuMemsetD16_v2_ptds",
         form: None,
         library: "driver",
@@ -115707,8 +115559,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 710u32,
-        call: 619u32,
+        wire: 706u32,
+        call: 615u32,
         name: "cuMemsetD2D16",
         form: None,
         library: "driver",
@@ -115747,8 +115599,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 711u32,
-        call: 620u32,
+        wire: 707u32,
+        call: 616u32,
         name: "cuMemsetD2D16Async",
         form: None,
         library: "driver",
@@ -115791,8 +115643,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 712u32,
-        call: 621u32,
+        wire: 708u32,
+        call: 617u32,
         name: "cuMemsetD2D16Async_ptsz",
         form: None,
         library: "driver",
@@ -115835,8 +115687,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 713u32,
-        call: 622u32,
+        wire: 709u32,
+        call: 618u32,
         name: "cuMemsetD2D16_v2",
         form: None,
         library: "driver",
@@ -115875,8 +115727,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 714u32,
-        call: 623u32,
+        wire: 710u32,
+        call: 619u32,
         name: "cuMemsetD2D16_v2_ptds",
         form: None,
         library: "driver",
@@ -115915,8 +115767,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 715u32,
-        call: 624u32,
+        wire: 711u32,
+        call: 620u32,
         name: "cuMemsetD2D32",
         form: None,
         library: "driver",
@@ -115955,8 +115807,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 716u32,
-        call: 625u32,
+        wire: 712u32,
+        call: 621u32,
         name: "cuMemsetD2D32Async",
         form: None,
         library: "driver",
@@ -115999,8 +115851,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 717u32,
-        call: 626u32,
+        wire: 713u32,
+        call: 622u32,
         name: "cuMemsetD2D32Async_ptsz",
         form: None,
         library: "driver",
@@ -116043,8 +115895,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 718u32,
-        call: 627u32,
+        wire: 714u32,
+        call: 623u32,
         name: "cuMemsetD2D32_v2",
         form: None,
         library: "driver",
@@ -116083,8 +115935,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 719u32,
-        call: 628u32,
+        wire: 715u32,
+        call: 624u32,
         name: "cuMemsetD2D32_v2_ptds",
         form: None,
         library: "driver",
@@ -116123,8 +115975,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 720u32,
-        call: 629u32,
+        wire: 716u32,
+        call: 625u32,
         name: "cuMemsetD2D8",
         form: None,
         library: "driver",
@@ -116163,8 +116015,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 721u32,
-        call: 630u32,
+        wire: 717u32,
+        call: 626u32,
         name: "cuMemsetD2D8Async",
         form: None,
         library: "driver",
@@ -116207,8 +116059,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 722u32,
-        call: 631u32,
+        wire: 718u32,
+        call: 627u32,
         name: "cuMemsetD2D8Async_ptsz",
         form: None,
         library: "driver",
@@ -116251,8 +116103,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 723u32,
-        call: 632u32,
+        wire: 719u32,
+        call: 628u32,
         name: "cuMemsetD2D8_v2",
         form: None,
         library: "driver",
@@ -116291,8 +116143,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 724u32,
-        call: 633u32,
+        wire: 720u32,
+        call: 629u32,
         name: "cuMemsetD2D8_v2_ptds",
         form: None,
         library: "driver",
@@ -116331,8 +116183,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 725u32,
-        call: 634u32,
+        wire: 721u32,
+        call: 630u32,
         name: "cuMemsetD32",
         form: None,
         library: "driver",
@@ -116363,8 +116215,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 726u32,
-        call: 635u32,
+        wire: 722u32,
+        call: 631u32,
         name: "cuMemsetD32Async",
         form: None,
         library: "driver",
@@ -116399,8 +116251,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 727u32,
-        call: 636u32,
+        wire: 723u32,
+        call: 632u32,
         name: "cuMemsetD32Async_ptsz",
         form: None,
         library: "driver",
@@ -116435,8 +116287,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 728u32,
-        call: 637u32,
+        wire: 724u32,
+        call: 633u32,
         name: "cuMemsetD32_v2",
         form: None,
         library: "driver",
@@ -116467,8 +116319,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 729u32,
-        call: 638u32,
+        wire: 725u32,
+        call: 634u32,
         name: "cuMemsetD32_v2_ptds",
         form: None,
         library: "driver",
@@ -116499,8 +116351,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 730u32,
-        call: 639u32,
+        wire: 726u32,
+        call: 635u32,
         name: "cuMemsetD8",
         form: None,
         library: "driver",
@@ -116531,8 +116383,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 731u32,
-        call: 640u32,
+        wire: 727u32,
+        call: 636u32,
         name: "cuMemsetD8Async",
         form: None,
         library: "driver",
@@ -116567,8 +116419,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 732u32,
-        call: 641u32,
+        wire: 728u32,
+        call: 637u32,
         name: "cuMemsetD8Async_ptsz",
         form: None,
         library: "driver",
@@ -116603,8 +116455,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 733u32,
-        call: 642u32,
+        wire: 729u32,
+        call: 638u32,
         name: "cuMemsetD8_v2",
         form: None,
         library: "driver",
@@ -116635,8 +116487,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 734u32,
-        call: 643u32,
+        wire: 730u32,
+        call: 639u32,
         name: "cuMemsetD8_v2_ptds",
         form: None,
         library: "driver",
@@ -116667,8 +116519,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayCreate: CallDesc = CallDesc {
-        wire: 735u32,
-        call: 644u32,
+        wire: 731u32,
+        call: 640u32,
         name: "cuMipmappedArrayCreate",
         form: None,
         library: "driver",
@@ -116702,8 +116554,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 736u32,
-        call: 645u32,
+        wire: 732u32,
+        call: 641u32,
         name: "cuMipmappedArrayDestroy",
         form: None,
         library: "driver",
@@ -116726,8 +116578,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 737u32,
-        call: 646u32,
+        wire: 733u32,
+        call: 642u32,
         name: "cuMipmappedArrayGetLevel",
         form: None,
         library: "driver",
@@ -116758,8 +116610,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 738u32,
-        call: 647u32,
+        wire: 734u32,
+        call: 643u32,
         name: "cuMipmappedArrayGetMemoryRequirements",
         form: None,
         library: "driver",
@@ -116793,8 +116645,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 739u32,
-        call: 648u32,
+        wire: 735u32,
+        call: 644u32,
         name: "cuMipmappedArrayGetSparseProperties",
         form: None,
         library: "driver",
@@ -116824,8 +116676,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 740u32,
-        call: 649u32,
+        wire: 736u32,
+        call: 645u32,
         name: "cuModuleEnumerateFunctions",
         form: None,
         library: "driver",
@@ -116856,8 +116708,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 741u32,
-        call: 650u32,
+        wire: 737u32,
+        call: 646u32,
         name: "cuModuleGetFunction",
         form: None,
         library: "driver",
@@ -116885,8 +116737,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 742u32,
-        call: 651u32,
+        wire: 738u32,
+        call: 647u32,
         name: "cuModuleGetFunctionCount",
         form: None,
         library: "driver",
@@ -116916,8 +116768,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 743u32,
-        call: 652u32,
+        wire: 739u32,
+        call: 648u32,
         name: "cuModuleGetGlobal",
         form: None,
         library: "driver",
@@ -116955,8 +116807,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 744u32,
-        call: 653u32,
+        wire: 740u32,
+        call: 649u32,
         name: "cuModuleGetGlobal_v2",
         form: None,
         library: "driver",
@@ -116994,8 +116846,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 745u32,
-        call: 654u32,
+        wire: 741u32,
+        call: 650u32,
         name: "cuModuleGetLoadingMode",
         form: None,
         library: "driver",
@@ -117021,8 +116873,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 746u32,
-        call: 655u32,
+        wire: 742u32,
+        call: 651u32,
         name: "cuModuleGetSurfRef",
         form: None,
         library: "driver",
@@ -117050,8 +116902,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 747u32,
-        call: 656u32,
+        wire: 743u32,
+        call: 652u32,
         name: "cuModuleGetTexRef",
         form: None,
         library: "driver",
@@ -117079,8 +116931,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 748u32,
-        call: 657u32,
+        wire: 744u32,
+        call: 653u32,
         name: "cuMulticastAddDevice",
         form: None,
         library: "driver",
@@ -117107,8 +116959,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 749u32,
-        call: 658u32,
+        wire: 745u32,
+        call: 654u32,
         name: "cuMulticastBindAddr",
         form: None,
         library: "driver",
@@ -117147,8 +116999,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 750u32,
-        call: 659u32,
+        wire: 746u32,
+        call: 655u32,
         name: "cuMulticastBindAddr_v2",
         form: None,
         library: "driver",
@@ -117191,8 +117043,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 751u32,
-        call: 660u32,
+        wire: 747u32,
+        call: 656u32,
         name: "cuMulticastBindMem",
         form: None,
         library: "driver",
@@ -117235,8 +117087,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 752u32,
-        call: 661u32,
+        wire: 748u32,
+        call: 657u32,
         name: "cuMulticastBindMem_v2",
         form: None,
         library: "driver",
@@ -117283,8 +117135,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 753u32,
-        call: 662u32,
+        wire: 749u32,
+        call: 658u32,
         name: "cuMulticastCreate",
         form: None,
         library: "driver",
@@ -117317,8 +117169,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 754u32,
-        call: 663u32,
+        wire: 750u32,
+        call: 659u32,
         name: "cuMulticastGetGranularity",
         form: None,
         library: "driver",
@@ -117355,8 +117207,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 755u32,
-        call: 664u32,
+        wire: 751u32,
+        call: 660u32,
         name: "cuMulticastUnbind",
         form: None,
         library: "driver",
@@ -117391,8 +117243,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyAvailableDynamicSMemPerBlock: CallDesc = CallDesc {
-        wire: 756u32,
-        call: 665u32,
+        wire: 752u32,
+        call: 661u32,
         name: "cuOccupancyAvailableDynamicSMemPerBlock",
         form: None,
         library: "driver",
@@ -117430,8 +117282,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
-        wire: 757u32,
-        call: 666u32,
+        wire: 753u32,
+        call: 662u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         form: None,
         library: "driver",
@@ -117469,8 +117321,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
-        wire: 758u32,
-        call: 667u32,
+        wire: 754u32,
+        call: 663u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         form: None,
         library: "driver",
@@ -117512,8 +117364,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 759u32,
-        call: 668u32,
+        wire: 755u32,
+        call: 664u32,
         name: "cuParamSetSize",
         form: None,
         library: "driver",
@@ -117540,8 +117392,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 760u32,
-        call: 669u32,
+        wire: 756u32,
+        call: 665u32,
         name: "cuParamSetTexRef",
         form: None,
         library: "driver",
@@ -117572,8 +117424,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 761u32,
-        call: 670u32,
+        wire: 757u32,
+        call: 666u32,
         name: "cuParamSetf",
         form: None,
         library: "driver",
@@ -117604,8 +117456,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 762u32,
-        call: 671u32,
+        wire: 758u32,
+        call: 667u32,
         name: "cuParamSeti",
         form: None,
         library: "driver",
@@ -117636,8 +117488,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetv: CallDesc = CallDesc {
-        wire: 763u32,
-        call: 672u32,
+        wire: 759u32,
+        call: 668u32,
         name: "cuParamSetv",
         form: None,
         library: "driver",
@@ -117675,8 +117527,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuPointerSetAttribute: CallDesc = CallDesc {
-        wire: 764u32,
-        call: 673u32,
+        wire: 760u32,
+        call: 669u32,
         name: "cuPointerSetAttribute",
         form: None,
         library: "driver",
@@ -117710,8 +117562,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAddCallback__host: CallDesc = CallDesc {
-        wire: 765u32,
-        call: 674u32,
+        wire: 761u32,
+        call: 670u32,
         name: "cuStreamAddCallback",
         form: Some(Form::Host),
         library: "driver",
@@ -117746,8 +117598,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAddCallback_ptsz__host: CallDesc = CallDesc {
-        wire: 766u32,
-        call: 675u32,
+        wire: 762u32,
+        call: 671u32,
         name: "cuStreamAddCallback_ptsz",
         form: Some(Form::Host),
         library: "driver",
@@ -117782,8 +117634,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 767u32,
-        call: 676u32,
+        wire: 763u32,
+        call: 672u32,
         name: "cuStreamAttachMemAsync",
         form: None,
         library: "driver",
@@ -117818,8 +117670,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 768u32,
-        call: 677u32,
+        wire: 764u32,
+        call: 673u32,
         name: "cuStreamAttachMemAsync_ptsz",
         form: None,
         library: "driver",
@@ -117854,8 +117706,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu118: CallDesc = CallDesc {
-        wire: 769u32,
-        call: 678u32,
+        wire: 765u32,
+        call: 674u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -117893,8 +117745,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu131: CallDesc = CallDesc {
-        wire: 770u32,
-        call: 678u32,
+        wire: 766u32,
+        call: 674u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -117932,8 +117784,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu118: CallDesc = CallDesc {
-        wire: 771u32,
-        call: 679u32,
+        wire: 767u32,
+        call: 675u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -117971,8 +117823,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu131: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 679u32,
+        wire: 768u32,
+        call: 675u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -118010,8 +117862,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu118: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 680u32,
+        wire: 769u32,
+        call: 676u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -118049,8 +117901,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu131: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 680u32,
+        wire: 770u32,
+        call: 676u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -118088,8 +117940,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu118: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 681u32,
+        wire: 771u32,
+        call: 677u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -118127,8 +117979,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu131: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 681u32,
+        wire: 772u32,
+        call: 677u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -118166,8 +118018,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 682u32,
+        wire: 773u32,
+        call: 678u32,
         name: "cuStreamBeginCapture",
         form: Some(Form::Call),
         library: "driver",
@@ -118190,8 +118042,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCaptureToGraph__call: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 683u32,
+        wire: 774u32,
+        call: 679u32,
         name: "cuStreamBeginCaptureToGraph",
         form: Some(Form::Call),
         library: "driver",
@@ -118237,8 +118089,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCaptureToGraph_ptsz__call: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 684u32,
+        wire: 775u32,
+        call: 680u32,
         name: "cuStreamBeginCaptureToGraph_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -118284,8 +118136,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 685u32,
+        wire: 776u32,
+        call: 681u32,
         name: "cuStreamBeginCapture_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -118308,8 +118160,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 686u32,
+        wire: 777u32,
+        call: 682u32,
         name: "cuStreamBeginCapture_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -118336,8 +118188,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 687u32,
+        wire: 778u32,
+        call: 683u32,
         name: "cuStreamBeginCapture_v2_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -118364,8 +118216,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 688u32,
+        wire: 779u32,
+        call: 684u32,
         name: "cuStreamCopyAttributes",
         form: None,
         library: "driver",
@@ -118392,8 +118244,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 689u32,
+        wire: 780u32,
+        call: 685u32,
         name: "cuStreamCopyAttributes_ptsz",
         form: None,
         library: "driver",
@@ -118420,8 +118272,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 690u32,
+        wire: 781u32,
+        call: 686u32,
         name: "cuStreamCreate",
         form: None,
         library: "driver",
@@ -118448,8 +118300,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 691u32,
+        wire: 782u32,
+        call: 687u32,
         name: "cuStreamCreateWithPriority",
         form: None,
         library: "driver",
@@ -118480,8 +118332,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 692u32,
+        wire: 783u32,
+        call: 688u32,
         name: "cuStreamDestroy",
         form: None,
         library: "driver",
@@ -118504,8 +118356,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 693u32,
+        wire: 784u32,
+        call: 689u32,
         name: "cuStreamDestroy_v2",
         form: None,
         library: "driver",
@@ -118528,8 +118380,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 694u32,
+        wire: 785u32,
+        call: 690u32,
         name: "cuStreamEndCapture",
         form: Some(Form::Call),
         library: "driver",
@@ -118556,8 +118408,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 695u32,
+        wire: 786u32,
+        call: 691u32,
         name: "cuStreamEndCapture_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -118584,8 +118436,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 696u32,
+        wire: 787u32,
+        call: 692u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118619,8 +118471,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 696u32,
+        wire: 788u32,
+        call: 692u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118654,8 +118506,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 696u32,
+        wire: 789u32,
+        call: 692u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118689,8 +118541,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 696u32,
+        wire: 790u32,
+        call: 692u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118724,8 +118576,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 696u32,
+        wire: 791u32,
+        call: 692u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118759,8 +118611,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 697u32,
+        wire: 792u32,
+        call: 693u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118794,8 +118646,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 697u32,
+        wire: 793u32,
+        call: 693u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118829,8 +118681,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 697u32,
+        wire: 794u32,
+        call: 693u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118864,8 +118716,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 697u32,
+        wire: 795u32,
+        call: 693u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118899,8 +118751,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 697u32,
+        wire: 796u32,
+        call: 693u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118934,8 +118786,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 698u32,
+        wire: 797u32,
+        call: 694u32,
         name: "cuStreamGetCaptureInfo",
         form: None,
         library: "driver",
@@ -118972,8 +118824,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 699u32,
+        wire: 798u32,
+        call: 695u32,
         name: "cuStreamGetCaptureInfo_ptsz",
         form: None,
         library: "driver",
@@ -119010,8 +118862,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 700u32,
+        wire: 799u32,
+        call: 696u32,
         name: "cuStreamGetCtx",
         form: None,
         library: "driver",
@@ -119038,8 +118890,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 701u32,
+        wire: 800u32,
+        call: 697u32,
         name: "cuStreamGetCtx_ptsz",
         form: None,
         library: "driver",
@@ -119066,8 +118918,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 702u32,
+        wire: 801u32,
+        call: 698u32,
         name: "cuStreamGetCtx_v2",
         form: None,
         library: "driver",
@@ -119098,8 +118950,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 703u32,
+        wire: 802u32,
+        call: 699u32,
         name: "cuStreamGetCtx_v2_ptsz",
         form: None,
         library: "driver",
@@ -119130,8 +118982,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevResource: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 704u32,
+        wire: 803u32,
+        call: 700u32,
         name: "cuStreamGetDevResource",
         form: None,
         library: "driver",
@@ -119165,8 +119017,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevResource_ptsz: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 705u32,
+        wire: 804u32,
+        call: 701u32,
         name: "cuStreamGetDevResource_ptsz",
         form: None,
         library: "driver",
@@ -119200,8 +119052,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 706u32,
+        wire: 805u32,
+        call: 702u32,
         name: "cuStreamGetDevice",
         form: None,
         library: "driver",
@@ -119231,8 +119083,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 707u32,
+        wire: 806u32,
+        call: 703u32,
         name: "cuStreamGetDevice_ptsz",
         form: None,
         library: "driver",
@@ -119262,8 +119114,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 708u32,
+        wire: 807u32,
+        call: 704u32,
         name: "cuStreamGetFlags",
         form: None,
         library: "driver",
@@ -119293,8 +119145,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 709u32,
+        wire: 808u32,
+        call: 705u32,
         name: "cuStreamGetFlags_ptsz",
         form: None,
         library: "driver",
@@ -119324,8 +119176,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 710u32,
+        wire: 809u32,
+        call: 706u32,
         name: "cuStreamGetGreenCtx",
         form: None,
         library: "driver",
@@ -119352,8 +119204,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 711u32,
+        wire: 810u32,
+        call: 707u32,
         name: "cuStreamGetId",
         form: None,
         library: "driver",
@@ -119383,8 +119235,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 712u32,
+        wire: 811u32,
+        call: 708u32,
         name: "cuStreamGetId_ptsz",
         form: None,
         library: "driver",
@@ -119414,8 +119266,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 713u32,
+        wire: 812u32,
+        call: 709u32,
         name: "cuStreamGetPriority",
         form: None,
         library: "driver",
@@ -119445,8 +119297,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 714u32,
+        wire: 813u32,
+        call: 710u32,
         name: "cuStreamGetPriority_ptsz",
         form: None,
         library: "driver",
@@ -119476,8 +119328,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 715u32,
+        wire: 814u32,
+        call: 711u32,
         name: "cuStreamIsCapturing",
         form: Some(Form::Call),
         library: "driver",
@@ -119507,8 +119359,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 716u32,
+        wire: 815u32,
+        call: 712u32,
         name: "cuStreamIsCapturing_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -119538,8 +119390,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 717u32,
+        wire: 816u32,
+        call: 713u32,
         name: "cuStreamQuery",
         form: None,
         library: "driver",
@@ -119562,8 +119414,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 718u32,
+        wire: 817u32,
+        call: 714u32,
         name: "cuStreamQuery_ptsz",
         form: None,
         library: "driver",
@@ -119586,8 +119438,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 719u32,
+        wire: 818u32,
+        call: 715u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119621,8 +119473,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 719u32,
+        wire: 819u32,
+        call: 715u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119656,8 +119508,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 719u32,
+        wire: 820u32,
+        call: 715u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119691,8 +119543,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 719u32,
+        wire: 821u32,
+        call: 715u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119726,8 +119578,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 719u32,
+        wire: 822u32,
+        call: 715u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119761,8 +119613,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 720u32,
+        wire: 823u32,
+        call: 716u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119796,8 +119648,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 720u32,
+        wire: 824u32,
+        call: 716u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119831,8 +119683,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 720u32,
+        wire: 825u32,
+        call: 716u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119866,8 +119718,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 720u32,
+        wire: 826u32,
+        call: 716u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119901,8 +119753,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 720u32,
+        wire: 827u32,
+        call: 716u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119936,8 +119788,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 721u32,
+        wire: 828u32,
+        call: 717u32,
         name: "cuStreamSynchronize",
         form: None,
         library: "driver",
@@ -119960,8 +119812,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 722u32,
+        wire: 829u32,
+        call: 718u32,
         name: "cuStreamSynchronize_ptsz",
         form: None,
         library: "driver",
@@ -119984,8 +119836,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 723u32,
+        wire: 830u32,
+        call: 719u32,
         name: "cuStreamUpdateCaptureDependencies",
         form: None,
         library: "driver",
@@ -120020,8 +119872,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 724u32,
+        wire: 831u32,
+        call: 720u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "driver",
@@ -120056,8 +119908,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_v2: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 725u32,
+        wire: 832u32,
+        call: 721u32,
         name: "cuStreamUpdateCaptureDependencies_v2",
         form: None,
         library: "driver",
@@ -120099,8 +119951,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_v2_ptsz: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 726u32,
+        wire: 833u32,
+        call: 722u32,
         name: "cuStreamUpdateCaptureDependencies_v2_ptsz",
         form: None,
         library: "driver",
@@ -120142,8 +119994,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 727u32,
+        wire: 834u32,
+        call: 723u32,
         name: "cuStreamWaitEvent",
         form: None,
         library: "driver",
@@ -120174,8 +120026,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 728u32,
+        wire: 835u32,
+        call: 724u32,
         name: "cuStreamWaitEvent_ptsz",
         form: None,
         library: "driver",
@@ -120206,8 +120058,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 729u32,
+        wire: 836u32,
+        call: 725u32,
         name: "cuStreamWaitValue32",
         form: None,
         library: "driver",
@@ -120242,8 +120094,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 730u32,
+        wire: 837u32,
+        call: 726u32,
         name: "cuStreamWaitValue32_ptsz",
         form: None,
         library: "driver",
@@ -120278,8 +120130,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 731u32,
+        wire: 838u32,
+        call: 727u32,
         name: "cuStreamWaitValue32_v2",
         form: None,
         library: "driver",
@@ -120314,8 +120166,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 732u32,
+        wire: 839u32,
+        call: 728u32,
         name: "cuStreamWaitValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -120350,8 +120202,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 733u32,
+        wire: 840u32,
+        call: 729u32,
         name: "cuStreamWaitValue64",
         form: None,
         library: "driver",
@@ -120386,8 +120238,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 734u32,
+        wire: 841u32,
+        call: 730u32,
         name: "cuStreamWaitValue64_ptsz",
         form: None,
         library: "driver",
@@ -120422,8 +120274,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 735u32,
+        wire: 842u32,
+        call: 731u32,
         name: "cuStreamWaitValue64_v2",
         form: None,
         library: "driver",
@@ -120458,8 +120310,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 736u32,
+        wire: 843u32,
+        call: 732u32,
         name: "cuStreamWaitValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -120494,8 +120346,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 737u32,
+        wire: 844u32,
+        call: 733u32,
         name: "cuStreamWriteValue32",
         form: None,
         library: "driver",
@@ -120530,8 +120382,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 738u32,
+        wire: 845u32,
+        call: 734u32,
         name: "cuStreamWriteValue32_ptsz",
         form: None,
         library: "driver",
@@ -120566,8 +120418,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 739u32,
+        wire: 846u32,
+        call: 735u32,
         name: "cuStreamWriteValue32_v2",
         form: None,
         library: "driver",
@@ -120602,8 +120454,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 740u32,
+        wire: 847u32,
+        call: 736u32,
         name: "cuStreamWriteValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -120638,8 +120490,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 741u32,
+        wire: 848u32,
+        call: 737u32,
         name: "cuStreamWriteValue64",
         form: None,
         library: "driver",
@@ -120674,8 +120526,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 742u32,
+        wire: 849u32,
+        call: 738u32,
         name: "cuStreamWriteValue64_ptsz",
         form: None,
         library: "driver",
@@ -120710,8 +120562,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 743u32,
+        wire: 850u32,
+        call: 739u32,
         name: "cuStreamWriteValue64_v2",
         form: None,
         library: "driver",
@@ -120746,8 +120598,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 744u32,
+        wire: 851u32,
+        call: 740u32,
         name: "cuStreamWriteValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -120782,8 +120634,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectCreate: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 745u32,
+        wire: 852u32,
+        call: 741u32,
         name: "cuSurfObjectCreate",
         form: None,
         library: "driver",
@@ -120816,8 +120668,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 746u32,
+        wire: 853u32,
+        call: 742u32,
         name: "cuSurfObjectDestroy",
         form: None,
         library: "driver",
@@ -120840,8 +120692,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 747u32,
+        wire: 854u32,
+        call: 743u32,
         name: "cuSurfObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -120871,8 +120723,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 748u32,
+        wire: 855u32,
+        call: 744u32,
         name: "cuSurfRefGetArray",
         form: None,
         library: "driver",
@@ -120899,8 +120751,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 749u32,
+        wire: 856u32,
+        call: 745u32,
         name: "cuSurfRefSetArray",
         form: None,
         library: "driver",
@@ -120931,8 +120783,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeIm2col: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 750u32,
+        wire: 857u32,
+        call: 746u32,
         name: "cuTensorMapEncodeIm2col",
         form: None,
         library: "driver",
@@ -121026,8 +120878,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeIm2colWide: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 751u32,
+        wire: 858u32,
+        call: 747u32,
         name: "cuTensorMapEncodeIm2colWide",
         form: None,
         library: "driver",
@@ -121119,8 +120971,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeTiled: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 752u32,
+        wire: 859u32,
+        call: 748u32,
         name: "cuTensorMapEncodeTiled",
         form: None,
         library: "driver",
@@ -121199,8 +121051,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapReplaceAddress: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 753u32,
+        wire: 860u32,
+        call: 749u32,
         name: "cuTensorMapReplaceAddress",
         form: None,
         library: "driver",
@@ -121227,8 +121079,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectCreate: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 754u32,
+        wire: 861u32,
+        call: 750u32,
         name: "cuTexObjectCreate",
         form: None,
         library: "driver",
@@ -121275,8 +121127,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 755u32,
+        wire: 862u32,
+        call: 751u32,
         name: "cuTexObjectDestroy",
         form: None,
         library: "driver",
@@ -121299,8 +121151,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 756u32,
+        wire: 863u32,
+        call: 752u32,
         name: "cuTexObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -121330,8 +121182,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceViewDesc: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 757u32,
+        wire: 864u32,
+        call: 753u32,
         name: "cuTexObjectGetResourceViewDesc",
         form: None,
         library: "driver",
@@ -121361,8 +121213,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetTextureDesc: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 758u32,
+        wire: 865u32,
+        call: 754u32,
         name: "cuTexObjectGetTextureDesc",
         form: None,
         library: "driver",
@@ -121392,8 +121244,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 759u32,
+        wire: 866u32,
+        call: 755u32,
         name: "cuTexRefCreate",
         form: None,
         library: "driver",
@@ -121416,8 +121268,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 760u32,
+        wire: 867u32,
+        call: 756u32,
         name: "cuTexRefDestroy",
         form: None,
         library: "driver",
@@ -121440,8 +121292,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 761u32,
+        wire: 868u32,
+        call: 757u32,
         name: "cuTexRefGetAddress",
         form: None,
         library: "driver",
@@ -121471,8 +121323,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 762u32,
+        wire: 869u32,
+        call: 758u32,
         name: "cuTexRefGetAddressMode",
         form: None,
         library: "driver",
@@ -121506,8 +121358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 763u32,
+        wire: 870u32,
+        call: 759u32,
         name: "cuTexRefGetAddress_v2",
         form: None,
         library: "driver",
@@ -121537,8 +121389,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 764u32,
+        wire: 871u32,
+        call: 760u32,
         name: "cuTexRefGetArray",
         form: None,
         library: "driver",
@@ -121565,8 +121417,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 765u32,
+        wire: 872u32,
+        call: 761u32,
         name: "cuTexRefGetBorderColor",
         form: None,
         library: "driver",
@@ -121596,8 +121448,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 766u32,
+        wire: 873u32,
+        call: 762u32,
         name: "cuTexRefGetFilterMode",
         form: None,
         library: "driver",
@@ -121627,8 +121479,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 767u32,
+        wire: 874u32,
+        call: 763u32,
         name: "cuTexRefGetFlags",
         form: None,
         library: "driver",
@@ -121658,8 +121510,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFormat: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 768u32,
+        wire: 875u32,
+        call: 764u32,
         name: "cuTexRefGetFormat",
         form: None,
         library: "driver",
@@ -121696,8 +121548,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 769u32,
+        wire: 876u32,
+        call: 765u32,
         name: "cuTexRefGetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -121727,8 +121579,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 770u32,
+        wire: 877u32,
+        call: 766u32,
         name: "cuTexRefGetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -121758,8 +121610,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 771u32,
+        wire: 878u32,
+        call: 767u32,
         name: "cuTexRefGetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -121789,8 +121641,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 772u32,
+        wire: 879u32,
+        call: 768u32,
         name: "cuTexRefGetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -121827,8 +121679,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 773u32,
+        wire: 880u32,
+        call: 769u32,
         name: "cuTexRefGetMipmappedArray",
         form: None,
         library: "driver",
@@ -121855,8 +121707,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 774u32,
+        wire: 881u32,
+        call: 770u32,
         name: "cuTexRefSetAddress",
         form: None,
         library: "driver",
@@ -121894,8 +121746,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 775u32,
+        wire: 882u32,
+        call: 771u32,
         name: "cuTexRefSetAddress2D",
         form: None,
         library: "driver",
@@ -121933,8 +121785,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 776u32,
+        wire: 883u32,
+        call: 772u32,
         name: "cuTexRefSetAddress2D_v2",
         form: None,
         library: "driver",
@@ -121972,8 +121824,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 777u32,
+        wire: 884u32,
+        call: 773u32,
         name: "cuTexRefSetAddress2D_v3",
         form: None,
         library: "driver",
@@ -122011,8 +121863,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 778u32,
+        wire: 885u32,
+        call: 774u32,
         name: "cuTexRefSetAddressMode",
         form: None,
         library: "driver",
@@ -122043,8 +121895,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 779u32,
+        wire: 886u32,
+        call: 775u32,
         name: "cuTexRefSetAddress_v2",
         form: None,
         library: "driver",
@@ -122082,8 +121934,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 780u32,
+        wire: 887u32,
+        call: 776u32,
         name: "cuTexRefSetArray",
         form: None,
         library: "driver",
@@ -122114,8 +121966,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 781u32,
+        wire: 888u32,
+        call: 777u32,
         name: "cuTexRefSetBorderColor",
         form: None,
         library: "driver",
@@ -122145,8 +121997,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 782u32,
+        wire: 889u32,
+        call: 778u32,
         name: "cuTexRefSetFilterMode",
         form: None,
         library: "driver",
@@ -122173,8 +122025,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 783u32,
+        wire: 890u32,
+        call: 779u32,
         name: "cuTexRefSetFlags",
         form: None,
         library: "driver",
@@ -122201,8 +122053,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 784u32,
+        wire: 891u32,
+        call: 780u32,
         name: "cuTexRefSetFormat",
         form: None,
         library: "driver",
@@ -122233,8 +122085,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 785u32,
+        wire: 892u32,
+        call: 781u32,
         name: "cuTexRefSetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -122261,8 +122113,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 786u32,
+        wire: 893u32,
+        call: 782u32,
         name: "cuTexRefSetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -122289,8 +122141,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 787u32,
+        wire: 894u32,
+        call: 783u32,
         name: "cuTexRefSetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -122317,8 +122169,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 788u32,
+        wire: 895u32,
+        call: 784u32,
         name: "cuTexRefSetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -122349,8 +122201,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 789u32,
+        wire: 896u32,
+        call: 785u32,
         name: "cuTexRefSetMipmappedArray",
         form: None,
         library: "driver",
@@ -122381,8 +122233,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 790u32,
+        wire: 897u32,
+        call: 786u32,
         name: "cuThreadExchangeStreamCaptureMode",
         form: None,
         library: "driver",
@@ -122408,8 +122260,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 791u32,
+        wire: 898u32,
+        call: 787u32,
         name: "cuUserObjectRelease",
         form: None,
         library: "driver",
@@ -122436,8 +122288,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 792u32,
+        wire: 899u32,
+        call: 788u32,
         name: "cuUserObjectRetain",
         form: None,
         library: "driver",
@@ -122467,8 +122319,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclAllGather: CallDesc = CallDesc {
-        wire: 2846u32,
-        call: 2538u32,
+        wire: 2842u32,
+        call: 2534u32,
         name: "ncclAllGather",
         form: None,
         library: "nccl",
@@ -122505,8 +122357,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAllReduce: CallDesc = CallDesc {
-        wire: 2847u32,
-        call: 2539u32,
+        wire: 2843u32,
+        call: 2535u32,
         name: "ncclAllReduce",
         form: None,
         library: "nccl",
@@ -122547,8 +122399,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAlltoAll: CallDesc = CallDesc {
-        wire: 2848u32,
-        call: 2540u32,
+        wire: 2844u32,
+        call: 2536u32,
         name: "ncclAlltoAll",
         form: None,
         library: "nccl",
@@ -122585,8 +122437,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBcast: CallDesc = CallDesc {
-        wire: 2849u32,
-        call: 2541u32,
+        wire: 2845u32,
+        call: 2537u32,
         name: "ncclBcast",
         form: None,
         library: "nccl",
@@ -122626,8 +122478,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBroadcast: CallDesc = CallDesc {
-        wire: 2850u32,
-        call: 2542u32,
+        wire: 2846u32,
+        call: 2538u32,
         name: "ncclBroadcast",
         form: None,
         library: "nccl",
@@ -122668,8 +122520,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2851u32,
-        call: 2543u32,
+        wire: 2847u32,
+        call: 2539u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -122692,8 +122544,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCount: CallDesc = CallDesc {
-        wire: 2852u32,
-        call: 2544u32,
+        wire: 2848u32,
+        call: 2540u32,
         name: "ncclCommCount",
         form: None,
         library: "nccl",
@@ -122723,8 +122575,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCuDevice: CallDesc = CallDesc {
-        wire: 2853u32,
-        call: 2545u32,
+        wire: 2849u32,
+        call: 2541u32,
         name: "ncclCommCuDevice",
         form: None,
         library: "nccl",
@@ -122754,8 +122606,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2854u32,
-        call: 2546u32,
+        wire: 2850u32,
+        call: 2542u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -122778,8 +122630,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2855u32,
-        call: 2547u32,
+        wire: 2851u32,
+        call: 2543u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -122802,8 +122654,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommGetAsyncError: CallDesc = CallDesc {
-        wire: 2856u32,
-        call: 2548u32,
+        wire: 2852u32,
+        call: 2544u32,
         name: "ncclCommGetAsyncError",
         form: None,
         library: "nccl",
@@ -122833,8 +122685,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2857u32,
-        call: 2549u32,
+        wire: 2853u32,
+        call: 2545u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -122866,8 +122718,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu118: CallDesc = CallDesc {
-        wire: 2858u32,
-        call: 2550u32,
+        wire: 2854u32,
+        call: 2546u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122906,8 +122758,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu128: CallDesc = CallDesc {
-        wire: 2859u32,
-        call: 2550u32,
+        wire: 2855u32,
+        call: 2546u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122946,8 +122798,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu131: CallDesc = CallDesc {
-        wire: 2860u32,
-        call: 2550u32,
+        wire: 2856u32,
+        call: 2546u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122986,8 +122838,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2861u32,
-        call: 2551u32,
+        wire: 2857u32,
+        call: 2547u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -123014,8 +122866,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu118: CallDesc = CallDesc {
-        wire: 2862u32,
-        call: 2552u32,
+        wire: 2858u32,
+        call: 2548u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -123057,8 +122909,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu128: CallDesc = CallDesc {
-        wire: 2863u32,
-        call: 2552u32,
+        wire: 2859u32,
+        call: 2548u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -123100,8 +122952,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu131: CallDesc = CallDesc {
-        wire: 2864u32,
-        call: 2552u32,
+        wire: 2860u32,
+        call: 2548u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -123143,8 +122995,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommUserRank: CallDesc = CallDesc {
-        wire: 2865u32,
-        call: 2553u32,
+        wire: 2861u32,
+        call: 2549u32,
         name: "ncclCommUserRank",
         form: None,
         library: "nccl",
@@ -123174,8 +123026,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2866u32,
-        call: 2554u32,
+        wire: 2862u32,
+        call: 2550u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123202,8 +123054,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2867u32,
-        call: 2554u32,
+        wire: 2863u32,
+        call: 2550u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123230,8 +123082,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGather: CallDesc = CallDesc {
-        wire: 2868u32,
-        call: 2555u32,
+        wire: 2864u32,
+        call: 2551u32,
         name: "ncclGather",
         form: None,
         library: "nccl",
@@ -123272,8 +123124,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetUniqueId: CallDesc = CallDesc {
-        wire: 2869u32,
-        call: 2556u32,
+        wire: 2865u32,
+        call: 2552u32,
         name: "ncclGetUniqueId",
         form: None,
         library: "nccl",
@@ -123299,8 +123151,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetVersion: CallDesc = CallDesc {
-        wire: 2870u32,
-        call: 2557u32,
+        wire: 2866u32,
+        call: 2553u32,
         name: "ncclGetVersion",
         form: None,
         library: "nccl",
@@ -123326,8 +123178,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2871u32,
-        call: 2558u32,
+        wire: 2867u32,
+        call: 2554u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -123345,8 +123197,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2872u32,
-        call: 2559u32,
+        wire: 2868u32,
+        call: 2555u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -123364,8 +123216,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRecv: CallDesc = CallDesc {
-        wire: 2873u32,
-        call: 2560u32,
+        wire: 2869u32,
+        call: 2556u32,
         name: "ncclRecv",
         form: None,
         library: "nccl",
@@ -123405,8 +123257,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2874u32,
-        call: 2561u32,
+        wire: 2870u32,
+        call: 2557u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -123433,8 +123285,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduce: CallDesc = CallDesc {
-        wire: 2875u32,
-        call: 2562u32,
+        wire: 2871u32,
+        call: 2558u32,
         name: "ncclReduce",
         form: None,
         library: "nccl",
@@ -123479,8 +123331,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduceScatter: CallDesc = CallDesc {
-        wire: 2876u32,
-        call: 2563u32,
+        wire: 2872u32,
+        call: 2559u32,
         name: "ncclReduceScatter",
         form: None,
         library: "nccl",
@@ -123521,8 +123373,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2877u32,
-        call: 2564u32,
+        wire: 2873u32,
+        call: 2560u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -123540,8 +123392,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclScatter: CallDesc = CallDesc {
-        wire: 2878u32,
-        call: 2565u32,
+        wire: 2874u32,
+        call: 2561u32,
         name: "ncclScatter",
         form: None,
         library: "nccl",
@@ -123582,8 +123434,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclSend: CallDesc = CallDesc {
-        wire: 2879u32,
-        call: 2566u32,
+        wire: 2875u32,
+        call: 2562u32,
         name: "ncclSend",
         form: None,
         library: "nccl",
@@ -123623,8 +123475,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllGather: CallDesc = CallDesc {
-        wire: 2880u32,
-        call: 2567u32,
+        wire: 2876u32,
+        call: 2563u32,
         name: "pncclAllGather",
         form: None,
         library: "nccl",
@@ -123661,8 +123513,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllReduce: CallDesc = CallDesc {
-        wire: 2881u32,
-        call: 2568u32,
+        wire: 2877u32,
+        call: 2564u32,
         name: "pncclAllReduce",
         form: None,
         library: "nccl",
@@ -123703,8 +123555,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAlltoAll: CallDesc = CallDesc {
-        wire: 2882u32,
-        call: 2569u32,
+        wire: 2878u32,
+        call: 2565u32,
         name: "pncclAlltoAll",
         form: None,
         library: "nccl",
@@ -123741,8 +123593,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBcast: CallDesc = CallDesc {
-        wire: 2883u32,
-        call: 2570u32,
+        wire: 2879u32,
+        call: 2566u32,
         name: "pncclBcast",
         form: None,
         library: "nccl",
@@ -123782,8 +123634,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBroadcast: CallDesc = CallDesc {
-        wire: 2884u32,
-        call: 2571u32,
+        wire: 2880u32,
+        call: 2567u32,
         name: "pncclBroadcast",
         form: None,
         library: "nccl",
@@ -123824,8 +123676,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2885u32,
-        call: 2572u32,
+        wire: 2881u32,
+        call: 2568u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -123848,8 +123700,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2886u32,
-        call: 2573u32,
+        wire: 2882u32,
+        call: 2569u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -123872,8 +123724,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2887u32,
-        call: 2574u32,
+        wire: 2883u32,
+        call: 2570u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -123896,8 +123748,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2888u32,
-        call: 2575u32,
+        wire: 2884u32,
+        call: 2571u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -123929,8 +123781,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2889u32,
-        call: 2576u32,
+        wire: 2885u32,
+        call: 2572u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -123957,8 +123809,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2890u32,
-        call: 2577u32,
+        wire: 2886u32,
+        call: 2573u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123985,8 +123837,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2891u32,
-        call: 2577u32,
+        wire: 2887u32,
+        call: 2573u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -124013,8 +123865,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu128: CallDesc = CallDesc {
-        wire: 2892u32,
-        call: 2578u32,
+        wire: 2888u32,
+        call: 2574u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -124050,8 +123902,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu131: CallDesc = CallDesc {
-        wire: 2893u32,
-        call: 2578u32,
+        wire: 2889u32,
+        call: 2574u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -124087,8 +123939,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGather: CallDesc = CallDesc {
-        wire: 2894u32,
-        call: 2579u32,
+        wire: 2890u32,
+        call: 2575u32,
         name: "pncclGather",
         form: None,
         library: "nccl",
@@ -124129,8 +123981,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2895u32,
-        call: 2580u32,
+        wire: 2891u32,
+        call: 2576u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -124148,8 +124000,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2896u32,
-        call: 2581u32,
+        wire: 2892u32,
+        call: 2577u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -124167,8 +124019,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRecv: CallDesc = CallDesc {
-        wire: 2897u32,
-        call: 2582u32,
+        wire: 2893u32,
+        call: 2578u32,
         name: "pncclRecv",
         form: None,
         library: "nccl",
@@ -124208,8 +124060,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2898u32,
-        call: 2583u32,
+        wire: 2894u32,
+        call: 2579u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -124236,8 +124088,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduce: CallDesc = CallDesc {
-        wire: 2899u32,
-        call: 2584u32,
+        wire: 2895u32,
+        call: 2580u32,
         name: "pncclReduce",
         form: None,
         library: "nccl",
@@ -124282,8 +124134,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduceScatter: CallDesc = CallDesc {
-        wire: 2900u32,
-        call: 2585u32,
+        wire: 2896u32,
+        call: 2581u32,
         name: "pncclReduceScatter",
         form: None,
         library: "nccl",
@@ -124324,8 +124176,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2901u32,
-        call: 2586u32,
+        wire: 2897u32,
+        call: 2582u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -124343,8 +124195,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclScatter: CallDesc = CallDesc {
-        wire: 2902u32,
-        call: 2587u32,
+        wire: 2898u32,
+        call: 2583u32,
         name: "pncclScatter",
         form: None,
         library: "nccl",
@@ -124385,8 +124237,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclSend: CallDesc = CallDesc {
-        wire: 2903u32,
-        call: 2588u32,
+        wire: 2899u32,
+        call: 2584u32,
         name: "pncclSend",
         form: None,
         library: "nccl",
@@ -124429,8 +124281,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2815u32,
-        call: 2507u32,
+        wire: 2811u32,
+        call: 2503u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -124453,8 +124305,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2816u32,
-        call: 2508u32,
+        wire: 2812u32,
+        call: 2504u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -124477,8 +124329,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2817u32,
-        call: 2509u32,
+        wire: 2813u32,
+        call: 2505u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -124501,8 +124353,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2818u32,
-        call: 2510u32,
+        wire: 2814u32,
+        call: 2506u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -124525,8 +124377,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2819u32,
-        call: 2511u32,
+        wire: 2815u32,
+        call: 2507u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -124549,8 +124401,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2820u32,
-        call: 2512u32,
+        wire: 2816u32,
+        call: 2508u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -124573,8 +124425,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2821u32,
-        call: 2513u32,
+        wire: 2817u32,
+        call: 2509u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -124597,8 +124449,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2822u32,
-        call: 2514u32,
+        wire: 2818u32,
+        call: 2510u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -124621,8 +124473,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2823u32,
-        call: 2515u32,
+        wire: 2819u32,
+        call: 2511u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -124645,8 +124497,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2824u32,
-        call: 2516u32,
+        wire: 2820u32,
+        call: 2512u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -124669,8 +124521,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2825u32,
-        call: 2517u32,
+        wire: 2821u32,
+        call: 2513u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124700,8 +124552,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2826u32,
-        call: 2518u32,
+        wire: 2822u32,
+        call: 2514u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124731,8 +124583,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2827u32,
-        call: 2519u32,
+        wire: 2823u32,
+        call: 2515u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124762,8 +124614,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2828u32,
-        call: 2520u32,
+        wire: 2824u32,
+        call: 2516u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124793,8 +124645,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2829u32,
-        call: 2521u32,
+        wire: 2825u32,
+        call: 2517u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124824,8 +124676,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2830u32,
-        call: 2522u32,
+        wire: 2826u32,
+        call: 2518u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124855,8 +124707,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2831u32,
-        call: 2523u32,
+        wire: 2827u32,
+        call: 2519u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124886,8 +124738,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2832u32,
-        call: 2524u32,
+        wire: 2828u32,
+        call: 2520u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124917,8 +124769,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2833u32,
-        call: 2525u32,
+        wire: 2829u32,
+        call: 2521u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124948,8 +124800,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2834u32,
-        call: 2526u32,
+        wire: 2830u32,
+        call: 2522u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124979,8 +124831,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2835u32,
-        call: 2527u32,
+        wire: 2831u32,
+        call: 2523u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -125010,8 +124862,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2836u32,
-        call: 2528u32,
+        wire: 2832u32,
+        call: 2524u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -125041,8 +124893,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2837u32,
-        call: 2529u32,
+        wire: 2833u32,
+        call: 2525u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -125072,8 +124924,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2838u32,
-        call: 2530u32,
+        wire: 2834u32,
+        call: 2526u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -125103,8 +124955,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2839u32,
-        call: 2531u32,
+        wire: 2835u32,
+        call: 2527u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -125134,8 +124986,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2840u32,
-        call: 2532u32,
+        wire: 2836u32,
+        call: 2528u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -125165,8 +125017,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2841u32,
-        call: 2533u32,
+        wire: 2837u32,
+        call: 2529u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -125196,8 +125048,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2842u32,
-        call: 2534u32,
+        wire: 2838u32,
+        call: 2530u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -125227,8 +125079,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2843u32,
-        call: 2535u32,
+        wire: 2839u32,
+        call: 2531u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -125258,8 +125110,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2844u32,
-        call: 2536u32,
+        wire: 2840u32,
+        call: 2532u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -125289,8 +125141,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2845u32,
-        call: 2537u32,
+        wire: 2841u32,
+        call: 2533u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -125336,8 +125188,8 @@ pub mod nvml {
     static LEN_nvmlSystemGetDriverVersion_8: Len = Len::Param(1u8);
     static LEN_nvmlSystemGetNVMLVersion_9: Len = Len::Param(1u8);
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1641u32,
+        wire: 1942u32,
+        call: 1637u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -125360,8 +125212,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1642u32,
+        wire: 1943u32,
+        call: 1638u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -125391,8 +125243,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1643u32,
+        wire: 1944u32,
+        call: 1639u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -125419,8 +125271,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1644u32,
+        wire: 1945u32,
+        call: 1640u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -125443,8 +125295,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1645u32,
+        wire: 1946u32,
+        call: 1641u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -125467,8 +125319,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1646u32,
+        wire: 1947u32,
+        call: 1642u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -125495,8 +125347,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1647u32,
+        wire: 1948u32,
+        call: 1643u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -125527,8 +125379,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1648u32,
+        wire: 1949u32,
+        call: 1644u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -125566,8 +125418,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1649u32,
+        wire: 1950u32,
+        call: 1645u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -125602,8 +125454,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1650u32,
+        wire: 1951u32,
+        call: 1646u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -125637,8 +125489,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1651u32,
+        wire: 1952u32,
+        call: 1647u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -125668,8 +125520,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1652u32,
+        wire: 1953u32,
+        call: 1648u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -125699,8 +125551,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1653u32,
+        wire: 1954u32,
+        call: 1649u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -125730,8 +125582,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1654u32,
+        wire: 1955u32,
+        call: 1650u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -125765,8 +125617,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1655u32,
+        wire: 1956u32,
+        call: 1651u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -125796,8 +125648,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1656u32,
+        wire: 1957u32,
+        call: 1652u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -125834,8 +125686,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBAR1MemoryInfo: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1657u32,
+        wire: 1958u32,
+        call: 1653u32,
         name: "nvmlDeviceGetBAR1MemoryInfo",
         form: None,
         library: "nvml",
@@ -125865,8 +125717,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1658u32,
+        wire: 1959u32,
+        call: 1654u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -125896,8 +125748,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardPartNumber: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1659u32,
+        wire: 1960u32,
+        call: 1655u32,
         name: "nvmlDeviceGetBoardPartNumber",
         form: None,
         library: "nvml",
@@ -125931,8 +125783,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1660u32,
+        wire: 1961u32,
+        call: 1656u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -125962,8 +125814,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1661u32,
+        wire: 1962u32,
+        call: 1657u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -125993,8 +125845,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1662u32,
+        wire: 1963u32,
+        call: 1658u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -126032,8 +125884,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1663u32,
+        wire: 1964u32,
+        call: 1659u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -126067,8 +125919,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1664u32,
+        wire: 1965u32,
+        call: 1660u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -126098,8 +125950,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1665u32,
+        wire: 1966u32,
+        call: 1661u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -126129,8 +125981,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1666u32,
+        wire: 1967u32,
+        call: 1662u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -126167,8 +126019,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1667u32,
+        wire: 1968u32,
+        call: 1663u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -126198,8 +126050,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1668u32,
+        wire: 1969u32,
+        call: 1664u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -126229,8 +126081,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1669u32,
+        wire: 1970u32,
+        call: 1665u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -126260,8 +126112,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1670u32,
+        wire: 1971u32,
+        call: 1666u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -126291,8 +126143,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1671u32,
+        wire: 1972u32,
+        call: 1667u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -126329,8 +126181,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1672u32,
+        wire: 1973u32,
+        call: 1668u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -126364,8 +126216,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1673u32,
+        wire: 1974u32,
+        call: 1669u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -126395,8 +126247,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1674u32,
+        wire: 1975u32,
+        call: 1670u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -126423,8 +126275,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1675u32,
+        wire: 1976u32,
+        call: 1671u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -126454,8 +126306,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1676u32,
+        wire: 1977u32,
+        call: 1672u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -126485,8 +126337,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1677u32,
+        wire: 1978u32,
+        call: 1673u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -126523,8 +126375,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1678u32,
+        wire: 1979u32,
+        call: 1674u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -126561,8 +126413,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1679u32,
+        wire: 1980u32,
+        call: 1675u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -126599,8 +126451,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1680u32,
+        wire: 1981u32,
+        call: 1676u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -126634,8 +126486,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1681u32,
+        wire: 1982u32,
+        call: 1677u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -126672,8 +126524,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1682u32,
+        wire: 1983u32,
+        call: 1678u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -126703,8 +126555,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1683u32,
+        wire: 1984u32,
+        call: 1679u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -126738,8 +126590,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1684u32,
+        wire: 1985u32,
+        call: 1680u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -126769,8 +126621,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1685u32,
+        wire: 1986u32,
+        call: 1681u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -126804,8 +126656,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFieldValues__cu118: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1686u32,
+        wire: 1987u32,
+        call: 1682u32,
         name: "nvmlDeviceGetFieldValues",
         form: None,
         library: "nvml",
@@ -126839,8 +126691,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFieldValues__cu126: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1686u32,
+        wire: 1988u32,
+        call: 1682u32,
         name: "nvmlDeviceGetFieldValues",
         form: None,
         library: "nvml",
@@ -126874,8 +126726,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1687u32,
+        wire: 1989u32,
+        call: 1683u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -126912,8 +126764,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1688u32,
+        wire: 1990u32,
+        call: 1684u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -126943,8 +126795,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuFabricInfo__cu121: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1689u32,
+        wire: 1991u32,
+        call: 1685u32,
         name: "nvmlDeviceGetGpuFabricInfo",
         form: None,
         library: "nvml",
@@ -126974,8 +126826,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuFabricInfo__cu126: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1689u32,
+        wire: 1992u32,
+        call: 1685u32,
         name: "nvmlDeviceGetGpuFabricInfo",
         form: None,
         library: "nvml",
@@ -127005,8 +126857,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuFabricInfoV__cu126: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1690u32,
+        wire: 1993u32,
+        call: 1686u32,
         name: "nvmlDeviceGetGpuFabricInfoV",
         form: None,
         library: "nvml",
@@ -127036,8 +126888,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuFabricInfoV__cu130: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1690u32,
+        wire: 1994u32,
+        call: 1686u32,
         name: "nvmlDeviceGetGpuFabricInfoV",
         form: None,
         library: "nvml",
@@ -127067,8 +126919,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1691u32,
+        wire: 1995u32,
+        call: 1687u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -127099,8 +126951,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1692u32,
+        wire: 1996u32,
+        call: 1688u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -127130,8 +126982,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1693u32,
+        wire: 1997u32,
+        call: 1689u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -127165,8 +127017,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1694u32,
+        wire: 1998u32,
+        call: 1690u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -127204,8 +127056,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1695u32,
+        wire: 1999u32,
+        call: 1691u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -127235,8 +127087,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1696u32,
+        wire: 2000u32,
+        call: 1692u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -127273,8 +127125,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1697u32,
+        wire: 2001u32,
+        call: 1693u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -127311,8 +127163,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1698u32,
+        wire: 2002u32,
+        call: 1694u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -127339,8 +127191,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1699u32,
+        wire: 2003u32,
+        call: 1695u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -127367,8 +127219,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1700u32,
+        wire: 2004u32,
+        call: 1696u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -127392,8 +127244,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1701u32,
+        wire: 2005u32,
+        call: 1697u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -127417,8 +127269,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1702u32,
+        wire: 2006u32,
+        call: 1698u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -127442,8 +127294,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1703u32,
+        wire: 2007u32,
+        call: 1699u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -127467,8 +127319,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1704u32,
+        wire: 2008u32,
+        call: 1700u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -127498,8 +127350,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1705u32,
+        wire: 2009u32,
+        call: 1701u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -127529,8 +127381,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1706u32,
+        wire: 2010u32,
+        call: 1702u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -127560,8 +127412,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1707u32,
+        wire: 2011u32,
+        call: 1703u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -127591,8 +127443,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomImageVersion: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1708u32,
+        wire: 2012u32,
+        call: 1704u32,
         name: "nvmlDeviceGetInforomImageVersion",
         form: None,
         library: "nvml",
@@ -127626,8 +127478,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1709u32,
+        wire: 2013u32,
+        call: 1705u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -127657,8 +127509,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1710u32,
+        wire: 2014u32,
+        call: 1706u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -127695,8 +127547,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1711u32,
+        wire: 2015u32,
+        call: 1707u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -127733,8 +127585,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1712u32,
+        wire: 2016u32,
+        call: 1708u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -127768,8 +127620,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1713u32,
+        wire: 2017u32,
+        call: 1709u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -127803,8 +127655,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1714u32,
+        wire: 2018u32,
+        call: 1710u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -127834,8 +127686,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1715u32,
+        wire: 2019u32,
+        call: 1711u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -127865,8 +127717,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1716u32,
+        wire: 2020u32,
+        call: 1712u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -127896,8 +127748,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1717u32,
+        wire: 2021u32,
+        call: 1713u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -127934,8 +127786,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1718u32,
+        wire: 2022u32,
+        call: 1714u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -127965,8 +127817,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1719u32,
+        wire: 2023u32,
+        call: 1715u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -127996,8 +127848,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryInfo: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1720u32,
+        wire: 2024u32,
+        call: 1716u32,
         name: "nvmlDeviceGetMemoryInfo",
         form: None,
         library: "nvml",
@@ -128027,8 +127879,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryInfo_v2: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1721u32,
+        wire: 2025u32,
+        call: 1717u32,
         name: "nvmlDeviceGetMemoryInfo_v2",
         form: None,
         library: "nvml",
@@ -128058,8 +127910,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1722u32,
+        wire: 2026u32,
+        call: 1718u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -128090,8 +127942,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1723u32,
+        wire: 2027u32,
+        call: 1719u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -128128,8 +127980,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1724u32,
+        wire: 2028u32,
+        call: 1720u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -128174,8 +128026,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1725u32,
+        wire: 2029u32,
+        call: 1721u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -128212,8 +128064,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1726u32,
+        wire: 2030u32,
+        call: 1722u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -128243,8 +128095,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1727u32,
+        wire: 2031u32,
+        call: 1723u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -128274,8 +128126,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1728u32,
+        wire: 2032u32,
+        call: 1724u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -128305,8 +128157,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetName: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1729u32,
+        wire: 2033u32,
+        call: 1725u32,
         name: "nvmlDeviceGetName",
         form: None,
         library: "nvml",
@@ -128340,8 +128192,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1730u32,
+        wire: 2034u32,
+        call: 1726u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -128371,8 +128223,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1731u32,
+        wire: 2035u32,
+        call: 1727u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -128402,8 +128254,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1732u32,
+        wire: 2036u32,
+        call: 1728u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -128433,8 +128285,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1733u32,
+        wire: 2037u32,
+        call: 1729u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -128472,8 +128324,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1734u32,
+        wire: 2038u32,
+        call: 1730u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -128507,8 +128359,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1735u32,
+        wire: 2039u32,
+        call: 1731u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -128542,8 +128394,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1736u32,
+        wire: 2040u32,
+        call: 1732u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -128577,8 +128429,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1737u32,
+        wire: 2041u32,
+        call: 1733u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -128615,8 +128467,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1738u32,
+        wire: 2042u32,
+        call: 1734u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -128654,8 +128506,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1739u32,
+        wire: 2043u32,
+        call: 1735u32,
         name: "nvmlDeviceGetPciInfo",
         form: None,
         library: "nvml",
@@ -128685,8 +128537,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfoExt: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1740u32,
+        wire: 2044u32,
+        call: 1736u32,
         name: "nvmlDeviceGetPciInfoExt",
         form: None,
         library: "nvml",
@@ -128716,8 +128568,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo_v2: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1741u32,
+        wire: 2045u32,
+        call: 1737u32,
         name: "nvmlDeviceGetPciInfo_v2",
         form: None,
         library: "nvml",
@@ -128747,8 +128599,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo_v3: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1742u32,
+        wire: 2046u32,
+        call: 1738u32,
         name: "nvmlDeviceGetPciInfo_v3",
         form: None,
         library: "nvml",
@@ -128778,8 +128630,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1743u32,
+        wire: 2047u32,
+        call: 1739u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -128809,8 +128661,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1744u32,
+        wire: 2048u32,
+        call: 1740u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -128840,8 +128692,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1745u32,
+        wire: 2049u32,
+        call: 1741u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -128871,8 +128723,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1746u32,
+        wire: 2050u32,
+        call: 1742u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -128902,8 +128754,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1747u32,
+        wire: 2051u32,
+        call: 1743u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -128933,8 +128785,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1748u32,
+        wire: 2052u32,
+        call: 1744u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -128964,8 +128816,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1749u32,
+        wire: 2053u32,
+        call: 1745u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -128995,8 +128847,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1750u32,
+        wire: 2054u32,
+        call: 1746u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -129033,8 +128885,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1751u32,
+        wire: 2055u32,
+        call: 1747u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -129064,8 +128916,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1752u32,
+        wire: 2056u32,
+        call: 1748u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -129095,8 +128947,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1753u32,
+        wire: 2057u32,
+        call: 1749u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -129126,8 +128978,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1754u32,
+        wire: 2058u32,
+        call: 1750u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -129157,8 +129009,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1755u32,
+        wire: 2059u32,
+        call: 1751u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -129188,8 +129040,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1756u32,
+        wire: 2060u32,
+        call: 1752u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -129240,8 +129092,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1757u32,
+        wire: 2061u32,
+        call: 1753u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -129271,8 +129123,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSerial: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1758u32,
+        wire: 2062u32,
+        call: 1754u32,
         name: "nvmlDeviceGetSerial",
         form: None,
         library: "nvml",
@@ -129306,8 +129158,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1759u32,
+        wire: 2063u32,
+        call: 1755u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -129337,8 +129189,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1760u32,
+        wire: 2064u32,
+        call: 1756u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -129368,8 +129220,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1761u32,
+        wire: 2065u32,
+        call: 1757u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -129399,8 +129251,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1762u32,
+        wire: 2066u32,
+        call: 1758u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -129430,8 +129282,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1763u32,
+        wire: 2067u32,
+        call: 1759u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -129465,8 +129317,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1764u32,
+        wire: 2068u32,
+        call: 1760u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -129500,8 +129352,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1765u32,
+        wire: 2069u32,
+        call: 1761u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -129535,8 +129387,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1766u32,
+        wire: 2070u32,
+        call: 1762u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -129570,8 +129422,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1767u32,
+        wire: 2071u32,
+        call: 1763u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -129609,8 +129461,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1768u32,
+        wire: 2072u32,
+        call: 1764u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -129640,8 +129492,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetUUID: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1769u32,
+        wire: 2073u32,
+        call: 1765u32,
         name: "nvmlDeviceGetUUID",
         form: None,
         library: "nvml",
@@ -129675,8 +129527,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetUtilizationRates: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1770u32,
+        wire: 2074u32,
+        call: 1766u32,
         name: "nvmlDeviceGetUtilizationRates",
         form: None,
         library: "nvml",
@@ -129706,8 +129558,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVbiosVersion: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1771u32,
+        wire: 2075u32,
+        call: 1767u32,
         name: "nvmlDeviceGetVbiosVersion",
         form: None,
         library: "nvml",
@@ -129741,8 +129593,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1772u32,
+        wire: 2076u32,
+        call: 1768u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -129776,8 +129628,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1773u32,
+        wire: 2077u32,
+        call: 1769u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -129807,8 +129659,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1774u32,
+        wire: 2078u32,
+        call: 1770u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -129838,8 +129690,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1775u32,
+        wire: 2079u32,
+        call: 1771u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -129873,8 +129725,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1776u32,
+        wire: 2080u32,
+        call: 1772u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -129905,8 +129757,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1777u32,
+        wire: 2081u32,
+        call: 1773u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -129929,8 +129781,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1778u32,
+        wire: 2082u32,
+        call: 1774u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -129953,8 +129805,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1779u32,
+        wire: 2083u32,
+        call: 1775u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -129977,8 +129829,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1780u32,
+        wire: 2084u32,
+        call: 1776u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -130005,8 +129857,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1781u32,
+        wire: 2085u32,
+        call: 1777u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -130037,8 +129889,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1782u32,
+        wire: 2086u32,
+        call: 1778u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -130069,8 +129921,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1783u32,
+        wire: 2087u32,
+        call: 1779u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -130097,8 +129949,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1784u32,
+        wire: 2088u32,
+        call: 1780u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -130129,8 +129981,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1785u32,
+        wire: 2089u32,
+        call: 1781u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -130157,8 +130009,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1786u32,
+        wire: 2090u32,
+        call: 1782u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -130185,8 +130037,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1787u32,
+        wire: 2091u32,
+        call: 1783u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -130213,8 +130065,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1788u32,
+        wire: 2092u32,
+        call: 1784u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -130237,8 +130089,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1789u32,
+        wire: 2093u32,
+        call: 1785u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -130269,8 +130121,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1790u32,
+        wire: 2094u32,
+        call: 1786u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -130297,8 +130149,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1791u32,
+        wire: 2095u32,
+        call: 1787u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -130328,8 +130180,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1792u32,
+        wire: 2096u32,
+        call: 1788u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -130360,8 +130212,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1793u32,
+        wire: 2097u32,
+        call: 1789u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -130388,8 +130240,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1794u32,
+        wire: 2098u32,
+        call: 1790u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -130420,8 +130272,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1795u32,
+        wire: 2099u32,
+        call: 1791u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -130452,8 +130304,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1796u32,
+        wire: 2100u32,
+        call: 1792u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -130480,8 +130332,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1797u32,
+        wire: 2101u32,
+        call: 1793u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -130512,8 +130364,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1798u32,
+        wire: 2102u32,
+        call: 1794u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -130540,8 +130392,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1799u32,
+        wire: 2103u32,
+        call: 1795u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -130568,8 +130420,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1800u32,
+        wire: 2104u32,
+        call: 1796u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -130600,8 +130452,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1801u32,
+        wire: 2105u32,
+        call: 1797u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -130635,8 +130487,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1802u32,
+        wire: 2106u32,
+        call: 1798u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -130663,8 +130515,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1803u32,
+        wire: 2107u32,
+        call: 1799u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -130691,8 +130543,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1804u32,
+        wire: 2108u32,
+        call: 1800u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -130719,8 +130571,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1805u32,
+        wire: 2109u32,
+        call: 1801u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -130754,8 +130606,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1806u32,
+        wire: 2110u32,
+        call: 1802u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -130786,8 +130638,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1807u32,
+        wire: 2111u32,
+        call: 1803u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -130817,8 +130669,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1808u32,
+        wire: 2112u32,
+        call: 1804u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -130845,8 +130697,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1809u32,
+        wire: 2113u32,
+        call: 1805u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -130869,8 +130721,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1810u32,
+        wire: 2114u32,
+        call: 1806u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -130893,8 +130745,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1811u32,
+        wire: 2115u32,
+        call: 1807u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -130917,8 +130769,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1812u32,
+        wire: 2116u32,
+        call: 1808u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -130944,8 +130796,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1813u32,
+        wire: 2117u32,
+        call: 1809u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -130975,8 +130827,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1814u32,
+        wire: 2118u32,
+        call: 1810u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -131007,8 +130859,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1815u32,
+        wire: 2119u32,
+        call: 1811u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -131038,8 +130890,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1816u32,
+        wire: 2120u32,
+        call: 1812u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -131062,8 +130914,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1817u32,
+        wire: 2121u32,
+        call: 1813u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -131086,8 +130938,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1818u32,
+        wire: 2122u32,
+        call: 1814u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -131114,8 +130966,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1819u32,
+        wire: 2123u32,
+        call: 1815u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -131142,8 +130994,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1820u32,
+        wire: 2124u32,
+        call: 1816u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -131174,8 +131026,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1821u32,
+        wire: 2125u32,
+        call: 1817u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -131213,8 +131065,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1822u32,
+        wire: 2126u32,
+        call: 1818u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -131237,8 +131089,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1823u32,
+        wire: 2127u32,
+        call: 1819u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -131269,8 +131121,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1824u32,
+        wire: 2128u32,
+        call: 1820u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -131304,8 +131156,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1825u32,
+        wire: 2129u32,
+        call: 1821u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -131343,8 +131195,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1826u32,
+        wire: 2130u32,
+        call: 1822u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -131374,8 +131226,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1827u32,
+        wire: 2131u32,
+        call: 1823u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -131401,8 +131253,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1828u32,
+        wire: 2132u32,
+        call: 1824u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -131428,8 +131280,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1829u32,
+        wire: 2133u32,
+        call: 1825u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -131455,8 +131307,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetDriverVersion: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1830u32,
+        wire: 2134u32,
+        call: 1826u32,
         name: "nvmlSystemGetDriverVersion",
         form: None,
         library: "nvml",
@@ -131486,8 +131338,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNVMLVersion: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1831u32,
+        wire: 2135u32,
+        call: 1827u32,
         name: "nvmlSystemGetNVMLVersion",
         form: None,
         library: "nvml",
@@ -131517,8 +131369,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1832u32,
+        wire: 2136u32,
+        call: 1828u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -131544,8 +131396,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1833u32,
+        wire: 2137u32,
+        call: 1829u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -131568,8 +131420,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1834u32,
+        wire: 2138u32,
+        call: 1830u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -131592,8 +131444,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1835u32,
+        wire: 2139u32,
+        call: 1831u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -131619,8 +131471,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1836u32,
+        wire: 2140u32,
+        call: 1832u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -131654,8 +131506,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1837u32,
+        wire: 2141u32,
+        call: 1833u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -131682,8 +131534,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1838u32,
+        wire: 2142u32,
+        call: 1834u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -131717,8 +131569,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1839u32,
+        wire: 2143u32,
+        call: 1835u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -131745,8 +131597,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1840u32,
+        wire: 2144u32,
+        call: 1836u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -131769,8 +131621,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1841u32,
+        wire: 2145u32,
+        call: 1837u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -131800,8 +131652,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1842u32,
+        wire: 2146u32,
+        call: 1838u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -131831,8 +131683,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1843u32,
+        wire: 2147u32,
+        call: 1839u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -131862,8 +131714,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1844u32,
+        wire: 2148u32,
+        call: 1840u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -131893,8 +131745,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1845u32,
+        wire: 2149u32,
+        call: 1841u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -131924,8 +131776,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1846u32,
+        wire: 2150u32,
+        call: 1842u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -131955,8 +131807,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1847u32,
+        wire: 2151u32,
+        call: 1843u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -131986,8 +131838,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1848u32,
+        wire: 2152u32,
+        call: 1844u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -132017,8 +131869,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1849u32,
+        wire: 2153u32,
+        call: 1845u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -132045,8 +131897,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1850u32,
+        wire: 2154u32,
+        call: 1846u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -132080,8 +131932,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1851u32,
+        wire: 2155u32,
+        call: 1847u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -132118,8 +131970,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1852u32,
+        wire: 2156u32,
+        call: 1848u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -132149,8 +132001,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1853u32,
+        wire: 2157u32,
+        call: 1849u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -132180,8 +132032,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1854u32,
+        wire: 2158u32,
+        call: 1850u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -132211,8 +132063,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1855u32,
+        wire: 2159u32,
+        call: 1851u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -132242,8 +132094,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1856u32,
+        wire: 2160u32,
+        call: 1852u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -132273,8 +132125,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1857u32,
+        wire: 2161u32,
+        call: 1853u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -132308,8 +132160,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1858u32,
+        wire: 2162u32,
+        call: 1854u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -132339,8 +132191,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1859u32,
+        wire: 2163u32,
+        call: 1855u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -132370,8 +132222,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1860u32,
+        wire: 2164u32,
+        call: 1856u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -132416,8 +132268,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2810u32,
-        call: 2502u32,
+        wire: 2806u32,
+        call: 2498u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -132443,8 +132295,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2811u32,
-        call: 2503u32,
+        wire: 2807u32,
+        call: 2499u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -132470,8 +132322,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2812u32,
-        call: 2504u32,
+        wire: 2808u32,
+        call: 2500u32,
         name: "nvrtcGetSupportedArchs",
         form: Some(Form::Call),
         library: "nvrtc",
@@ -132497,8 +132349,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2813u32,
-        call: 2505u32,
+        wire: 2809u32,
+        call: 2501u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -132521,8 +132373,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2814u32,
-        call: 2506u32,
+        wire: 2810u32,
+        call: 2502u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

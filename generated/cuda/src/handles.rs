@@ -117,6 +117,7 @@ pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[
     (44u16, 0u16),
     (48u16, 19u16),
     (0u16, 44u16),
+    (9u16, 15u16),
     (19u16, 48u16),
     (37u16, 36u16),
 ];

@@ -14,15 +14,33 @@ pub struct ProcEntry {
 pub static PROCS: &[ProcEntry] = &[
     ProcEntry {
         base: "cuArray3DCreate",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuArray3DCreate",
+    },
+    ProcEntry {
+        base: "cuArray3DCreate",
         version: 3020u32,
         per_thread: false,
         symbol: "cuArray3DCreate_v2",
     },
     ProcEntry {
         base: "cuArray3DGetDescriptor",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuArray3DGetDescriptor",
+    },
+    ProcEntry {
+        base: "cuArray3DGetDescriptor",
         version: 3020u32,
         per_thread: false,
         symbol: "cuArray3DGetDescriptor_v2",
+    },
+    ProcEntry {
+        base: "cuArrayCreate",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuArrayCreate",
     },
     ProcEntry {
         base: "cuArrayCreate",
@@ -35,6 +53,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 2000u32,
         per_thread: false,
         symbol: "cuArrayDestroy",
+    },
+    ProcEntry {
+        base: "cuArrayGetDescriptor",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuArrayGetDescriptor",
     },
     ProcEntry {
         base: "cuArrayGetDescriptor",
@@ -128,6 +152,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuCtxCreate",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuCtxCreate",
+    },
+    ProcEntry {
+        base: "cuCtxCreate",
         version: 3020u32,
         per_thread: false,
         symbol: "cuCtxCreate_v2",
@@ -143,6 +173,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 12050u32,
         per_thread: false,
         symbol: "cuCtxCreate_v4",
+    },
+    ProcEntry {
+        base: "cuCtxDestroy",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuCtxDestroy",
     },
     ProcEntry {
         base: "cuCtxDestroy",
@@ -248,9 +284,21 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuCtxPopCurrent",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuCtxPopCurrent",
+    },
+    ProcEntry {
+        base: "cuCtxPopCurrent",
         version: 4000u32,
         per_thread: false,
         symbol: "cuCtxPopCurrent_v2",
+    },
+    ProcEntry {
+        base: "cuCtxPushCurrent",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuCtxPushCurrent",
     },
     ProcEntry {
         base: "cuCtxPushCurrent",
@@ -472,7 +520,7 @@ pub static PROCS: &[ProcEntry] = &[
         base: "cuDeviceGetUuid",
         version: 9020u32,
         per_thread: false,
-        symbol: "cuDeviceGetUuid_v2",
+        symbol: "cuDeviceGetUuid",
     },
     ProcEntry {
         base: "cuDeviceGetUuid",
@@ -494,9 +542,21 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuDevicePrimaryCtxRelease",
+        version: 7000u32,
+        per_thread: false,
+        symbol: "cuDevicePrimaryCtxRelease",
+    },
+    ProcEntry {
+        base: "cuDevicePrimaryCtxRelease",
         version: 11000u32,
         per_thread: false,
         symbol: "cuDevicePrimaryCtxRelease_v2",
+    },
+    ProcEntry {
+        base: "cuDevicePrimaryCtxReset",
+        version: 7000u32,
+        per_thread: false,
+        symbol: "cuDevicePrimaryCtxReset",
     },
     ProcEntry {
         base: "cuDevicePrimaryCtxReset",
@@ -509,6 +569,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: false,
         symbol: "cuDevicePrimaryCtxRetain",
+    },
+    ProcEntry {
+        base: "cuDevicePrimaryCtxSetFlags",
+        version: 7000u32,
+        per_thread: false,
+        symbol: "cuDevicePrimaryCtxSetFlags",
     },
     ProcEntry {
         base: "cuDevicePrimaryCtxSetFlags",
@@ -536,6 +602,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuDeviceTotalMem",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuDeviceTotalMem",
+    },
+    ProcEntry {
+        base: "cuDeviceTotalMem",
         version: 3020u32,
         per_thread: false,
         symbol: "cuDeviceTotalMem_v2",
@@ -560,6 +632,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuEventDestroy",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuEventDestroy",
+    },
+    ProcEntry {
+        base: "cuEventDestroy",
         version: 4000u32,
         per_thread: false,
         symbol: "cuEventDestroy_v2",
@@ -568,7 +646,7 @@ pub static PROCS: &[ProcEntry] = &[
         base: "cuEventElapsedTime",
         version: 2000u32,
         per_thread: false,
-        symbol: "cuEventElapsedTime_v2",
+        symbol: "cuEventElapsedTime",
     },
     ProcEntry {
         base: "cuEventElapsedTime",
@@ -1082,6 +1160,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuGraphInstantiate",
+        version: 10000u32,
+        per_thread: false,
+        symbol: "cuGraphInstantiate",
+    },
+    ProcEntry {
+        base: "cuGraphInstantiate",
         version: 11000u32,
         per_thread: false,
         symbol: "cuGraphInstantiate_v2",
@@ -1322,9 +1406,21 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuGraphicsResourceGetMappedPointer",
+        version: 3000u32,
+        per_thread: false,
+        symbol: "cuGraphicsResourceGetMappedPointer",
+    },
+    ProcEntry {
+        base: "cuGraphicsResourceGetMappedPointer",
         version: 3020u32,
         per_thread: false,
         symbol: "cuGraphicsResourceGetMappedPointer_v2",
+    },
+    ProcEntry {
+        base: "cuGraphicsResourceSetMapFlags",
+        version: 3000u32,
+        per_thread: false,
+        symbol: "cuGraphicsResourceSetMapFlags",
     },
     ProcEntry {
         base: "cuGraphicsResourceSetMapFlags",
@@ -1439,6 +1535,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 4010u32,
         per_thread: false,
         symbol: "cuIpcOpenEventHandle",
+    },
+    ProcEntry {
+        base: "cuIpcOpenMemHandle",
+        version: 4010u32,
+        per_thread: false,
+        symbol: "cuIpcOpenMemHandle",
     },
     ProcEntry {
         base: "cuIpcOpenMemHandle",
@@ -1622,9 +1724,21 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuLinkAddData",
+        version: 5050u32,
+        per_thread: false,
+        symbol: "cuLinkAddData",
+    },
+    ProcEntry {
+        base: "cuLinkAddData",
         version: 6050u32,
         per_thread: false,
         symbol: "cuLinkAddData_v2",
+    },
+    ProcEntry {
+        base: "cuLinkAddFile",
+        version: 5050u32,
+        per_thread: false,
+        symbol: "cuLinkAddFile",
     },
     ProcEntry {
         base: "cuLinkAddFile",
@@ -1637,6 +1751,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 5050u32,
         per_thread: false,
         symbol: "cuLinkComplete",
+    },
+    ProcEntry {
+        base: "cuLinkCreate",
+        version: 5050u32,
+        per_thread: false,
+        symbol: "cuLinkCreate",
     },
     ProcEntry {
         base: "cuLinkCreate",
@@ -1706,6 +1826,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemAlloc",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemAlloc",
+    },
+    ProcEntry {
+        base: "cuMemAlloc",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemAlloc_v2",
@@ -1736,6 +1862,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemAllocHost",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemAllocHost",
+    },
+    ProcEntry {
+        base: "cuMemAllocHost",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemAllocHost_v2",
@@ -1745,6 +1877,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 6000u32,
         per_thread: false,
         symbol: "cuMemAllocManaged",
+    },
+    ProcEntry {
+        base: "cuMemAllocPitch",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemAllocPitch",
     },
     ProcEntry {
         base: "cuMemAllocPitch",
@@ -1802,6 +1940,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemFree",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemFree",
+    },
+    ProcEntry {
+        base: "cuMemFree",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemFree_v2",
@@ -1829,6 +1973,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 10020u32,
         per_thread: false,
         symbol: "cuMemGetAccess",
+    },
+    ProcEntry {
+        base: "cuMemGetAddressRange",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemGetAddressRange",
     },
     ProcEntry {
         base: "cuMemGetAddressRange",
@@ -1862,6 +2012,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemGetInfo",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemGetInfo",
+    },
+    ProcEntry {
+        base: "cuMemGetInfo",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemGetInfo_v2",
@@ -1880,6 +2036,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemHostGetDevicePointer",
+        version: 2020u32,
+        per_thread: false,
+        symbol: "cuMemHostGetDevicePointer",
+    },
+    ProcEntry {
+        base: "cuMemHostGetDevicePointer",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemHostGetDevicePointer_v2",
@@ -1889,6 +2051,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 2030u32,
         per_thread: false,
         symbol: "cuMemHostGetFlags",
+    },
+    ProcEntry {
+        base: "cuMemHostRegister",
+        version: 4000u32,
+        per_thread: false,
+        symbol: "cuMemHostRegister",
     },
     ProcEntry {
         base: "cuMemHostRegister",
@@ -2084,6 +2252,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpy2D",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpy2D",
+    },
+    ProcEntry {
+        base: "cuMemcpy2D",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpy2D_v2",
@@ -2093,6 +2267,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpy2D_v2_ptds",
+    },
+    ProcEntry {
+        base: "cuMemcpy2DAsync",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpy2DAsync",
     },
     ProcEntry {
         base: "cuMemcpy2DAsync",
@@ -2108,6 +2288,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpy2DUnaligned",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpy2DUnaligned",
+    },
+    ProcEntry {
+        base: "cuMemcpy2DUnaligned",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpy2DUnaligned_v2",
@@ -2120,6 +2306,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpy3D",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpy3D",
+    },
+    ProcEntry {
+        base: "cuMemcpy3D",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpy3D_v2",
@@ -2129,6 +2321,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpy3D_v2_ptds",
+    },
+    ProcEntry {
+        base: "cuMemcpy3DAsync",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpy3DAsync",
     },
     ProcEntry {
         base: "cuMemcpy3DAsync",
@@ -2204,6 +2402,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpyAtoA",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyAtoA",
+    },
+    ProcEntry {
+        base: "cuMemcpyAtoA",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpyAtoA_v2",
@@ -2213,6 +2417,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpyAtoA_v2_ptds",
+    },
+    ProcEntry {
+        base: "cuMemcpyAtoD",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyAtoD",
     },
     ProcEntry {
         base: "cuMemcpyAtoD",
@@ -2228,6 +2438,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpyAtoH",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyAtoH",
+    },
+    ProcEntry {
+        base: "cuMemcpyAtoH",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpyAtoH_v2",
@@ -2237,6 +2453,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpyAtoH_v2_ptds",
+    },
+    ProcEntry {
+        base: "cuMemcpyAtoHAsync",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyAtoHAsync",
     },
     ProcEntry {
         base: "cuMemcpyAtoHAsync",
@@ -2276,6 +2498,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpyDtoA",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyDtoA",
+    },
+    ProcEntry {
+        base: "cuMemcpyDtoA",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpyDtoA_v2",
@@ -2285,6 +2513,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpyDtoA_v2_ptds",
+    },
+    ProcEntry {
+        base: "cuMemcpyDtoD",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyDtoD",
     },
     ProcEntry {
         base: "cuMemcpyDtoD",
@@ -2300,6 +2534,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpyDtoDAsync",
+        version: 3000u32,
+        per_thread: false,
+        symbol: "cuMemcpyDtoDAsync",
+    },
+    ProcEntry {
+        base: "cuMemcpyDtoDAsync",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpyDtoDAsync_v2",
@@ -2309,6 +2549,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpyDtoDAsync_v2_ptsz",
+    },
+    ProcEntry {
+        base: "cuMemcpyDtoH",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyDtoH",
     },
     ProcEntry {
         base: "cuMemcpyDtoH",
@@ -2324,6 +2570,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpyDtoHAsync",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyDtoHAsync",
+    },
+    ProcEntry {
+        base: "cuMemcpyDtoHAsync",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpyDtoHAsync_v2",
@@ -2333,6 +2585,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpyDtoHAsync_v2_ptsz",
+    },
+    ProcEntry {
+        base: "cuMemcpyHtoA",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyHtoA",
     },
     ProcEntry {
         base: "cuMemcpyHtoA",
@@ -2348,6 +2606,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpyHtoAAsync",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyHtoAAsync",
+    },
+    ProcEntry {
+        base: "cuMemcpyHtoAAsync",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpyHtoAAsync_v2",
@@ -2360,6 +2624,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemcpyHtoD",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyHtoD",
+    },
+    ProcEntry {
+        base: "cuMemcpyHtoD",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemcpyHtoD_v2",
@@ -2369,6 +2639,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpyHtoD_v2_ptds",
+    },
+    ProcEntry {
+        base: "cuMemcpyHtoDAsync",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemcpyHtoDAsync",
     },
     ProcEntry {
         base: "cuMemcpyHtoDAsync",
@@ -2408,6 +2684,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemsetD16",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemsetD16",
+    },
+    ProcEntry {
+        base: "cuMemsetD16",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemsetD16_v2",
@@ -2429,6 +2711,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemsetD16Async_ptsz",
+    },
+    ProcEntry {
+        base: "cuMemsetD2D16",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemsetD2D16",
     },
     ProcEntry {
         base: "cuMemsetD2D16",
@@ -2456,6 +2744,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemsetD2D32",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemsetD2D32",
+    },
+    ProcEntry {
+        base: "cuMemsetD2D32",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemsetD2D32_v2",
@@ -2477,6 +2771,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemsetD2D32Async_ptsz",
+    },
+    ProcEntry {
+        base: "cuMemsetD2D8",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemsetD2D8",
     },
     ProcEntry {
         base: "cuMemsetD2D8",
@@ -2504,6 +2804,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuMemsetD32",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemsetD32",
+    },
+    ProcEntry {
+        base: "cuMemsetD32",
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemsetD32_v2",
@@ -2525,6 +2831,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemsetD32Async_ptsz",
+    },
+    ProcEntry {
+        base: "cuMemsetD8",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuMemsetD8",
     },
     ProcEntry {
         base: "cuMemsetD8",
@@ -2597,6 +2909,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 12040u32,
         per_thread: false,
         symbol: "cuModuleGetFunctionCount",
+    },
+    ProcEntry {
+        base: "cuModuleGetGlobal",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuModuleGetGlobal",
     },
     ProcEntry {
         base: "cuModuleGetGlobal",
@@ -2830,13 +3148,13 @@ pub static PROCS: &[ProcEntry] = &[
         base: "cuStreamBatchMemOp",
         version: 8000u32,
         per_thread: false,
-        symbol: "cuStreamBatchMemOp_v2",
+        symbol: "cuStreamBatchMemOp",
     },
     ProcEntry {
         base: "cuStreamBatchMemOp",
         version: 8000u32,
         per_thread: true,
-        symbol: "cuStreamBatchMemOp_v2_ptsz",
+        symbol: "cuStreamBatchMemOp_ptsz",
     },
     ProcEntry {
         base: "cuStreamBatchMemOp",
@@ -2849,6 +3167,18 @@ pub static PROCS: &[ProcEntry] = &[
         version: 11070u32,
         per_thread: true,
         symbol: "cuStreamBatchMemOp_v2_ptsz",
+    },
+    ProcEntry {
+        base: "cuStreamBeginCapture",
+        version: 10000u32,
+        per_thread: false,
+        symbol: "cuStreamBeginCapture",
+    },
+    ProcEntry {
+        base: "cuStreamBeginCapture",
+        version: 10000u32,
+        per_thread: true,
+        symbol: "cuStreamBeginCapture_ptsz",
     },
     ProcEntry {
         base: "cuStreamBeginCapture",
@@ -2897,6 +3227,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 5050u32,
         per_thread: false,
         symbol: "cuStreamCreateWithPriority",
+    },
+    ProcEntry {
+        base: "cuStreamDestroy",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuStreamDestroy",
     },
     ProcEntry {
         base: "cuStreamDestroy",
@@ -3142,13 +3478,13 @@ pub static PROCS: &[ProcEntry] = &[
         base: "cuStreamWaitValue32",
         version: 8000u32,
         per_thread: false,
-        symbol: "cuStreamWaitValue32_v2",
+        symbol: "cuStreamWaitValue32",
     },
     ProcEntry {
         base: "cuStreamWaitValue32",
         version: 8000u32,
         per_thread: true,
-        symbol: "cuStreamWaitValue32_v2_ptsz",
+        symbol: "cuStreamWaitValue32_ptsz",
     },
     ProcEntry {
         base: "cuStreamWaitValue32",
@@ -3166,13 +3502,13 @@ pub static PROCS: &[ProcEntry] = &[
         base: "cuStreamWaitValue64",
         version: 9000u32,
         per_thread: false,
-        symbol: "cuStreamWaitValue64_v2",
+        symbol: "cuStreamWaitValue64",
     },
     ProcEntry {
         base: "cuStreamWaitValue64",
         version: 9000u32,
         per_thread: true,
-        symbol: "cuStreamWaitValue64_v2_ptsz",
+        symbol: "cuStreamWaitValue64_ptsz",
     },
     ProcEntry {
         base: "cuStreamWaitValue64",
@@ -3190,13 +3526,13 @@ pub static PROCS: &[ProcEntry] = &[
         base: "cuStreamWriteValue32",
         version: 8000u32,
         per_thread: false,
-        symbol: "cuStreamWriteValue32_v2",
+        symbol: "cuStreamWriteValue32",
     },
     ProcEntry {
         base: "cuStreamWriteValue32",
         version: 8000u32,
         per_thread: true,
-        symbol: "cuStreamWriteValue32_v2_ptsz",
+        symbol: "cuStreamWriteValue32_ptsz",
     },
     ProcEntry {
         base: "cuStreamWriteValue32",
@@ -3214,13 +3550,13 @@ pub static PROCS: &[ProcEntry] = &[
         base: "cuStreamWriteValue64",
         version: 9000u32,
         per_thread: false,
-        symbol: "cuStreamWriteValue64_v2",
+        symbol: "cuStreamWriteValue64",
     },
     ProcEntry {
         base: "cuStreamWriteValue64",
         version: 9000u32,
         per_thread: true,
-        symbol: "cuStreamWriteValue64_v2_ptsz",
+        symbol: "cuStreamWriteValue64_ptsz",
     },
     ProcEntry {
         base: "cuStreamWriteValue64",
@@ -3332,6 +3668,12 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuTexRefGetAddress",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuTexRefGetAddress",
+    },
+    ProcEntry {
+        base: "cuTexRefGetAddress",
         version: 3020u32,
         per_thread: false,
         symbol: "cuTexRefGetAddress_v2",
@@ -3404,9 +3746,27 @@ pub static PROCS: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuTexRefSetAddress",
+        version: 2000u32,
+        per_thread: false,
+        symbol: "cuTexRefSetAddress",
+    },
+    ProcEntry {
+        base: "cuTexRefSetAddress",
         version: 3020u32,
         per_thread: false,
         symbol: "cuTexRefSetAddress_v2",
+    },
+    ProcEntry {
+        base: "cuTexRefSetAddress2D",
+        version: 2020u32,
+        per_thread: false,
+        symbol: "cuTexRefSetAddress2D",
+    },
+    ProcEntry {
+        base: "cuTexRefSetAddress2D",
+        version: 3020u32,
+        per_thread: false,
+        symbol: "cuTexRefSetAddress2D_v2",
     },
     ProcEntry {
         base: "cuTexRefSetAddress2D",

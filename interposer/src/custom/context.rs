@@ -69,11 +69,13 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
 
 pub unsafe fn cuDevicePrimaryCtxReset(dev: i32) -> u32 {
     crate::custom::streams::forget();
+    crate::custom::export::context_ends(None, Some(dev));
     changing("cuDevicePrimaryCtxReset", &driver::cuDevicePrimaryCtxReset__call, &[dev as u32 as u64], false)
 }
 
 pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: i32) -> u32 {
     crate::custom::streams::forget();
+    crate::custom::export::context_ends(None, Some(dev));
     changing("cuDevicePrimaryCtxReset_v2", &driver::cuDevicePrimaryCtxReset_v2__call, &[dev as u32 as u64], false)
 }
 
@@ -153,6 +155,9 @@ pub unsafe fn cuCtxPopCurrent_v2(pctx: *mut c_void) -> u32 {
 
 pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> u32 {
     crate::custom::streams::forget();
+    if !ctx.is_null() {
+        crate::custom::export::context_ends(Some(ctx as u64), None);
+    }
     changing("cuCtxDestroy_v2", &driver::cuCtxDestroy_v2__call, &[ctx as u64], false)
 }
 

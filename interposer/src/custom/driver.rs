@@ -393,6 +393,53 @@ pub unsafe fn cuMemcpyHtoDAsync_v2_ptsz(
     )
 }
 
+/// cuMemcpy, cuMemcpyAsync and their per-thread forms: on unified addresses, each side is
+/// the program's memory or the GPU's as the interval map says; the copy goes as the copy of
+/// that direction (chunked, pinned destinations landing in the background).
+fn unified(ctx: &Ctx, dst: u64, src: u64, n: u64, stream: Option<u64>) -> u32 {
+    let Some(direction) = memory::direction(chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDefault, dst, src) else {
+        return INVALID_VALUE;
+    };
+    let per_thread = ctx.per_thread();
+    let (d, s) = (dst as *mut c_void, src as *mut c_void);
+    // SAFETY (block): the caller's addresses, each side host memory or device memory as the
+    // interval map says, `n` bytes as cuMemcpy's contract requires.
+    unsafe {
+        match (direction, stream) {
+            ((true, false), None) if per_thread => cuMemcpyHtoD_v2_ptds(dst, s, n as usize),
+            ((true, false), None) => cuMemcpyHtoD_v2(dst, s, n as usize),
+            ((true, false), Some(st)) if per_thread => cuMemcpyHtoDAsync_v2_ptsz(dst, s, n as usize, st as _),
+            ((true, false), Some(st)) => cuMemcpyHtoDAsync_v2(dst, s, n as usize, st as _),
+            ((false, true), None) if per_thread => cuMemcpyDtoH_v2_ptds(d, src, n as usize),
+            ((false, true), None) => cuMemcpyDtoH_v2(d, src, n as usize),
+            ((false, true), Some(st)) if per_thread => cuMemcpyDtoHAsync_v2_ptsz(d, src, n as usize, st as _),
+            ((false, true), Some(st)) => cuMemcpyDtoHAsync_v2(d, src, n as usize, st as _),
+            ((true, true), None) => {
+                let desc = if per_thread { &calls::cuMemcpyDtoD_v2_ptds } else { &calls::cuMemcpyDtoD_v2 };
+                crate::runtime::call(desc, &[dst, src, n]) as u32
+            }
+            ((true, true), Some(st)) => {
+                let desc = if per_thread { &calls::cuMemcpyDtoDAsync_v2_ptsz } else { &calls::cuMemcpyDtoDAsync_v2 };
+                crate::runtime::call(desc, &[dst, src, n, st]) as u32
+            }
+            ((false, false), _) => driver(ctx.name, || {
+                // Both sides are the program's: ordered after the copies still landing.
+                state::wait_deferred();
+                std::ptr::copy(s as *const u8, d as *mut u8, n as usize);
+                Ok(SUCCESS)
+            }),
+        }
+    }
+}
+
+pub unsafe fn memcpy_unified(ctx: &Ctx, dst: u64, src: u64, ByteCount: usize) -> u32 {
+    unified(ctx, dst, src, ByteCount as u64, None)
+}
+
+pub unsafe fn memcpy_unified_async(ctx: &Ctx, dst: u64, src: u64, ByteCount: usize, hStream: *mut c_void) -> u32 {
+    unified(ctx, dst, src, ByteCount as u64, Some(hStream as u64))
+}
+
 fn copy_dtoh_async(desc: &'static chidori_protocol::desc::CallDesc, dst: u64, src: u64, n: u64, stream: u64) -> u32 {
     if !state::is_pinned(dst) {
         // Pageable destination: synchronous, as in CUDA.
@@ -489,7 +536,7 @@ fn module_load(module: *mut c_void, image: *mut c_void) -> u32 {
         }
         let conn = connection()?;
         // SAFETY: `image` is a fat binary, cubin or PTX per cuModuleLoadData's contract.
-        let bytes = unsafe { std::slice::from_raw_parts(image as *const u8, modules::image_len(image as *const u8)) };
+        let bytes = unsafe { modules::image_at(image as *const u8) };
         let loaded = modules::load_image(&conn, bytes)?;
         // SAFETY: the caller's CUmodule*.
         unsafe { put(module, loaded.module) }

@@ -142,6 +142,13 @@ unsafe fn get_proc(
                 std::ptr::write_unaligned(status as *mut u32, query as u32);
             }
         }
+        if query != Query::Success && !symbol.is_null() {
+            // SAFETY: checked non-null; a NUL-terminated name per the contract.
+            let asked = unsafe { CStr::from_ptr(symbol) }.to_string_lossy().into_owned();
+            crate::log::once_owned(&format!("get-proc-{asked}"), || {
+                tracing::debug!("{name}: no {asked} for CUDA {version} ({query:?})")
+            });
+        }
         if query == Query::Success { SUCCESS } else { not_found }
     })
 }

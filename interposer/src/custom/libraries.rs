@@ -51,8 +51,9 @@ pub unsafe fn load_data(
         if library.is_null() || code.is_null() {
             return Err(ctx.codes.invalid_value as u32);
         }
-        // SAFETY: `code` is a fat binary, cubin or PTX per the function's contract.
-        let image = unsafe { std::slice::from_raw_parts(code as *const u8, modules::image_len(code as *const u8)) };
+        // SAFETY: `code` is a fat binary (or its wrapper), cubin or PTX per the function's
+        // contract.
+        let image = unsafe { modules::image_at(code as *const u8) };
         load(ctx, library, image)
     })
 }

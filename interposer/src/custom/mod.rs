@@ -13,6 +13,7 @@ pub mod cudnn_sizes;
 pub mod cusparse;
 pub mod driver;
 pub mod entry;
+pub mod export;
 pub mod graphs;
 pub mod handles;
 pub mod kernels;
