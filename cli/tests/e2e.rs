@@ -2419,6 +2419,20 @@ int main(int argc, char **argv) {
     CHECK("cudaFree", release(d));
     CHECK("cudaDeviceReset", reset());
   }
+  /* Managed memory: the hints name the client's memory (answered by the client). */
+  typedef struct { int type; int id; } location;
+  int (*managed)(void **, size_t, unsigned) = (int (*)(void **, size_t, unsigned))dlsym(rt, "cudaMallocManaged");
+  int (*advise)(void *, size_t, int, location) = (int (*)(void *, size_t, int, location))dlsym(rt, "cudaMemAdvise");
+  int (*prefetch)(void *, size_t, location, unsigned, void *) =
+      (int (*)(void *, size_t, location, unsigned, void *))dlsym(rt, "cudaMemPrefetchAsync");
+  float *m = 0;
+  location here = {1, 0}; /* cudaMemLocationTypeDevice, device 0 */
+  CHECK("cudaMallocManaged", managed((void **)&m, 1 << 16, 1));
+  m[5] = 2.5f;
+  CHECK("cudaMemAdvise", advise(m, 1 << 16, 3, here)); /* SetPreferredLocation */
+  CHECK("cudaMemPrefetchAsync", prefetch(m, 1 << 16, here, 0, 0));
+  if (m[5] != 2.5f) { printf("managed memory changed\n"); return 1; }
+  CHECK("cudaFree managed", release(m));
   printf("devices %d driver %d OK\n", n, v);
   return 0;
 }

@@ -1215,7 +1215,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecord(
         ) as u32
     }
 }
-///`cuEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags(
     hEvent: *mut c_void,
@@ -1229,7 +1229,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags(
         ) as u32
     }
 }
-///`cuEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags_ptsz(
     hEvent: *mut c_void,
@@ -2917,7 +2917,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams_v2(
         crate::custom::graphs::cu_kernel_node_set_params(&CTX, hNode, nodeParams)
     }
 }
-///`cuGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch(
     hGraphExec: *mut c_void,
@@ -2930,7 +2930,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch(
         ) as u32
     }
 }
-///`cuGraphLaunch_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphLaunch_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch_ptsz(
     hGraphExec: *mut c_void,
@@ -3801,7 +3801,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetParamInfo(
         ) as u32
     }
 }
-///`cuKernelSetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuKernelSetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuKernelSetAttribute(
     attrib: u32,
@@ -3810,15 +3810,20 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelSetAttribute(
     dev: i32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuKernelSetAttribute,
-            &[
-                (attrib) as u64,
-                (val) as i64 as u64,
-                (kernel) as usize as u64,
-                (dev) as i64 as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuKernelSetAttribute",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuKernelSetAttribute__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::kernel_set_attribute(&CTX, attrib, val, kernel, dev)
     }
 }
 ///`cuKernelSetCacheConfig` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -7101,7 +7106,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD16(
         ) as u32
     }
 }
-///`cuMemsetD16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD16Async(
     dstDevice: u64,
@@ -7116,7 +7121,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD16Async(
         ) as u32
     }
 }
-///`cuMemsetD16Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD16Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD16Async_ptsz(
     dstDevice: u64,
@@ -7181,7 +7186,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16(
         ) as u32
     }
 }
-///`cuMemsetD2D16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16Async(
     dstDevice: u64,
@@ -7205,7 +7210,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16Async(
         ) as u32
     }
 }
-///`cuMemsetD2D16Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D16Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16Async_ptsz(
     dstDevice: u64,
@@ -7295,7 +7300,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32(
         ) as u32
     }
 }
-///`cuMemsetD2D32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32Async(
     dstDevice: u64,
@@ -7319,7 +7324,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32Async(
         ) as u32
     }
 }
-///`cuMemsetD2D32Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D32Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32Async_ptsz(
     dstDevice: u64,
@@ -7409,7 +7414,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8(
         ) as u32
     }
 }
-///`cuMemsetD2D8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8Async(
     dstDevice: u64,
@@ -7433,7 +7438,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8Async(
         ) as u32
     }
 }
-///`cuMemsetD2D8Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D8Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8Async_ptsz(
     dstDevice: u64,

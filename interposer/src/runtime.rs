@@ -197,19 +197,13 @@ fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
 /// they succeed here. Other ranges go to the server, which answers for them.
 fn managed_hint(desc: &CallDesc, args: &[u64]) -> Option<u64> {
     let name = desc.name.trim_end_matches("_ptsz").trim_end_matches("_v2");
-    let hint = matches!(
-        name,
-        "cudaMemAdvise"
-            | "cudaMemPrefetchAsync"
-            | "cudaStreamAttachMemAsync"
-            | "cuMemAdvise"
-            | "cuMemPrefetchAsync"
-            | "cuStreamAttachMemAsync"
-    );
-    if !hint {
-        return None;
-    }
-    let (_, &ptr) = desc.params.iter().zip(args).find(|(w, _)| matches!(w, Wire::Device))?;
+    // The position of the address (the driver's CUdeviceptr travels as a plain value).
+    let at = match name {
+        "cudaMemAdvise" | "cudaMemPrefetchAsync" | "cuMemAdvise" | "cuMemPrefetchAsync" => 0,
+        "cudaStreamAttachMemAsync" | "cuStreamAttachMemAsync" => 1,
+        _ => return None,
+    };
+    let &ptr = args.get(at)?;
     crate::state::find(ptr).filter(|r| matches!(r.memory, crate::state::Memory::Managed)).map(|_| success(desc))
 }
 

@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 17599339164358681013u64;
+pub const SCHEMA_HASH: u64 = 15108426532782262607u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2591usize] = [
@@ -5776,7 +5776,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuKernelGetFunction,
     &driver::cuKernelGetLibrary,
     &driver::cuKernelGetParamInfo,
-    &driver::cuKernelSetAttribute,
+    &driver::cuKernelSetAttribute__call,
     &driver::cuKernelSetCacheConfig,
     &driver::cuLaunch,
     &driver::cuLaunchGrid,
@@ -107529,7 +107529,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 4u16,
@@ -107561,7 +107561,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 4u16,
@@ -109645,7 +109645,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 10u16,
@@ -109673,7 +109673,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 10u16,
@@ -111071,11 +111071,11 @@ pub mod driver {
         },
         only_waits: false,
     };
-    pub static cuKernelSetAttribute: CallDesc = CallDesc {
+    pub static cuKernelSetAttribute__call: CallDesc = CallDesc {
         wire: 581u32,
         call: 491u32,
         name: "cuKernelSetAttribute",
-        form: None,
+        form: Some(Form::Call),
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -115429,7 +115429,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -115465,7 +115465,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -115605,7 +115605,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -115649,7 +115649,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -115813,7 +115813,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -115857,7 +115857,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -116021,7 +116021,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -116065,7 +116065,7 @@ pub mod driver {
         form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,

@@ -651,6 +651,11 @@ fn launch(
     driver("cuLaunchKernel", || {
         let conn = connection()?;
         let (function, packed) = driver_params(&conn, f as u64, params, extra)?;
+        // Over the opt-in the driver refuses the launch at once (where the attribute cannot
+        // be read, the server's launch decides).
+        if !super::kernels::dynamic_shared_allowed(&conn, function.handle, shared_mem as usize).unwrap_or(true) {
+            return Err(INVALID_VALUE);
+        }
         let shape =
             LaunchShape { grid, block, shared_mem, stream: stream as u64, attributes, cooperative, api: Api::Driver };
         modules::launch(&conn, &function, shape, &packed)?;

@@ -77,13 +77,8 @@ fn launch(
         let kernel = kernel?;
         let conn = connection()?;
         let f = function_of(&conn, kernel)?;
-        if shared_mem > DEFAULT_SHARED_LIMIT {
-            // Above the default limit a launch needs the function's opt-in
-            // (cudaFuncAttributeMaxDynamicSharedMemorySize); CUDA refuses it at once.
-            let max = attributes_of(&conn, f.handle, &[MAX_DYNAMIC_SHARED])?;
-            if max.first().is_none_or(|m| shared_mem > *m as usize) {
-                return Err(INVALID_VALUE);
-            }
+        if !dynamic_shared_allowed(&conn, f.handle, shared_mem)? {
+            return Err(INVALID_VALUE);
         }
         // SAFETY: `args` holds a pointer to each kernel argument (the launch contract).
         let packed = unsafe { modules::pack(&f.params, args as *const *const u8) };
@@ -291,6 +286,31 @@ fn set_function_attribute(conn: &Conn, function: u64, attr: u32, value: i32) -> 
         FUNC_ATTRS.learn((function, attr), value);
     }
     s
+}
+
+/// Whether a launch of `function` may use `shared_mem` bytes of dynamic shared memory:
+/// above the default limit, only up to the function's opt-in
+/// (MaxDynamicSharedMemorySize), which CUDA checks at the launch itself.
+pub(crate) fn dynamic_shared_allowed(conn: &Conn, function: u64, shared_mem: usize) -> Result<bool, u32> {
+    if shared_mem <= DEFAULT_SHARED_LIMIT {
+        return Ok(true);
+    }
+    let max = attributes_of(conn, function, &[MAX_DYNAMIC_SHARED])?;
+    Ok(max.first().is_some_and(|m| shared_mem <= *m as usize))
+}
+
+/// cuKernelSetAttribute: forwarded; the value is remembered for the kernel handle (which a
+/// launch may pass as its function).
+pub unsafe fn kernel_set_attribute(ctx: &Ctx, attrib: u32, val: i32, kernel: *mut c_void, dev: i32) -> u32 {
+    crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u32, || {
+        let args = [u64::from(attrib), val as u32 as u64, kernel as u64, dev as u32 as u64];
+        // SAFETY: value arguments only.
+        let s = unsafe { crate::runtime::call(ctx.form(chidori_cuda::desc::Form::Call), &args) } as u32;
+        if s == SUCCESS {
+            FUNC_ATTRS.learn((kernel as u64, attrib), val);
+        }
+        s
+    })
 }
 
 pub unsafe fn cuFuncSetAttribute(hfunc: *mut c_void, attrib: u32, value: i32) -> u32 {
