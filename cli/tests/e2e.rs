@@ -2432,6 +2432,13 @@ int main(int argc, char **argv) {
   CHECK("cudaMemAdvise", advise(m, 1 << 16, 3, here)); /* SetPreferredLocation */
   CHECK("cudaMemPrefetchAsync", prefetch(m, 1 << 16, here, 0, 0));
   if (m[5] != 2.5f) { printf("managed memory changed\n"); return 1; }
+  /* A memset of managed memory (cuMemsetD8 in this runtime) is seen by the host after a
+     synchronization. */
+  int (*memset_fn)(void *, int, size_t) = (int (*)(void *, int, size_t))dlsym(rt, "cudaMemset");
+  int (*sync)(void) = (int (*)(void))dlsym(rt, "cudaDeviceSynchronize");
+  CHECK("cudaMemset managed", memset_fn(m, 0, 1 << 16));
+  CHECK("cudaDeviceSynchronize", sync());
+  if (m[5] != 0.0f) { printf("managed memset not seen: %f\n", m[5]); return 1; }
   CHECK("cudaFree managed", release(m));
   printf("devices %d driver %d OK\n", n, v);
   return 0;

@@ -547,7 +547,7 @@ impl Backend for Emulated {
                     if self.state().events.remove(&a[0]).is_some() { SUCCESS } else { INVALID_HANDLE }
                 }
                 ("cudart", "cudaDeviceSynchronize" | "cudaSetDevice" | "cudaDeviceReset" | "cudaFree0")
-                | ("driver", "cuInit" | "cuCtxSynchronize") => SUCCESS,
+                | ("driver", "cuInit" | "cuCtxSynchronize" | "cuCtxSynchronize_v2") => SUCCESS,
                 ("driver", "cuDevicePrimaryCtxRetain") => {
                     put_u64(a[0], self.primary_context());
                     SUCCESS

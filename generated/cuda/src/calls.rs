@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 15108426532782262607u64;
+pub const SCHEMA_HASH: u64 = 13719542665187697609u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2591usize] = [
@@ -115431,10 +115431,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 2u8,
                 float: false,
@@ -115467,10 +115464,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 2u8,
                 float: false,
@@ -115503,10 +115497,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 2u8,
                 float: false,
@@ -115535,10 +115526,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 2u8,
                 float: false,
@@ -115607,10 +115595,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -115651,10 +115636,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -115695,10 +115677,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -115735,10 +115714,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -115815,10 +115791,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -115859,10 +115832,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -115903,10 +115873,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -115943,10 +115910,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -116023,10 +115987,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -116067,10 +116028,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -116111,10 +116069,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -116151,10 +116106,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -116223,10 +116175,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -116259,10 +116208,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -116295,10 +116241,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -116327,10 +116270,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -116391,10 +116331,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 1u8,
                 float: false,
@@ -116427,10 +116364,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 1u8,
                 float: false,
@@ -116463,10 +116397,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 1u8,
                 float: false,
@@ -116495,10 +116426,7 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
+            Wire::Device,
             Wire::Val {
                 bytes: 1u8,
                 float: false,
