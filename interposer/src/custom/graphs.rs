@@ -30,10 +30,13 @@ use crate::state::{self, Memory};
 /// What the program set on a node the client made, to answer the node's `GetParams`.
 #[derive(Clone)]
 pub enum NodeRecord {
-    /// The function as the program named it, the launch shape, and the packed arguments
-    /// with a pointer per parameter into them (the `kernelParams` GetParams hands out).
+    /// The function as the program named it (a driver record's `func`, or its `kern` where
+    /// `func` was NULL: a statically linked runtime names a CUkernel so, and maps what
+    /// GetParams gives back to its kernel), the launch shape, and the packed arguments with
+    /// a pointer per parameter into them (the `kernelParams` GetParams hands out).
     Kernel {
         func: u64,
+        kern: u64,
         grid: [u32; 3],
         block: [u32; 3],
         shared_mem: u32,
@@ -207,6 +210,7 @@ fn add_edges(conn: &Conn, ctx: &Ctx, target: Target, node: u64) -> u32 {
 // ---- Kernel nodes ----
 
 /// Where a kernel node's function and arguments come from.
+#[derive(Clone, Copy)]
 enum KernelFunc {
     /// A runtime host stub or `cudaKernel_t`.
     Runtime(u64),
@@ -246,6 +250,11 @@ fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) ->
         }
         // SAFETY: the caller's kernel node parameters.
         let kp = unsafe { kernel_params(p) };
+        // The driver record's `kern` stands where its `func` is NULL: kept as named.
+        let named_kern = match func {
+            KernelFunc::Driver { func: 0, kern } => kern,
+            _ => 0,
+        };
         let (function, named, packed) = match func {
             KernelFunc::Runtime(f) => {
                 let kernel = registry::kernel_by_host_fun(f as usize)
@@ -293,8 +302,14 @@ fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) ->
             Target::Set { node } | Target::ExecSet { node, .. } => node,
         };
         let args = KernelArgs::new(packed, &function.params);
-        let record =
-            NodeRecord::Kernel { func: named, grid: kp.grid, block: kp.block, shared_mem: kp.shared_mem, args };
+        let record = NodeRecord::Kernel {
+            func: if named_kern != 0 { 0 } else { named },
+            kern: named_kern,
+            grid: kp.grid,
+            block: kp.block,
+            shared_mem: kp.shared_mem,
+            args,
+        };
         if !matches!(target, Target::ExecSet { .. }) {
             records().insert(node, record);
         }
@@ -312,9 +327,11 @@ fn kernel_get(ctx: &Ctx, node: u64, out: *mut c_void, driver: Option<bool>) -> u
         if out.is_null() {
             return Err(invalid(ctx));
         }
-        let Some(NodeRecord::Kernel { func, grid, block, shared_mem, args }) = records().get(&node) else {
+        let Some(NodeRecord::Kernel { func, kern, grid, block, shared_mem, args }) = records().get(&node) else {
             return Err(not_supported(ctx, "the parameters of a kernel node this process did not make"));
         };
+        // A record without a `kern` field gets the kernel in `func`.
+        let (func, kern) = if driver == Some(true) || kern == 0 { (func, kern) } else { (kern, 0) };
         // SAFETY: the caller's record of the version's size; the argument pointers live as
         // long as the client's record of the node.
         unsafe {
@@ -326,7 +343,7 @@ fn kernel_get(ctx: &Ctx, node: u64, out: *mut c_void, driver: Option<bool>) -> u
             std::ptr::write_unaligned(o.add(40) as *mut u64, args.pointers.as_ptr() as u64);
             std::ptr::write_unaligned(o.add(48) as *mut u64, 0);
             if driver == Some(true) {
-                std::ptr::write_unaligned(o.add(56) as *mut u64, 0);
+                std::ptr::write_unaligned(o.add(56) as *mut u64, kern);
                 std::ptr::write_unaligned(o.add(64) as *mut u64, 0);
             }
         }
