@@ -15,8 +15,9 @@ JOBS=${JOBS:-$(nproc)}
 [[ -x $NVCC ]] || { echo "no nvcc at $NVCC" >&2; exit 2; }
 CUDA_HOME=$(cd "$(dirname "$NVCC")/.." && pwd)
 
-# cudart is linked shared by default: Chidori replaces libcudart.so.13, and a static copy would
-# bypass it. The rpath lets native runs find libcudart without LD_LIBRARY_PATH.
+# cudart is linked shared by default (Chidori replaces libcudart.so.13); CUDART=static links it
+# into each program as nvcc does by default, which then reaches Chidori's driver only. The rpath
+# lets native runs find libcudart without LD_LIBRARY_PATH.
 FLAGS=(-arch=sm_90 -O2 -std=c++17 -Isrc)
 LINK=(-cudart "$CUDART" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64")
 if [[ $CUDART == shared ]]; then HOST_CUDART=(-lcudart); else HOST_CUDART=(-lcudart_static -ldl -lpthread -lrt); fi
