@@ -42,6 +42,10 @@ pub struct Client {
     pub graph_nodes: Table<u64, crate::custom::graphs::NodeRecord>,
     /// Function and kernel names the server gave (cuFuncGetName), kept for the process.
     pub function_names: Table<u64, &'static std::ffi::CStr>,
+    /// Context-local storage of the driver's private tables: (context, key) → entry.
+    pub context_storage: Table<(u64, usize), crate::custom::export::StorageEntry>,
+    /// Each device's primary context, as the runtime interface named it.
+    pub primary_contexts: Table<i32, u64>,
 }
 
 pub static CLIENT: Client = Client {
@@ -53,6 +57,8 @@ pub static CLIENT: Client = Client {
     cudnn_streams: Table::new(),
     graph_nodes: Table::new(),
     function_names: Table::new(),
+    context_storage: Table::new(),
+    primary_contexts: Table::new(),
 };
 
 /// A table of values by key behind one lock.
@@ -103,6 +109,15 @@ impl<K: Eq + Hash, V: Clone> Table<K, V> {
 
     pub fn clear(&self) {
         *self.lock() = None;
+    }
+
+    /// Remove and return the entries whose key `matches`.
+    pub fn remove_where(&self, matches: impl Fn(&K) -> bool) -> Vec<(K, V)> {
+        let mut guard = self.lock();
+        let Some(map) = guard.as_mut() else { return Vec::new() };
+        let (gone, kept): (HashMap<K, V>, HashMap<K, V>) = map.drain().partition(|(k, _)| matches(k));
+        *map = kept;
+        gone.into_iter().collect()
     }
 }
 
@@ -421,4 +436,23 @@ pub fn wait_deferred() -> Option<u64> {
         }
     }
     first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remove_where_takes_the_matching_entries_and_keeps_the_rest() {
+        let t: Table<(u64, usize), u32> = Table::new();
+        assert!(t.remove_where(|_| true).is_empty(), "an empty table gives nothing");
+        t.insert((1, 10), 100);
+        t.insert((1, 11), 101);
+        t.insert((2, 10), 200);
+        let mut gone = t.remove_where(|(ctx, _)| *ctx == 1);
+        gone.sort();
+        assert_eq!(gone, [((1, 10), 100), ((1, 11), 101)]);
+        assert_eq!(t.get(&(2, 10)), Some(200));
+        assert!(!t.contains(&(1, 10)));
+    }
 }

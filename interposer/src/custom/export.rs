@@ -21,11 +21,11 @@
 //! with CUDA_ERROR_INVALID_VALUE, as the driver refuses an unknown one, and logged once.
 #![allow(clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
 
 use chidori_cuda::desc::Ctx;
+
+use crate::state::CLIENT;
 
 const SUCCESS: u32 = 0;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
@@ -192,7 +192,7 @@ extern "C" fn primary_context(out: *mut c_void, device: i32) -> u32 {
         unsafe { crate::runtime::call(&calls::cuDevicePrimaryCtxRelease_v2, &[dev]) };
         // SAFETY: written by the retain.
         let ctx = unsafe { std::ptr::read_unaligned(out as *const u64) };
-        primaries().insert(device, ctx);
+        CLIENT.primary_contexts.insert(device, ctx);
         SUCCESS
     })
 }
@@ -239,30 +239,11 @@ fn give<const N: usize>(buffer: &'static Buffer<N>, ptr: *mut *mut c_void, size:
 
 type Destructor = Option<unsafe extern "C" fn(ctx: *mut c_void, key: *mut c_void, value: *mut c_void)>;
 
-struct Entry {
+/// A context-local value and the destructor the runtime registered with it.
+#[derive(Clone, Copy)]
+pub struct StorageEntry {
     value: usize,
     destructor: Destructor,
-}
-
-/// (context, key) -> entry.
-static STORAGE: Mutex<Option<HashMap<(u64, usize), Entry>>> = Mutex::new(None);
-/// The primary context of each device, as the runtime interface named it.
-static PRIMARIES: Mutex<Option<HashMap<i32, u64>>> = Mutex::new(None);
-
-struct Primaries(std::sync::MutexGuard<'static, Option<HashMap<i32, u64>>>);
-
-impl Primaries {
-    fn insert(&mut self, device: i32, ctx: u64) {
-        self.0.get_or_insert_with(HashMap::new).insert(device, ctx);
-    }
-}
-
-fn primaries() -> Primaries {
-    Primaries(PRIMARIES.lock().unwrap_or_else(|p| p.into_inner()))
-}
-
-fn storage() -> std::sync::MutexGuard<'static, Option<HashMap<(u64, usize), Entry>>> {
-    STORAGE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The context meant: the given one, or the calling thread's current one for NULL.
@@ -274,8 +255,7 @@ extern "C" fn storage_put(ctx: *mut c_void, key: *mut c_void, value: *mut c_void
     crate::guard::ffi("cuGetExportTable (context storage)", INVALID_VALUE, || {
         let Some(ctx) = context_of(ctx) else { return INVALID_CONTEXT };
         tracing::trace!("context storage: put {ctx:#x} {key:?} -> {value:?}");
-        let entry = Entry { value: value as usize, destructor };
-        storage().get_or_insert_with(HashMap::new).insert((ctx, key as usize), entry);
+        CLIENT.context_storage.insert((ctx, key as usize), StorageEntry { value: value as usize, destructor });
         SUCCESS
     })
 }
@@ -284,9 +264,7 @@ extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> u32 {
     crate::guard::ffi("cuGetExportTable (context storage)", INVALID_VALUE, || {
         let Some(ctx) = context_of(ctx) else { return INVALID_CONTEXT };
         tracing::trace!("context storage: delete {ctx:#x} {key:?}");
-        if let Some(m) = storage().as_mut() {
-            m.remove(&(ctx, key as usize));
-        }
+        CLIENT.context_storage.remove(&(ctx, key as usize));
         SUCCESS
     })
 }
@@ -297,7 +275,7 @@ extern "C" fn storage_get(value: *mut *mut c_void, ctx: *mut c_void, key: *mut c
             return INVALID_VALUE;
         }
         let Some(ctx) = context_of(ctx) else { return INVALID_CONTEXT };
-        let found = storage().as_ref().and_then(|m| m.get(&(ctx, key as usize)).map(|e| e.value));
+        let found = CLIENT.context_storage.get(&(ctx, key as usize)).map(|e| e.value);
         tracing::trace!("context storage: get {ctx:#x} {key:?}: {found:x?}");
         match found {
             Some(v) => {
@@ -313,15 +291,9 @@ extern "C" fn storage_get(value: *mut *mut c_void, ctx: *mut c_void, key: *mut c
 /// A context is being destroyed or reset: run the destructors of its entries (outside the
 /// lock: they may call the driver) and forget them. `device` names a primary context.
 pub fn context_ends(ctx: Option<u64>, device: Option<i32>) {
-    let ctx = ctx.or_else(|| device.and_then(|d| primaries().0.as_ref().and_then(|m| m.get(&d).copied())));
+    let ctx = ctx.or_else(|| device.and_then(|d| CLIENT.primary_contexts.get(&d)));
     let Some(ctx) = ctx else { return };
-    let ended: Vec<((u64, usize), Entry)> = match storage().as_mut() {
-        Some(m) => {
-            let keys: Vec<(u64, usize)> = m.keys().filter(|(c, _)| *c == ctx).copied().collect();
-            keys.into_iter().filter_map(|k| m.remove(&k).map(|e| (k, e))).collect()
-        }
-        None => return,
-    };
+    let ended = CLIENT.context_storage.remove_where(|(c, _)| *c == ctx);
     for ((ctx, key), entry) in ended {
         if let Some(destructor) = entry.destructor {
             // SAFETY: the destructor the runtime registered with this entry, called as the
