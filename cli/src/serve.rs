@@ -307,7 +307,16 @@ pub fn session(args: SessionArgs) -> Result<()> {
         }
     });
     // The backend (a CUDA context, with the real one) is made only for an authenticated client.
-    let make_backend = Box::new(move |visible: Option<&str>| backend(&args, visible));
+    let make_backend = Box::new(move |visible: Option<&str>| {
+        // In this session's worker only: what its kernels print goes to the program, not to
+        // the server's terminal.
+        if matches!(args.backend, BackendKind::Real)
+            && let Err(e) = chidori_worker::output::capture()
+        {
+            tracing::warn!("the GPU's printf output stays on the server: {e}");
+        }
+        backend(&args, visible)
+    });
     let result =
         chidori_worker::session::run_on_fd(supervisor::SESSION_FD, security, make_backend, options, authenticated);
     // Executors may be blocked inside CUDA: end the process, which frees the session's GPU state.

@@ -1177,6 +1177,7 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
             let queue = conn.callback_queue.lock().unwrap_or_else(|p| p.into_inner());
             queue.send((cb.id, cb.token, cb.status, cb.keep)).map_err(|_| "the callback thread is gone".to_owned())?;
         }
+        Kind::Output => print_gpu_output(&frame.bulk),
         Kind::Goodbye => {
             let bye: Goodbye = messages::decode(&frame, "goodbye").map_err(|e| e.to_string())?;
             return Err(format!("Chidori server {} ended the session: {}", conn.server, bye.reason));
@@ -1184,6 +1185,29 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
         other => return Err(format!("unexpected {other:?} frame from the server")),
     }
     Ok(())
+}
+
+unsafe extern "C" {
+    /// glibc's standard output stream.
+    static mut stdout: *mut libc::FILE;
+}
+
+/// What the GPU printed goes to the program's standard output stream, where its own
+/// `printf` output is buffered: in order with it, as the driver writes it natively.
+fn print_gpu_output(bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    // SAFETY: the C library's stdout stream (locked by fwrite and fflush themselves), and
+    // bytes of a live slice.
+    unsafe {
+        let out = stdout;
+        if out.is_null() {
+            return;
+        }
+        libc::fwrite(bytes.as_ptr().cast(), 1, bytes.len(), out);
+        libc::fflush(out);
+    }
 }
 
 /// Host callbacks run here, one at a time in arrival order (the order of their streams),

@@ -60,6 +60,9 @@ pub enum Kind {
     Resume = 17,
     /// Server → client: the session is resumed; `seq` is the bytes it received. No archive.
     Resumed = 18,
+    /// Server → client, before a reply: what the GPU printed (a kernel's `printf`), for the
+    /// program's standard output. The bytes are the bulk; no archive.
+    Output = 19,
 }
 
 impl Kind {
@@ -83,6 +86,7 @@ impl Kind {
             16 => Kind::Ack,
             17 => Kind::Resume,
             18 => Kind::Resumed,
+            19 => Kind::Output,
             _ => return None,
         })
     }

@@ -25,4 +25,4 @@ pub use rkyv;
 
 /// Bumped on any incompatible change to frames or messages (11: a graph loop may send the
 /// output slot after its last step, `GraphLoop::tail`).
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;

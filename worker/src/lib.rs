@@ -13,6 +13,8 @@
 //!   passes is checked; [`auth`]: the server's token and TLS identity.
 //! * [`mirror`]: host memory at the client's pinned addresses, for kernels handed a
 //!   pointer to the client's pinned memory.
+//! * [`output`]: the worker's standard output (what kernels `printf`), sent to the client
+//!   before each reply.
 
 pub mod auth;
 pub mod backend;
@@ -26,6 +28,7 @@ pub mod loader;
 pub mod memory;
 pub mod mirror;
 pub mod nvrtc;
+pub mod output;
 pub mod profile;
 pub mod real;
 pub mod records;

@@ -990,8 +990,20 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         .filter(|&i| is_out[i])
         .filter_map(|i| translated[i].as_deref().or_else(|| buffers[i].as_ref().map(|b| b.bytes())))
         .collect();
+    send_output(session, header.thread)?;
     let h = Header::new(Kind::Reply, header.call, header.thread, header.seq);
     session.writer.send(h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// What the GPU printed since the last reply goes first: the program prints it before the
+/// call that waited returns (a synchronization is where the driver writes it).
+fn send_output(session: &Session, thread: u32) -> Result<(), Fatal> {
+    let bytes = crate::output::take();
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let h = Header::new(Kind::Output, 0, thread, 0);
+    session.writer.send(h, &[], &[&bytes]).map_err(|e| Fatal(format!("writing the GPU's output: {e}")))
 }
 
 /// The value of the first status named `names` in `desc`'s library, from the headers of
