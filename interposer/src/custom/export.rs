@@ -27,7 +27,7 @@ use chidori_cuda::desc::Ctx;
 
 use crate::state::CLIENT;
 
-const SUCCESS: u32 = 0;
+const SUCCESS: u32 = chidori_cuda::consts::cudaError_enum::CUDA_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
 const INVALID_CONTEXT: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_CONTEXT;
 const INVALID_HANDLE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_HANDLE;
