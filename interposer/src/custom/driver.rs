@@ -329,6 +329,11 @@ fn copy(
 ) -> u32 {
     driver(name, || {
         let conn = connection()?;
+        if desc.name.starts_with("cuMemcpyHtoD") {
+            // The GPU reads the source when the stream reaches the copy: after every host
+            // callback enqueued before it, which may write the source (as the runtime's).
+            conn.wait_callbacks(tail.first().copied().unwrap_or(0));
+        }
         let chunks: Vec<Vec<u64>> = (0..n.max(1))
             .step_by(memory::CHUNK as usize)
             .map(|off| {
