@@ -558,7 +558,18 @@ struct SessionTables<'a> {
 
 impl codec::Tables for SessionTables<'_> {
     fn resolve(&mut self, kind: HandleKind, value: u64) -> Option<u64> {
-        lock(&self.session.handles).resolve(kind, value)
+        let handles = lock(&self.session.handles);
+        // A kernel where a function is expected (a statically linked runtime's attributes,
+        // occupancy, cache config): the driver takes it as its function in the current
+        // context, and so is it asked here.
+        if Some(kind) == kind_index("CUfunc_st")
+            && !handles.owns(kind, value)
+            && kind_index("CUkern_st").is_some_and(|k| handles.owns(k, value))
+        {
+            drop(handles);
+            return self.session.backend.kernel_function(value).ok();
+        }
+        handles.resolve(kind, value)
     }
 
     fn name_free(&mut self, kind: HandleKind, value: u64) -> bool {
