@@ -562,10 +562,8 @@ impl codec::Tables for SessionTables<'_> {
         // A kernel where a function is expected (a statically linked runtime's attributes,
         // occupancy, cache config): the driver takes it as its function in the current
         // context, and so is it asked here.
-        if Some(kind) == kind_index("CUfunc_st")
-            && !handles.owns(kind, value)
-            && kind_index("CUkern_st").is_some_and(|k| handles.owns(k, value))
-        {
+        use chidori_cuda::handles::kind::{CUfunc_st, CUkern_st};
+        if kind == CUfunc_st && !handles.owns(kind, value) && handles.owns(CUkern_st, value) {
             drop(handles);
             return self.session.backend.kernel_function(value).ok();
         }
