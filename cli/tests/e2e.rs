@@ -2439,6 +2439,16 @@ int main(int argc, char **argv) {
   CHECK("cudaMemset managed", memset_fn(m, 0, 1 << 16));
   CHECK("cudaDeviceSynchronize", sync());
   if (m[5] != 0.0f) { printf("managed memset not seen: %f\n", m[5]); return 1; }
+  /* The host writes managed memory, then a default-direction copy (cuMemcpy) reads it on
+     the server: the server's copy must be brought up to date first. */
+  m[9] = 7.0f;
+  float row[16] = {0};
+  void *dm = 0;
+  CHECK("cudaMalloc row", alloc(&dm, sizeof row));
+  CHECK("cudaMemcpy managed to device", copy(dm, m, sizeof row, 4));
+  CHECK("cudaMemcpy device to host", copy(row, dm, sizeof row, 4));
+  if (row[9] != 7.0f) { printf("the copy read stale managed memory: %f\n", row[9]); return 1; }
+  CHECK("cudaFree row", release(dm));
   CHECK("cudaFree managed", release(m));
   printf("devices %d driver %d OK\n", n, v);
   return 0;

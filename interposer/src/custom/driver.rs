@@ -406,6 +406,13 @@ fn unified(ctx: &Ctx, dst: u64, src: u64, n: u64, stream: Option<u64>) -> u32 {
         return INVALID_VALUE;
     };
     let per_thread = ctx.per_thread();
+    if direction == (true, true)
+        && let Ok(conn) = connection()
+    {
+        // Either side may be memory the server mirrors (managed, pinned handed to the GPU):
+        // brought up to date first, and what the copy changes comes back at the next wait.
+        crate::mirror::prepare(&conn, [dst, src]);
+    }
     let (d, s) = (dst as *mut c_void, src as *mut c_void);
     // SAFETY (block): the caller's addresses, each side host memory or device memory as the
     // interval map says, `n` bytes as cuMemcpy's contract requires.
