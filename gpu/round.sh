@@ -45,7 +45,7 @@
 #            the second run should send hashes, not bytes (bytes sent from the trace)
 #   nccl     torch.distributed over NCCL (gpu/distributed/allreduce.py): one rank, or
 #            $NCCL_RANKS through torchrun; all-reduce and DDP steps native and remote
-#   libs     JAX, CuPy and pynvml (gpu/libs/*_smoke.py; $LIBS narrows): native and loopback
+#   libs     JAX, CuPy, pynvml, numba-cuda and cuda-python (gpu/libs/*_smoke.py; $LIBS narrows): native and loopback
 #            values equal
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
@@ -458,7 +458,7 @@ fi
 if want libs; then
   # Libraries beyond PyTorch (gpu/libs/*_smoke.py, or $LIBS): each natively, then through
   # chidori on loopback; the printed values must be equal.
-  for script in ${LIBS:-gpu/libs/jax_smoke.py gpu/libs/cupy_smoke.py gpu/libs/nvml_smoke.py}; do
+  for script in ${LIBS:-gpu/libs/jax_smoke.py gpu/libs/cupy_smoke.py gpu/libs/nvml_smoke.py gpu/libs/numba_smoke.py gpu/libs/cuda_python_smoke.py}; do
     name=$(basename "$script" .py)
     # -X faulthandler: a crash prints the Python stack it happened under.
     timeout ${RUN_TIMEOUT:-150} python3 -X faulthandler "$script" > "$LOGS/$name-native.out" \
