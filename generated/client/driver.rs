@@ -5718,7 +5718,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemUnmap(ptr: u64, size: usize) -> u
         crate::custom::driver::mem_unmap(&CTX, ptr, size)
     }
 }
-///`cuMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
     dst: u64,
@@ -5730,7 +5730,11 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
             name: "cuMemcpy",
             version: "13.1",
             library: "driver",
-            forms: &[],
+            forms: &[
+                &chidori_cuda::calls::driver::cuMemcpy__d2d,
+                &chidori_cuda::calls::driver::cuMemcpy__d2h,
+                &chidori_cuda::calls::driver::cuMemcpy__h2d,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -6122,7 +6126,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2_ptds(pCopy: *mut c_void)
         crate::custom::arrays::cu_memcpy_3d(&CTX, pCopy)
     }
 }
-///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
     dst: u64,
@@ -6135,7 +6139,11 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
             name: "cuMemcpyAsync",
             version: "13.1",
             library: "driver",
-            forms: &[],
+            forms: &[
+                &chidori_cuda::calls::driver::cuMemcpyAsync__d2d,
+                &chidori_cuda::calls::driver::cuMemcpyAsync__d2h,
+                &chidori_cuda::calls::driver::cuMemcpyAsync__h2d,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -6147,7 +6155,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
         crate::custom::driver::memcpy_unified_async(&CTX, dst, src, ByteCount, hStream)
     }
 }
-///`cuMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync_ptsz(
     dst: u64,
@@ -6160,7 +6168,11 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync_ptsz(
             name: "cuMemcpyAsync_ptsz",
             version: "13.1",
             library: "driver",
-            forms: &[],
+            forms: &[
+                &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__d2d,
+                &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__d2h,
+                &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__h2d,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -7068,7 +7080,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeer_ptds(
         ) as u32
     }
 }
-///`cuMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
     dst: u64,
@@ -7080,7 +7092,11 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
             name: "cuMemcpy_ptds",
             version: "13.1",
             library: "driver",
-            forms: &[],
+            forms: &[
+                &chidori_cuda::calls::driver::cuMemcpy_ptds__d2d,
+                &chidori_cuda::calls::driver::cuMemcpy_ptds__d2h,
+                &chidori_cuda::calls::driver::cuMemcpy_ptds__h2d,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use chidori_protocol::desc::{CallDesc, Wire};
+use chidori_protocol::desc::{CallDesc, Form, Wire};
 use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch};
 
 use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
@@ -472,9 +472,14 @@ impl Backend for Emulated {
                 }
                 ("driver", "cuMemcpyHtoD_v2" | "cuMemcpyHtoDAsync_v2") => self.copy(a[0], true, a[1], false, a[2]),
                 ("driver", "cuMemcpyDtoH_v2" | "cuMemcpyDtoHAsync_v2") => self.copy(a[0], false, a[1], true, a[2]),
-                ("driver", "cuMemcpyDtoD_v2" | "cuMemcpyDtoDAsync_v2" | "cuMemcpy" | "cuMemcpyAsync") => {
-                    self.copy(a[0], true, a[1], true, a[2])
-                }
+                // cuMemcpy's wire forms say which side is the worker's buffer of the
+                // program's bytes.
+                ("driver", "cuMemcpy" | "cuMemcpyAsync") => match desc.form {
+                    Some(Form::H2d) => self.copy(a[0], true, a[1], false, a[2]),
+                    Some(Form::D2h) => self.copy(a[0], false, a[1], true, a[2]),
+                    _ => self.copy(a[0], true, a[1], true, a[2]),
+                },
+                ("driver", "cuMemcpyDtoD_v2" | "cuMemcpyDtoDAsync_v2") => self.copy(a[0], true, a[1], true, a[2]),
                 ("cudart", "cudaMemset" | "cudaMemsetAsync") => self.memset(a[0], a[1] as u8, a[2], 1),
                 ("driver", "cuMemsetD8_v2" | "cuMemsetD8Async") => self.memset(a[0], a[1] as u8, a[2], 1),
                 ("driver", "cuMemsetD32_v2" | "cuMemsetD32Async") => self.memset32(a[0], a[1] as u32, a[2]),

@@ -994,7 +994,12 @@ fn classify(
                 other => bail!("{}: `handles` needs a pointer, not {other:?}", p.name),
             },
             ParamSpec::InBuf(e) | ParamSpec::OptInBuf(e) | ParamSpec::OutBuf(e) | ParamSpec::InOutBuf(e) => {
-                let elem = pointee_size(&kind, &ty).with_context(|| format!("{}: buffer needs a pointer", p.name))?;
+                let elem = match kind {
+                    // An address passed by value (a CUdeviceptr, which under unified
+                    // addressing may be host memory: cuMemcpy's) names bytes.
+                    Kind::Scalar { bytes: 8, float: false } => 1,
+                    _ => pointee_size(&kind, &ty).with_context(|| format!("{}: buffer needs a pointer", p.name))?,
+                };
                 let dir = match s {
                     ParamSpec::InBuf(_) | ParamSpec::OptInBuf(_) => Dir::In,
                     ParamSpec::OutBuf(_) => Dir::Out,

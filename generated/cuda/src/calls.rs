@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 13719542665187697609u64;
+pub const SCHEMA_HASH: u64 = 2794066135197671577u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2591usize] = [
+pub static FUNCTIONS: [&str; 2595usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -2059,6 +2059,7 @@ pub static FUNCTIONS: [&str; 2591usize] = [
     "cuMemSetAccess",
     "cuMemSetMemPool",
     "cuMemUnmap",
+    "cuMemcpy",
     "cuMemcpy2DAsync_v2",
     "cuMemcpy2DAsync_v2_ptsz",
     "cuMemcpy2DUnaligned_v2",
@@ -2073,6 +2074,8 @@ pub static FUNCTIONS: [&str; 2591usize] = [
     "cuMemcpy3DPeer_ptds",
     "cuMemcpy3D_v2",
     "cuMemcpy3D_v2_ptds",
+    "cuMemcpyAsync",
+    "cuMemcpyAsync_ptsz",
     "cuMemcpyAtoA",
     "cuMemcpyAtoA_v2",
     "cuMemcpyAtoA_v2_ptds",
@@ -2112,6 +2115,7 @@ pub static FUNCTIONS: [&str; 2591usize] = [
     "cuMemcpyPeerAsync",
     "cuMemcpyPeerAsync_ptsz",
     "cuMemcpyPeer_ptds",
+    "cuMemcpy_ptds",
     "cuMemsetD16",
     "cuMemsetD16Async",
     "cuMemsetD16Async_ptsz",
@@ -2600,7 +2604,7 @@ pub static FUNCTIONS: [&str; 2591usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2591usize] = [
+pub static LIBRARY_OF: [&str; 2595usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -4885,6 +4889,10 @@ pub static LIBRARY_OF: [&str; 2591usize] = [
     "driver",
     "driver",
     "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
     "nccl",
     "nccl",
     "nccl",
@@ -5843,6 +5851,9 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemSetAccess,
     &driver::cuMemSetMemPool,
     &driver::cuMemUnmap__call,
+    &driver::cuMemcpy__d2d,
+    &driver::cuMemcpy__d2h,
+    &driver::cuMemcpy__h2d,
     &driver::cuMemcpy2DAsync_v2__d2d,
     &driver::cuMemcpy2DAsync_v2_ptsz__d2d,
     &driver::cuMemcpy2DUnaligned_v2__d2d,
@@ -5857,6 +5868,12 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemcpy3DPeer_ptds,
     &driver::cuMemcpy3D_v2__d2d,
     &driver::cuMemcpy3D_v2_ptds__d2d,
+    &driver::cuMemcpyAsync__d2d,
+    &driver::cuMemcpyAsync__d2h,
+    &driver::cuMemcpyAsync__h2d,
+    &driver::cuMemcpyAsync_ptsz__d2d,
+    &driver::cuMemcpyAsync_ptsz__d2h,
+    &driver::cuMemcpyAsync_ptsz__h2d,
     &driver::cuMemcpyAtoA,
     &driver::cuMemcpyAtoA_v2,
     &driver::cuMemcpyAtoA_v2_ptds,
@@ -5896,6 +5913,9 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemcpyPeerAsync,
     &driver::cuMemcpyPeerAsync_ptsz,
     &driver::cuMemcpyPeer_ptds,
+    &driver::cuMemcpy_ptds__d2d,
+    &driver::cuMemcpy_ptds__d2h,
+    &driver::cuMemcpy_ptds__h2d,
     &driver::cuMemsetD16,
     &driver::cuMemsetD16Async,
     &driver::cuMemsetD16Async_ptsz,
@@ -8464,8 +8484,8 @@ pub mod cublas {
         ],
     );
     pub static cublasAxpyEx: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 789u32,
+        wire: 912u32,
+        call: 793u32,
         name: "cublasAxpyEx",
         form: None,
         library: "cublas",
@@ -8524,8 +8544,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasAxpyEx_64: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 790u32,
+        wire: 913u32,
+        call: 794u32,
         name: "cublasAxpyEx_64",
         form: None,
         library: "cublas",
@@ -8584,8 +8604,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 791u32,
+        wire: 914u32,
+        call: 795u32,
         name: "cublasCaxpy",
         form: None,
         library: "cublas",
@@ -8619,8 +8639,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 792u32,
+        wire: 915u32,
+        call: 796u32,
         name: "cublasCaxpy_v2",
         form: None,
         library: "cublas",
@@ -8663,8 +8683,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2_64: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 793u32,
+        wire: 916u32,
+        call: 797u32,
         name: "cublasCaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -8707,8 +8727,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 794u32,
+        wire: 917u32,
+        call: 798u32,
         name: "cublasCcopy",
         form: None,
         library: "cublas",
@@ -8741,8 +8761,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 795u32,
+        wire: 918u32,
+        call: 799u32,
         name: "cublasCcopy_v2",
         form: None,
         library: "cublas",
@@ -8779,8 +8799,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2_64: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 796u32,
+        wire: 919u32,
+        call: 800u32,
         name: "cublasCcopy_v2_64",
         form: None,
         library: "cublas",
@@ -8817,8 +8837,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 797u32,
+        wire: 920u32,
+        call: 801u32,
         name: "cublasCdgmm",
         form: None,
         library: "cublas",
@@ -8868,8 +8888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm_64: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 798u32,
+        wire: 921u32,
+        call: 802u32,
         name: "cublasCdgmm_64",
         form: None,
         library: "cublas",
@@ -8919,8 +8939,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 799u32,
+        wire: 922u32,
+        call: 803u32,
         name: "cublasCdotc_v2",
         form: None,
         library: "cublas",
@@ -8963,8 +8983,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2_64: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 800u32,
+        wire: 923u32,
+        call: 804u32,
         name: "cublasCdotc_v2_64",
         form: None,
         library: "cublas",
@@ -9007,8 +9027,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 801u32,
+        wire: 924u32,
+        call: 805u32,
         name: "cublasCdotu_v2",
         form: None,
         library: "cublas",
@@ -9051,8 +9071,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2_64: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 802u32,
+        wire: 925u32,
+        call: 806u32,
         name: "cublasCdotu_v2_64",
         form: None,
         library: "cublas",
@@ -9095,8 +9115,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 803u32,
+        wire: 926u32,
+        call: 807u32,
         name: "cublasCgbmv",
         form: None,
         library: "cublas",
@@ -9152,8 +9172,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 804u32,
+        wire: 927u32,
+        call: 808u32,
         name: "cublasCgbmv_v2",
         form: None,
         library: "cublas",
@@ -9223,8 +9243,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2_64: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 805u32,
+        wire: 928u32,
+        call: 809u32,
         name: "cublasCgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -9294,8 +9314,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 806u32,
+        wire: 929u32,
+        call: 810u32,
         name: "cublasCgeam",
         form: None,
         library: "cublas",
@@ -9361,8 +9381,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam_64: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 807u32,
+        wire: 930u32,
+        call: 811u32,
         name: "cublasCgeam_64",
         form: None,
         library: "cublas",
@@ -9428,8 +9448,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgelsBatched: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 808u32,
+        wire: 931u32,
+        call: 812u32,
         name: "cublasCgelsBatched",
         form: None,
         library: "cublas",
@@ -9490,8 +9510,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 809u32,
+        wire: 932u32,
+        call: 813u32,
         name: "cublasCgemm",
         form: None,
         library: "cublas",
@@ -9547,8 +9567,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 810u32,
+        wire: 933u32,
+        call: 814u32,
         name: "cublasCgemm3m",
         form: None,
         library: "cublas",
@@ -9618,8 +9638,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 811u32,
+        wire: 934u32,
+        call: 815u32,
         name: "cublasCgemm3mBatched",
         form: None,
         library: "cublas",
@@ -9693,8 +9713,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched_64: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 812u32,
+        wire: 935u32,
+        call: 816u32,
         name: "cublasCgemm3mBatched_64",
         form: None,
         library: "cublas",
@@ -9768,8 +9788,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 813u32,
+        wire: 936u32,
+        call: 817u32,
         name: "cublasCgemm3mEx",
         form: None,
         library: "cublas",
@@ -9851,8 +9871,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx_64: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 814u32,
+        wire: 937u32,
+        call: 818u32,
         name: "cublasCgemm3mEx_64",
         form: None,
         library: "cublas",
@@ -9934,8 +9954,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 815u32,
+        wire: 938u32,
+        call: 819u32,
         name: "cublasCgemm3mStridedBatched",
         form: None,
         library: "cublas",
@@ -10021,8 +10041,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched_64: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 816u32,
+        wire: 939u32,
+        call: 820u32,
         name: "cublasCgemm3mStridedBatched_64",
         form: None,
         library: "cublas",
@@ -10108,8 +10128,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m_64: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 817u32,
+        wire: 940u32,
+        call: 821u32,
         name: "cublasCgemm3m_64",
         form: None,
         library: "cublas",
@@ -10179,8 +10199,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 818u32,
+        wire: 941u32,
+        call: 822u32,
         name: "cublasCgemmBatched",
         form: None,
         library: "cublas",
@@ -10254,8 +10274,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched_64: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 819u32,
+        wire: 942u32,
+        call: 823u32,
         name: "cublasCgemmBatched_64",
         form: None,
         library: "cublas",
@@ -10329,8 +10349,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 820u32,
+        wire: 943u32,
+        call: 824u32,
         name: "cublasCgemmEx",
         form: None,
         library: "cublas",
@@ -10412,8 +10432,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx_64: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 821u32,
+        wire: 944u32,
+        call: 825u32,
         name: "cublasCgemmEx_64",
         form: None,
         library: "cublas",
@@ -10495,8 +10515,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 822u32,
+        wire: 945u32,
+        call: 826u32,
         name: "cublasCgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -10582,8 +10602,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 823u32,
+        wire: 946u32,
+        call: 827u32,
         name: "cublasCgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -10669,8 +10689,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 824u32,
+        wire: 947u32,
+        call: 828u32,
         name: "cublasCgemm_v2",
         form: None,
         library: "cublas",
@@ -10740,8 +10760,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2_64: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 825u32,
+        wire: 948u32,
+        call: 829u32,
         name: "cublasCgemm_v2_64",
         form: None,
         library: "cublas",
@@ -10811,8 +10831,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 826u32,
+        wire: 949u32,
+        call: 830u32,
         name: "cublasCgemv",
         form: None,
         library: "cublas",
@@ -10860,8 +10880,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 827u32,
+        wire: 950u32,
+        call: 831u32,
         name: "cublasCgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -10939,8 +10959,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 828u32,
+        wire: 951u32,
+        call: 832u32,
         name: "cublasCgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -11018,8 +11038,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 829u32,
+        wire: 952u32,
+        call: 833u32,
         name: "cublasCgemv_v2",
         form: None,
         library: "cublas",
@@ -11081,8 +11101,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2_64: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 830u32,
+        wire: 953u32,
+        call: 834u32,
         name: "cublasCgemv_v2_64",
         form: None,
         library: "cublas",
@@ -11144,8 +11164,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeqrfBatched: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 831u32,
+        wire: 954u32,
+        call: 835u32,
         name: "cublasCgeqrfBatched",
         form: None,
         library: "cublas",
@@ -11193,8 +11213,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 832u32,
+        wire: 955u32,
+        call: 836u32,
         name: "cublasCgerc",
         form: None,
         library: "cublas",
@@ -11237,8 +11257,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 833u32,
+        wire: 956u32,
+        call: 837u32,
         name: "cublasCgerc_v2",
         form: None,
         library: "cublas",
@@ -11290,8 +11310,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2_64: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 834u32,
+        wire: 957u32,
+        call: 838u32,
         name: "cublasCgerc_v2_64",
         form: None,
         library: "cublas",
@@ -11343,8 +11363,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 835u32,
+        wire: 958u32,
+        call: 839u32,
         name: "cublasCgeru",
         form: None,
         library: "cublas",
@@ -11387,8 +11407,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 836u32,
+        wire: 959u32,
+        call: 840u32,
         name: "cublasCgeru_v2",
         form: None,
         library: "cublas",
@@ -11440,8 +11460,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2_64: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 837u32,
+        wire: 960u32,
+        call: 841u32,
         name: "cublasCgeru_v2_64",
         form: None,
         library: "cublas",
@@ -11493,8 +11513,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrfBatched: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 838u32,
+        wire: 961u32,
+        call: 842u32,
         name: "cublasCgetrfBatched",
         form: None,
         library: "cublas",
@@ -11532,8 +11552,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetriBatched: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 839u32,
+        wire: 962u32,
+        call: 843u32,
         name: "cublasCgetriBatched",
         form: None,
         library: "cublas",
@@ -11582,8 +11602,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrsBatched: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 840u32,
+        wire: 963u32,
+        call: 844u32,
         name: "cublasCgetrsBatched",
         form: None,
         library: "cublas",
@@ -11640,8 +11660,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 841u32,
+        wire: 964u32,
+        call: 845u32,
         name: "cublasChbmv",
         form: None,
         library: "cublas",
@@ -11689,8 +11709,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 842u32,
+        wire: 965u32,
+        call: 846u32,
         name: "cublasChbmv_v2",
         form: None,
         library: "cublas",
@@ -11752,8 +11772,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2_64: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 843u32,
+        wire: 966u32,
+        call: 847u32,
         name: "cublasChbmv_v2_64",
         form: None,
         library: "cublas",
@@ -11815,8 +11835,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 844u32,
+        wire: 967u32,
+        call: 848u32,
         name: "cublasChemm",
         form: None,
         library: "cublas",
@@ -11868,8 +11888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 845u32,
+        wire: 968u32,
+        call: 849u32,
         name: "cublasChemm_v2",
         form: None,
         library: "cublas",
@@ -11935,8 +11955,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2_64: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 846u32,
+        wire: 969u32,
+        call: 850u32,
         name: "cublasChemm_v2_64",
         form: None,
         library: "cublas",
@@ -12002,8 +12022,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 847u32,
+        wire: 970u32,
+        call: 851u32,
         name: "cublasChemv",
         form: None,
         library: "cublas",
@@ -12047,8 +12067,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 848u32,
+        wire: 971u32,
+        call: 852u32,
         name: "cublasChemv_v2",
         form: None,
         library: "cublas",
@@ -12106,8 +12126,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2_64: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 849u32,
+        wire: 972u32,
+        call: 853u32,
         name: "cublasChemv_v2_64",
         form: None,
         library: "cublas",
@@ -12165,8 +12185,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 850u32,
+        wire: 973u32,
+        call: 854u32,
         name: "cublasCher",
         form: None,
         library: "cublas",
@@ -12207,8 +12227,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 851u32,
+        wire: 974u32,
+        call: 855u32,
         name: "cublasCher2",
         form: None,
         library: "cublas",
@@ -12251,8 +12271,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 852u32,
+        wire: 975u32,
+        call: 856u32,
         name: "cublasCher2_v2",
         form: None,
         library: "cublas",
@@ -12304,8 +12324,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2_64: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 853u32,
+        wire: 976u32,
+        call: 857u32,
         name: "cublasCher2_v2_64",
         form: None,
         library: "cublas",
@@ -12357,8 +12377,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 854u32,
+        wire: 977u32,
+        call: 858u32,
         name: "cublasCher2k",
         form: None,
         library: "cublas",
@@ -12413,8 +12433,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 855u32,
+        wire: 978u32,
+        call: 859u32,
         name: "cublasCher2k_v2",
         form: None,
         library: "cublas",
@@ -12480,8 +12500,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2_64: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 856u32,
+        wire: 979u32,
+        call: 860u32,
         name: "cublasCher2k_v2_64",
         form: None,
         library: "cublas",
@@ -12547,8 +12567,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 857u32,
+        wire: 980u32,
+        call: 861u32,
         name: "cublasCher_v2",
         form: None,
         library: "cublas",
@@ -12595,8 +12615,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2_64: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 858u32,
+        wire: 981u32,
+        call: 862u32,
         name: "cublasCher_v2_64",
         form: None,
         library: "cublas",
@@ -12643,8 +12663,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 859u32,
+        wire: 982u32,
+        call: 863u32,
         name: "cublasCherk",
         form: None,
         library: "cublas",
@@ -12697,8 +12717,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 860u32,
+        wire: 983u32,
+        call: 864u32,
         name: "cublasCherk3mEx",
         form: None,
         library: "cublas",
@@ -12767,8 +12787,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx_64: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 861u32,
+        wire: 984u32,
+        call: 865u32,
         name: "cublasCherk3mEx_64",
         form: None,
         library: "cublas",
@@ -12837,8 +12857,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 862u32,
+        wire: 985u32,
+        call: 866u32,
         name: "cublasCherkEx",
         form: None,
         library: "cublas",
@@ -12907,8 +12927,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx_64: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 863u32,
+        wire: 986u32,
+        call: 867u32,
         name: "cublasCherkEx_64",
         form: None,
         library: "cublas",
@@ -12977,8 +12997,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 864u32,
+        wire: 987u32,
+        call: 868u32,
         name: "cublasCherk_v2",
         form: None,
         library: "cublas",
@@ -13039,8 +13059,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2_64: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 865u32,
+        wire: 988u32,
+        call: 869u32,
         name: "cublasCherk_v2_64",
         form: None,
         library: "cublas",
@@ -13101,8 +13121,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 866u32,
+        wire: 989u32,
+        call: 870u32,
         name: "cublasCherkx",
         form: None,
         library: "cublas",
@@ -13168,8 +13188,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx_64: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 867u32,
+        wire: 990u32,
+        call: 871u32,
         name: "cublasCherkx_64",
         form: None,
         library: "cublas",
@@ -13235,8 +13255,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 868u32,
+        wire: 991u32,
+        call: 872u32,
         name: "cublasChpmv",
         form: None,
         library: "cublas",
@@ -13282,8 +13302,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 869u32,
+        wire: 992u32,
+        call: 873u32,
         name: "cublasChpmv_v2",
         form: None,
         library: "cublas",
@@ -13343,8 +13363,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2_64: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 870u32,
+        wire: 993u32,
+        call: 874u32,
         name: "cublasChpmv_v2_64",
         form: None,
         library: "cublas",
@@ -13404,8 +13424,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 871u32,
+        wire: 994u32,
+        call: 875u32,
         name: "cublasCopyEx",
         form: None,
         library: "cublas",
@@ -13450,8 +13470,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx_64: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 872u32,
+        wire: 995u32,
+        call: 876u32,
         name: "cublasCopyEx_64",
         form: None,
         library: "cublas",
@@ -13496,8 +13516,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCreate_v2__call: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 873u32,
+        wire: 996u32,
+        call: 877u32,
         name: "cublasCreate_v2",
         form: Some(Form::Call),
         library: "cublas",
@@ -13520,8 +13540,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 874u32,
+        wire: 997u32,
+        call: 878u32,
         name: "cublasCrot",
         form: None,
         library: "cublas",
@@ -13559,8 +13579,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 875u32,
+        wire: 998u32,
+        call: 879u32,
         name: "cublasCrot_v2",
         form: None,
         library: "cublas",
@@ -13609,8 +13629,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2_64: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 876u32,
+        wire: 999u32,
+        call: 880u32,
         name: "cublasCrot_v2_64",
         form: None,
         library: "cublas",
@@ -13659,8 +13679,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrotg_v2: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 877u32,
+        wire: 1000u32,
+        call: 881u32,
         name: "cublasCrotg_v2",
         form: None,
         library: "cublas",
@@ -13707,8 +13727,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 878u32,
+        wire: 1001u32,
+        call: 882u32,
         name: "cublasCscal",
         form: None,
         library: "cublas",
@@ -13737,8 +13757,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 879u32,
+        wire: 1002u32,
+        call: 883u32,
         name: "cublasCscal_v2",
         form: None,
         library: "cublas",
@@ -13776,8 +13796,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2_64: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 880u32,
+        wire: 1003u32,
+        call: 884u32,
         name: "cublasCscal_v2_64",
         form: None,
         library: "cublas",
@@ -13815,8 +13835,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 881u32,
+        wire: 1004u32,
+        call: 885u32,
         name: "cublasCsrot",
         form: None,
         library: "cublas",
@@ -13857,8 +13877,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 882u32,
+        wire: 1005u32,
+        call: 886u32,
         name: "cublasCsrot_v2",
         form: None,
         library: "cublas",
@@ -13907,8 +13927,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2_64: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 883u32,
+        wire: 1006u32,
+        call: 887u32,
         name: "cublasCsrot_v2_64",
         form: None,
         library: "cublas",
@@ -13957,8 +13977,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 884u32,
+        wire: 1007u32,
+        call: 888u32,
         name: "cublasCsscal",
         form: None,
         library: "cublas",
@@ -13990,8 +14010,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 885u32,
+        wire: 1008u32,
+        call: 889u32,
         name: "cublasCsscal_v2",
         form: None,
         library: "cublas",
@@ -14029,8 +14049,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2_64: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 886u32,
+        wire: 1009u32,
+        call: 890u32,
         name: "cublasCsscal_v2_64",
         form: None,
         library: "cublas",
@@ -14068,8 +14088,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 887u32,
+        wire: 1010u32,
+        call: 891u32,
         name: "cublasCswap",
         form: None,
         library: "cublas",
@@ -14102,8 +14122,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 888u32,
+        wire: 1011u32,
+        call: 892u32,
         name: "cublasCswap_v2",
         form: None,
         library: "cublas",
@@ -14140,8 +14160,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2_64: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 889u32,
+        wire: 1012u32,
+        call: 893u32,
         name: "cublasCswap_v2_64",
         form: None,
         library: "cublas",
@@ -14178,8 +14198,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 890u32,
+        wire: 1013u32,
+        call: 894u32,
         name: "cublasCsymm",
         form: None,
         library: "cublas",
@@ -14231,8 +14251,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 891u32,
+        wire: 1014u32,
+        call: 895u32,
         name: "cublasCsymm_v2",
         form: None,
         library: "cublas",
@@ -14298,8 +14318,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2_64: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 892u32,
+        wire: 1015u32,
+        call: 896u32,
         name: "cublasCsymm_v2_64",
         form: None,
         library: "cublas",
@@ -14365,8 +14385,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 893u32,
+        wire: 1016u32,
+        call: 897u32,
         name: "cublasCsymv_v2",
         form: None,
         library: "cublas",
@@ -14424,8 +14444,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2_64: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 894u32,
+        wire: 1017u32,
+        call: 898u32,
         name: "cublasCsymv_v2_64",
         form: None,
         library: "cublas",
@@ -14483,8 +14503,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 895u32,
+        wire: 1018u32,
+        call: 899u32,
         name: "cublasCsyr2_v2",
         form: None,
         library: "cublas",
@@ -14536,8 +14556,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 896u32,
+        wire: 1019u32,
+        call: 900u32,
         name: "cublasCsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -14589,8 +14609,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 897u32,
+        wire: 1020u32,
+        call: 901u32,
         name: "cublasCsyr2k",
         form: None,
         library: "cublas",
@@ -14642,8 +14662,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 898u32,
+        wire: 1021u32,
+        call: 902u32,
         name: "cublasCsyr2k_v2",
         form: None,
         library: "cublas",
@@ -14709,8 +14729,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 899u32,
+        wire: 1022u32,
+        call: 903u32,
         name: "cublasCsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -14776,8 +14796,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 900u32,
+        wire: 1023u32,
+        call: 904u32,
         name: "cublasCsyr_v2",
         form: None,
         library: "cublas",
@@ -14824,8 +14844,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2_64: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 901u32,
+        wire: 1024u32,
+        call: 905u32,
         name: "cublasCsyr_v2_64",
         form: None,
         library: "cublas",
@@ -14872,8 +14892,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 902u32,
+        wire: 1025u32,
+        call: 906u32,
         name: "cublasCsyrk",
         form: None,
         library: "cublas",
@@ -14920,8 +14940,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 903u32,
+        wire: 1026u32,
+        call: 907u32,
         name: "cublasCsyrk3mEx",
         form: None,
         library: "cublas",
@@ -14990,8 +15010,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx_64: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 904u32,
+        wire: 1027u32,
+        call: 908u32,
         name: "cublasCsyrk3mEx_64",
         form: None,
         library: "cublas",
@@ -15060,8 +15080,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 905u32,
+        wire: 1028u32,
+        call: 909u32,
         name: "cublasCsyrkEx",
         form: None,
         library: "cublas",
@@ -15130,8 +15150,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx_64: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 906u32,
+        wire: 1029u32,
+        call: 910u32,
         name: "cublasCsyrkEx_64",
         form: None,
         library: "cublas",
@@ -15200,8 +15220,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 907u32,
+        wire: 1030u32,
+        call: 911u32,
         name: "cublasCsyrk_v2",
         form: None,
         library: "cublas",
@@ -15262,8 +15282,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 908u32,
+        wire: 1031u32,
+        call: 912u32,
         name: "cublasCsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -15324,8 +15344,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 909u32,
+        wire: 1032u32,
+        call: 913u32,
         name: "cublasCsyrkx",
         form: None,
         library: "cublas",
@@ -15391,8 +15411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx_64: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 910u32,
+        wire: 1033u32,
+        call: 914u32,
         name: "cublasCsyrkx_64",
         form: None,
         library: "cublas",
@@ -15458,8 +15478,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 911u32,
+        wire: 1034u32,
+        call: 915u32,
         name: "cublasCtbmv",
         form: None,
         library: "cublas",
@@ -15508,8 +15528,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 912u32,
+        wire: 1035u32,
+        call: 916u32,
         name: "cublasCtbmv_v2",
         form: None,
         library: "cublas",
@@ -15562,8 +15582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 913u32,
+        wire: 1036u32,
+        call: 917u32,
         name: "cublasCtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -15616,8 +15636,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 914u32,
+        wire: 1037u32,
+        call: 918u32,
         name: "cublasCtbsv",
         form: None,
         library: "cublas",
@@ -15666,8 +15686,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 915u32,
+        wire: 1038u32,
+        call: 919u32,
         name: "cublasCtbsv_v2",
         form: None,
         library: "cublas",
@@ -15720,8 +15740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 916u32,
+        wire: 1039u32,
+        call: 920u32,
         name: "cublasCtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -15774,8 +15794,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 917u32,
+        wire: 1040u32,
+        call: 921u32,
         name: "cublasCtpmv",
         form: None,
         library: "cublas",
@@ -15822,8 +15842,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 918u32,
+        wire: 1041u32,
+        call: 922u32,
         name: "cublasCtpmv_v2",
         form: None,
         library: "cublas",
@@ -15874,8 +15894,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 919u32,
+        wire: 1042u32,
+        call: 923u32,
         name: "cublasCtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -15926,8 +15946,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 920u32,
+        wire: 1043u32,
+        call: 924u32,
         name: "cublasCtpsv",
         form: None,
         library: "cublas",
@@ -15974,8 +15994,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 921u32,
+        wire: 1044u32,
+        call: 925u32,
         name: "cublasCtpsv_v2",
         form: None,
         library: "cublas",
@@ -16026,8 +16046,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 922u32,
+        wire: 1045u32,
+        call: 926u32,
         name: "cublasCtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -16078,8 +16098,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpttr: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 923u32,
+        wire: 1046u32,
+        call: 927u32,
         name: "cublasCtpttr",
         form: None,
         library: "cublas",
@@ -16122,8 +16142,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 924u32,
+        wire: 1047u32,
+        call: 928u32,
         name: "cublasCtrmm",
         form: None,
         library: "cublas",
@@ -16177,8 +16197,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 925u32,
+        wire: 1048u32,
+        call: 929u32,
         name: "cublasCtrmm_v2",
         form: None,
         library: "cublas",
@@ -16246,8 +16266,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 926u32,
+        wire: 1049u32,
+        call: 930u32,
         name: "cublasCtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -16315,8 +16335,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 927u32,
+        wire: 1050u32,
+        call: 931u32,
         name: "cublasCtrmv",
         form: None,
         library: "cublas",
@@ -16361,8 +16381,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 928u32,
+        wire: 1051u32,
+        call: 932u32,
         name: "cublasCtrmv_v2",
         form: None,
         library: "cublas",
@@ -16411,8 +16431,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 929u32,
+        wire: 1052u32,
+        call: 933u32,
         name: "cublasCtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -16461,8 +16481,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 930u32,
+        wire: 1053u32,
+        call: 934u32,
         name: "cublasCtrsm",
         form: None,
         library: "cublas",
@@ -16516,8 +16536,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 931u32,
+        wire: 1054u32,
+        call: 935u32,
         name: "cublasCtrsmBatched",
         form: None,
         library: "cublas",
@@ -16584,8 +16604,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 932u32,
+        wire: 1055u32,
+        call: 936u32,
         name: "cublasCtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -16652,8 +16672,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 933u32,
+        wire: 1056u32,
+        call: 937u32,
         name: "cublasCtrsm_v2",
         form: None,
         library: "cublas",
@@ -16716,8 +16736,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 934u32,
+        wire: 1057u32,
+        call: 938u32,
         name: "cublasCtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -16780,8 +16800,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 935u32,
+        wire: 1058u32,
+        call: 939u32,
         name: "cublasCtrsv",
         form: None,
         library: "cublas",
@@ -16826,8 +16846,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 936u32,
+        wire: 1059u32,
+        call: 940u32,
         name: "cublasCtrsv_v2",
         form: None,
         library: "cublas",
@@ -16876,8 +16896,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 937u32,
+        wire: 1060u32,
+        call: 941u32,
         name: "cublasCtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -16926,8 +16946,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 938u32,
+        wire: 1061u32,
+        call: 942u32,
         name: "cublasDasum",
         form: None,
         library: "cublas",
@@ -16958,8 +16978,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 939u32,
+        wire: 1062u32,
+        call: 943u32,
         name: "cublasDasum_v2",
         form: None,
         library: "cublas",
@@ -16997,8 +17017,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2_64: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 940u32,
+        wire: 1063u32,
+        call: 944u32,
         name: "cublasDasum_v2_64",
         form: None,
         library: "cublas",
@@ -17036,8 +17056,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 941u32,
+        wire: 1064u32,
+        call: 945u32,
         name: "cublasDaxpy",
         form: None,
         library: "cublas",
@@ -17074,8 +17094,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 942u32,
+        wire: 1065u32,
+        call: 946u32,
         name: "cublasDaxpy_v2",
         form: None,
         library: "cublas",
@@ -17118,8 +17138,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 943u32,
+        wire: 1066u32,
+        call: 947u32,
         name: "cublasDaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -17162,8 +17182,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 944u32,
+        wire: 1067u32,
+        call: 948u32,
         name: "cublasDcopy",
         form: None,
         library: "cublas",
@@ -17196,8 +17216,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 945u32,
+        wire: 1068u32,
+        call: 949u32,
         name: "cublasDcopy_v2",
         form: None,
         library: "cublas",
@@ -17234,8 +17254,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2_64: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 946u32,
+        wire: 1069u32,
+        call: 950u32,
         name: "cublasDcopy_v2_64",
         form: None,
         library: "cublas",
@@ -17272,8 +17292,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 947u32,
+        wire: 1070u32,
+        call: 951u32,
         name: "cublasDdgmm",
         form: None,
         library: "cublas",
@@ -17323,8 +17343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm_64: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 948u32,
+        wire: 1071u32,
+        call: 952u32,
         name: "cublasDdgmm_64",
         form: None,
         library: "cublas",
@@ -17374,8 +17394,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 949u32,
+        wire: 1072u32,
+        call: 953u32,
         name: "cublasDdot",
         form: None,
         library: "cublas",
@@ -17411,8 +17431,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 950u32,
+        wire: 1073u32,
+        call: 954u32,
         name: "cublasDdot_v2",
         form: None,
         library: "cublas",
@@ -17455,8 +17475,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2_64: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 951u32,
+        wire: 1074u32,
+        call: 955u32,
         name: "cublasDdot_v2_64",
         form: None,
         library: "cublas",
@@ -17499,8 +17519,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 952u32,
+        wire: 1075u32,
+        call: 956u32,
         name: "cublasDestroy_v2",
         form: None,
         library: "cublas",
@@ -17523,8 +17543,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 953u32,
+        wire: 1076u32,
+        call: 957u32,
         name: "cublasDgbmv",
         form: None,
         library: "cublas",
@@ -17586,8 +17606,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 954u32,
+        wire: 1077u32,
+        call: 958u32,
         name: "cublasDgbmv_v2",
         form: None,
         library: "cublas",
@@ -17657,8 +17677,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 955u32,
+        wire: 1078u32,
+        call: 959u32,
         name: "cublasDgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -17728,8 +17748,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 956u32,
+        wire: 1079u32,
+        call: 960u32,
         name: "cublasDgeam",
         form: None,
         library: "cublas",
@@ -17795,8 +17815,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam_64: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 957u32,
+        wire: 1080u32,
+        call: 961u32,
         name: "cublasDgeam_64",
         form: None,
         library: "cublas",
@@ -17862,8 +17882,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgelsBatched: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 958u32,
+        wire: 1081u32,
+        call: 962u32,
         name: "cublasDgelsBatched",
         form: None,
         library: "cublas",
@@ -17924,8 +17944,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 959u32,
+        wire: 1082u32,
+        call: 963u32,
         name: "cublasDgemm",
         form: None,
         library: "cublas",
@@ -17987,8 +18007,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 960u32,
+        wire: 1083u32,
+        call: 964u32,
         name: "cublasDgemmBatched",
         form: None,
         library: "cublas",
@@ -18062,8 +18082,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched_64: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 961u32,
+        wire: 1084u32,
+        call: 965u32,
         name: "cublasDgemmBatched_64",
         form: None,
         library: "cublas",
@@ -18137,8 +18157,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 962u32,
+        wire: 1085u32,
+        call: 966u32,
         name: "cublasDgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -18224,8 +18244,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 963u32,
+        wire: 1086u32,
+        call: 967u32,
         name: "cublasDgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -18311,8 +18331,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 964u32,
+        wire: 1087u32,
+        call: 968u32,
         name: "cublasDgemm_v2",
         form: None,
         library: "cublas",
@@ -18382,8 +18402,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2_64: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 965u32,
+        wire: 1088u32,
+        call: 969u32,
         name: "cublasDgemm_v2_64",
         form: None,
         library: "cublas",
@@ -18453,8 +18473,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 966u32,
+        wire: 1089u32,
+        call: 970u32,
         name: "cublasDgemv",
         form: None,
         library: "cublas",
@@ -18508,8 +18528,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 967u32,
+        wire: 1090u32,
+        call: 971u32,
         name: "cublasDgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -18587,8 +18607,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 968u32,
+        wire: 1091u32,
+        call: 972u32,
         name: "cublasDgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -18666,8 +18686,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 969u32,
+        wire: 1092u32,
+        call: 973u32,
         name: "cublasDgemv_v2",
         form: None,
         library: "cublas",
@@ -18729,8 +18749,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2_64: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 970u32,
+        wire: 1093u32,
+        call: 974u32,
         name: "cublasDgemv_v2_64",
         form: None,
         library: "cublas",
@@ -18792,8 +18812,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeqrfBatched: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 971u32,
+        wire: 1094u32,
+        call: 975u32,
         name: "cublasDgeqrfBatched",
         form: None,
         library: "cublas",
@@ -18841,8 +18861,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 972u32,
+        wire: 1095u32,
+        call: 976u32,
         name: "cublasDger",
         form: None,
         library: "cublas",
@@ -18888,8 +18908,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 973u32,
+        wire: 1096u32,
+        call: 977u32,
         name: "cublasDger_v2",
         form: None,
         library: "cublas",
@@ -18941,8 +18961,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2_64: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 974u32,
+        wire: 1097u32,
+        call: 978u32,
         name: "cublasDger_v2_64",
         form: None,
         library: "cublas",
@@ -18994,8 +19014,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrfBatched: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 975u32,
+        wire: 1098u32,
+        call: 979u32,
         name: "cublasDgetrfBatched",
         form: None,
         library: "cublas",
@@ -19033,8 +19053,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetriBatched: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 976u32,
+        wire: 1099u32,
+        call: 980u32,
         name: "cublasDgetriBatched",
         form: None,
         library: "cublas",
@@ -19083,8 +19103,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrsBatched: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 977u32,
+        wire: 1100u32,
+        call: 981u32,
         name: "cublasDgetrsBatched",
         form: None,
         library: "cublas",
@@ -19141,8 +19161,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 978u32,
+        wire: 1101u32,
+        call: 982u32,
         name: "cublasDnrm2",
         form: None,
         library: "cublas",
@@ -19173,8 +19193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 979u32,
+        wire: 1102u32,
+        call: 983u32,
         name: "cublasDnrm2_v2",
         form: None,
         library: "cublas",
@@ -19212,8 +19232,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 980u32,
+        wire: 1103u32,
+        call: 984u32,
         name: "cublasDnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -19251,8 +19271,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__device: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 981u32,
+        wire: 1104u32,
+        call: 985u32,
         name: "cublasDotEx",
         form: Some(Form::Device),
         library: "cublas",
@@ -19306,8 +19326,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__host: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 981u32,
+        wire: 1105u32,
+        call: 985u32,
         name: "cublasDotEx",
         form: Some(Form::Host),
         library: "cublas",
@@ -19367,8 +19387,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 982u32,
+        wire: 1106u32,
+        call: 986u32,
         name: "cublasDrot",
         form: None,
         library: "cublas",
@@ -19409,8 +19429,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 983u32,
+        wire: 1107u32,
+        call: 987u32,
         name: "cublasDrot_v2",
         form: None,
         library: "cublas",
@@ -19459,8 +19479,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 984u32,
+        wire: 1108u32,
+        call: 988u32,
         name: "cublasDrot_v2_64",
         form: None,
         library: "cublas",
@@ -19509,8 +19529,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 985u32,
+        wire: 1109u32,
+        call: 989u32,
         name: "cublasDrotg_v2",
         form: None,
         library: "cublas",
@@ -19557,8 +19577,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotm_v2: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 986u32,
+        wire: 1110u32,
+        call: 990u32,
         name: "cublasDrotm_v2",
         form: None,
         library: "cublas",
@@ -19601,8 +19621,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotmg_v2: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 987u32,
+        wire: 1111u32,
+        call: 991u32,
         name: "cublasDrotmg_v2",
         form: None,
         library: "cublas",
@@ -19655,8 +19675,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 988u32,
+        wire: 1112u32,
+        call: 992u32,
         name: "cublasDsbmv",
         form: None,
         library: "cublas",
@@ -19710,8 +19730,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 989u32,
+        wire: 1113u32,
+        call: 993u32,
         name: "cublasDsbmv_v2",
         form: None,
         library: "cublas",
@@ -19773,8 +19793,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 990u32,
+        wire: 1114u32,
+        call: 994u32,
         name: "cublasDsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -19836,8 +19856,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 991u32,
+        wire: 1115u32,
+        call: 995u32,
         name: "cublasDscal",
         form: None,
         library: "cublas",
@@ -19869,8 +19889,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 992u32,
+        wire: 1116u32,
+        call: 996u32,
         name: "cublasDscal_v2",
         form: None,
         library: "cublas",
@@ -19908,8 +19928,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 993u32,
+        wire: 1117u32,
+        call: 997u32,
         name: "cublasDscal_v2_64",
         form: None,
         library: "cublas",
@@ -19947,8 +19967,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 994u32,
+        wire: 1118u32,
+        call: 998u32,
         name: "cublasDswap",
         form: None,
         library: "cublas",
@@ -19981,8 +20001,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 995u32,
+        wire: 1119u32,
+        call: 999u32,
         name: "cublasDswap_v2",
         form: None,
         library: "cublas",
@@ -20019,8 +20039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 996u32,
+        wire: 1120u32,
+        call: 1000u32,
         name: "cublasDswap_v2_64",
         form: None,
         library: "cublas",
@@ -20057,8 +20077,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 997u32,
+        wire: 1121u32,
+        call: 1001u32,
         name: "cublasDsymm",
         form: None,
         library: "cublas",
@@ -20116,8 +20136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 998u32,
+        wire: 1122u32,
+        call: 1002u32,
         name: "cublasDsymm_v2",
         form: None,
         library: "cublas",
@@ -20183,8 +20203,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 999u32,
+        wire: 1123u32,
+        call: 1003u32,
         name: "cublasDsymm_v2_64",
         form: None,
         library: "cublas",
@@ -20250,8 +20270,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 1000u32,
+        wire: 1124u32,
+        call: 1004u32,
         name: "cublasDsymv",
         form: None,
         library: "cublas",
@@ -20301,8 +20321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 1001u32,
+        wire: 1125u32,
+        call: 1005u32,
         name: "cublasDsymv_v2",
         form: None,
         library: "cublas",
@@ -20360,8 +20380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 1002u32,
+        wire: 1126u32,
+        call: 1006u32,
         name: "cublasDsymv_v2_64",
         form: None,
         library: "cublas",
@@ -20419,8 +20439,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 1003u32,
+        wire: 1127u32,
+        call: 1007u32,
         name: "cublasDsyr",
         form: None,
         library: "cublas",
@@ -20461,8 +20481,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 1004u32,
+        wire: 1128u32,
+        call: 1008u32,
         name: "cublasDsyr2",
         form: None,
         library: "cublas",
@@ -20508,8 +20528,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 1005u32,
+        wire: 1129u32,
+        call: 1009u32,
         name: "cublasDsyr2_v2",
         form: None,
         library: "cublas",
@@ -20561,8 +20581,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 1006u32,
+        wire: 1130u32,
+        call: 1010u32,
         name: "cublasDsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -20614,8 +20634,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 1007u32,
+        wire: 1131u32,
+        call: 1011u32,
         name: "cublasDsyr2k",
         form: None,
         library: "cublas",
@@ -20673,8 +20693,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 1008u32,
+        wire: 1132u32,
+        call: 1012u32,
         name: "cublasDsyr2k_v2",
         form: None,
         library: "cublas",
@@ -20740,8 +20760,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 1009u32,
+        wire: 1133u32,
+        call: 1013u32,
         name: "cublasDsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -20807,8 +20827,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 1010u32,
+        wire: 1134u32,
+        call: 1014u32,
         name: "cublasDsyr_v2",
         form: None,
         library: "cublas",
@@ -20855,8 +20875,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 1011u32,
+        wire: 1135u32,
+        call: 1015u32,
         name: "cublasDsyr_v2_64",
         form: None,
         library: "cublas",
@@ -20903,8 +20923,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 1012u32,
+        wire: 1136u32,
+        call: 1016u32,
         name: "cublasDsyrk",
         form: None,
         library: "cublas",
@@ -20957,8 +20977,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1013u32,
+        wire: 1137u32,
+        call: 1017u32,
         name: "cublasDsyrk_v2",
         form: None,
         library: "cublas",
@@ -21019,8 +21039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1014u32,
+        wire: 1138u32,
+        call: 1018u32,
         name: "cublasDsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -21081,8 +21101,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1015u32,
+        wire: 1139u32,
+        call: 1019u32,
         name: "cublasDsyrkx",
         form: None,
         library: "cublas",
@@ -21148,8 +21168,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1016u32,
+        wire: 1140u32,
+        call: 1020u32,
         name: "cublasDsyrkx_64",
         form: None,
         library: "cublas",
@@ -21215,8 +21235,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1017u32,
+        wire: 1141u32,
+        call: 1021u32,
         name: "cublasDtbmv",
         form: None,
         library: "cublas",
@@ -21265,8 +21285,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1018u32,
+        wire: 1142u32,
+        call: 1022u32,
         name: "cublasDtbmv_v2",
         form: None,
         library: "cublas",
@@ -21319,8 +21339,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1019u32,
+        wire: 1143u32,
+        call: 1023u32,
         name: "cublasDtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -21373,8 +21393,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1020u32,
+        wire: 1144u32,
+        call: 1024u32,
         name: "cublasDtbsv",
         form: None,
         library: "cublas",
@@ -21423,8 +21443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1021u32,
+        wire: 1145u32,
+        call: 1025u32,
         name: "cublasDtbsv_v2",
         form: None,
         library: "cublas",
@@ -21477,8 +21497,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1022u32,
+        wire: 1146u32,
+        call: 1026u32,
         name: "cublasDtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -21531,8 +21551,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1023u32,
+        wire: 1147u32,
+        call: 1027u32,
         name: "cublasDtrmm",
         form: None,
         library: "cublas",
@@ -21589,8 +21609,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1024u32,
+        wire: 1148u32,
+        call: 1028u32,
         name: "cublasDtrmm_v2",
         form: None,
         library: "cublas",
@@ -21658,8 +21678,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1025u32,
+        wire: 1149u32,
+        call: 1029u32,
         name: "cublasDtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -21727,8 +21747,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1026u32,
+        wire: 1150u32,
+        call: 1030u32,
         name: "cublasDtrmv",
         form: None,
         library: "cublas",
@@ -21773,8 +21793,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1027u32,
+        wire: 1151u32,
+        call: 1031u32,
         name: "cublasDtrmv_v2",
         form: None,
         library: "cublas",
@@ -21823,8 +21843,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1028u32,
+        wire: 1152u32,
+        call: 1032u32,
         name: "cublasDtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -21873,8 +21893,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1029u32,
+        wire: 1153u32,
+        call: 1033u32,
         name: "cublasDtrsm",
         form: None,
         library: "cublas",
@@ -21931,8 +21951,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1030u32,
+        wire: 1154u32,
+        call: 1034u32,
         name: "cublasDtrsmBatched",
         form: None,
         library: "cublas",
@@ -21999,8 +22019,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1031u32,
+        wire: 1155u32,
+        call: 1035u32,
         name: "cublasDtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -22067,8 +22087,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1032u32,
+        wire: 1156u32,
+        call: 1036u32,
         name: "cublasDtrsm_v2",
         form: None,
         library: "cublas",
@@ -22131,8 +22151,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1033u32,
+        wire: 1157u32,
+        call: 1037u32,
         name: "cublasDtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -22195,8 +22215,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1034u32,
+        wire: 1158u32,
+        call: 1038u32,
         name: "cublasDtrsv",
         form: None,
         library: "cublas",
@@ -22241,8 +22261,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1035u32,
+        wire: 1159u32,
+        call: 1039u32,
         name: "cublasDtrsv_v2",
         form: None,
         library: "cublas",
@@ -22291,8 +22311,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1036u32,
+        wire: 1160u32,
+        call: 1040u32,
         name: "cublasDtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -22341,8 +22361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1037u32,
+        wire: 1161u32,
+        call: 1041u32,
         name: "cublasDzasum",
         form: None,
         library: "cublas",
@@ -22373,8 +22393,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1038u32,
+        wire: 1162u32,
+        call: 1042u32,
         name: "cublasDzasum_v2",
         form: None,
         library: "cublas",
@@ -22412,8 +22432,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1039u32,
+        wire: 1163u32,
+        call: 1043u32,
         name: "cublasDzasum_v2_64",
         form: None,
         library: "cublas",
@@ -22451,8 +22471,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1040u32,
+        wire: 1164u32,
+        call: 1044u32,
         name: "cublasDznrm2",
         form: None,
         library: "cublas",
@@ -22483,8 +22503,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1041u32,
+        wire: 1165u32,
+        call: 1045u32,
         name: "cublasDznrm2_v2",
         form: None,
         library: "cublas",
@@ -22522,8 +22542,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1042u32,
+        wire: 1166u32,
+        call: 1046u32,
         name: "cublasDznrm2_v2_64",
         form: None,
         library: "cublas",
@@ -22561,8 +22581,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1043u32,
+        wire: 1167u32,
+        call: 1047u32,
         name: "cublasGemmBatchedEx",
         form: None,
         library: "cublas",
@@ -22656,8 +22676,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1044u32,
+        wire: 1168u32,
+        call: 1048u32,
         name: "cublasGemmBatchedEx_64",
         form: None,
         library: "cublas",
@@ -22751,8 +22771,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1045u32,
+        wire: 1169u32,
+        call: 1049u32,
         name: "cublasGemmEx",
         form: None,
         library: "cublas",
@@ -22842,8 +22862,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1046u32,
+        wire: 1170u32,
+        call: 1050u32,
         name: "cublasGemmEx_64",
         form: None,
         library: "cublas",
@@ -22933,8 +22953,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1047u32,
+        wire: 1171u32,
+        call: 1051u32,
         name: "cublasGemmStridedBatchedEx",
         form: None,
         library: "cublas",
@@ -23040,8 +23060,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1048u32,
+        wire: 1172u32,
+        call: 1052u32,
         name: "cublasGemmStridedBatchedEx_64",
         form: None,
         library: "cublas",
@@ -23147,8 +23167,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1049u32,
+        wire: 1173u32,
+        call: 1053u32,
         name: "cublasGetAtomicsMode",
         form: None,
         library: "cublas",
@@ -23178,8 +23198,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1050u32,
+        wire: 1174u32,
+        call: 1054u32,
         name: "cublasGetCudartVersion",
         form: None,
         library: "cublas",
@@ -23200,8 +23220,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1051u32,
+        wire: 1175u32,
+        call: 1055u32,
         name: "cublasGetError",
         form: None,
         library: "cublas",
@@ -23219,8 +23239,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetMathMode__call: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1052u32,
+        wire: 1176u32,
+        call: 1056u32,
         name: "cublasGetMathMode",
         form: Some(Form::Call),
         library: "cublas",
@@ -23250,8 +23270,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1053u32,
+        wire: 1177u32,
+        call: 1057u32,
         name: "cublasGetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -23281,8 +23301,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetProperty: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1054u32,
+        wire: 1178u32,
+        call: 1058u32,
         name: "cublasGetProperty",
         form: None,
         library: "cublas",
@@ -23312,8 +23332,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1055u32,
+        wire: 1179u32,
+        call: 1059u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -23340,8 +23360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetVersion: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1056u32,
+        wire: 1180u32,
+        call: 1060u32,
         name: "cublasGetVersion",
         form: None,
         library: "cublas",
@@ -23367,8 +23387,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetVersion_v2: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1057u32,
+        wire: 1181u32,
+        call: 1061u32,
         name: "cublasGetVersion_v2",
         form: None,
         library: "cublas",
@@ -23398,8 +23418,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1058u32,
+        wire: 1182u32,
+        call: 1062u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -23441,8 +23461,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1059u32,
+        wire: 1183u32,
+        call: 1063u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -23484,8 +23504,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1060u32,
+        wire: 1184u32,
+        call: 1064u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -23527,8 +23547,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1061u32,
+        wire: 1185u32,
+        call: 1065u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -23570,8 +23590,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1062u32,
+        wire: 1186u32,
+        call: 1066u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -23602,8 +23622,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1063u32,
+        wire: 1187u32,
+        call: 1067u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -23641,8 +23661,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1064u32,
+        wire: 1188u32,
+        call: 1068u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -23680,8 +23700,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1065u32,
+        wire: 1189u32,
+        call: 1069u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -23712,8 +23732,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1066u32,
+        wire: 1190u32,
+        call: 1070u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -23751,8 +23771,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1067u32,
+        wire: 1191u32,
+        call: 1071u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -23790,8 +23810,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1068u32,
+        wire: 1192u32,
+        call: 1072u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -23822,8 +23842,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1069u32,
+        wire: 1193u32,
+        call: 1073u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -23861,8 +23881,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1070u32,
+        wire: 1194u32,
+        call: 1074u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -23900,8 +23920,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1071u32,
+        wire: 1195u32,
+        call: 1075u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -23932,8 +23952,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1072u32,
+        wire: 1196u32,
+        call: 1076u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -23971,8 +23991,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1073u32,
+        wire: 1197u32,
+        call: 1077u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -24010,8 +24030,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1074u32,
+        wire: 1198u32,
+        call: 1078u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -24029,8 +24049,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1075u32,
+        wire: 1199u32,
+        call: 1079u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -24061,8 +24081,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1076u32,
+        wire: 1200u32,
+        call: 1080u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -24100,8 +24120,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1077u32,
+        wire: 1201u32,
+        call: 1081u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -24139,8 +24159,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1078u32,
+        wire: 1202u32,
+        call: 1082u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -24171,8 +24191,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1079u32,
+        wire: 1203u32,
+        call: 1083u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -24210,8 +24230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1080u32,
+        wire: 1204u32,
+        call: 1084u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -24249,8 +24269,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1081u32,
+        wire: 1205u32,
+        call: 1085u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -24281,8 +24301,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1082u32,
+        wire: 1206u32,
+        call: 1086u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -24320,8 +24340,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1083u32,
+        wire: 1207u32,
+        call: 1087u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -24359,8 +24379,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1084u32,
+        wire: 1208u32,
+        call: 1088u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -24391,8 +24411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1085u32,
+        wire: 1209u32,
+        call: 1089u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -24430,8 +24450,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1086u32,
+        wire: 1210u32,
+        call: 1090u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -24469,8 +24489,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1087u32,
+        wire: 1211u32,
+        call: 1091u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -24535,8 +24555,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1088u32,
+        wire: 1212u32,
+        call: 1092u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -24601,8 +24621,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1089u32,
+        wire: 1213u32,
+        call: 1093u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -24633,8 +24653,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1090u32,
+        wire: 1214u32,
+        call: 1094u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -24672,8 +24692,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1091u32,
+        wire: 1215u32,
+        call: 1095u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -24711,8 +24731,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1092u32,
+        wire: 1216u32,
+        call: 1096u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -24749,8 +24769,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1093u32,
+        wire: 1217u32,
+        call: 1097u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -24793,8 +24813,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1094u32,
+        wire: 1218u32,
+        call: 1098u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -24837,8 +24857,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1095u32,
+        wire: 1219u32,
+        call: 1099u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -24888,8 +24908,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1096u32,
+        wire: 1220u32,
+        call: 1100u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -24939,8 +24959,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1097u32,
+        wire: 1221u32,
+        call: 1101u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -24971,8 +24991,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1098u32,
+        wire: 1222u32,
+        call: 1102u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -25010,8 +25030,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1099u32,
+        wire: 1223u32,
+        call: 1103u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -25049,8 +25069,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1100u32,
+        wire: 1224u32,
+        call: 1104u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -25081,8 +25101,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1101u32,
+        wire: 1225u32,
+        call: 1105u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -25120,8 +25140,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1102u32,
+        wire: 1226u32,
+        call: 1106u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -25159,8 +25179,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1103u32,
+        wire: 1227u32,
+        call: 1107u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -25193,8 +25213,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1104u32,
+        wire: 1228u32,
+        call: 1108u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -25231,8 +25251,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1105u32,
+        wire: 1229u32,
+        call: 1109u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -25269,8 +25289,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1106u32,
+        wire: 1230u32,
+        call: 1110u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -25320,8 +25340,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1107u32,
+        wire: 1231u32,
+        call: 1111u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -25371,8 +25391,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1108u32,
+        wire: 1232u32,
+        call: 1112u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -25408,8 +25428,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1109u32,
+        wire: 1233u32,
+        call: 1113u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -25452,8 +25472,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1110u32,
+        wire: 1234u32,
+        call: 1114u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -25496,8 +25516,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1111u32,
+        wire: 1235u32,
+        call: 1115u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -25524,8 +25544,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1112u32,
+        wire: 1236u32,
+        call: 1116u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -25552,8 +25572,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1113u32,
+        wire: 1237u32,
+        call: 1117u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -25580,8 +25600,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1114u32,
+        wire: 1238u32,
+        call: 1118u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -25608,8 +25628,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1115u32,
+        wire: 1239u32,
+        call: 1119u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -25636,8 +25656,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1116u32,
+        wire: 1240u32,
+        call: 1120u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -25664,8 +25684,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1117u32,
+        wire: 1241u32,
+        call: 1121u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -25688,8 +25708,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1118u32,
+        wire: 1242u32,
+        call: 1122u32,
         name: "cublasSetMathMode",
         form: Some(Form::Call),
         library: "cublas",
@@ -25716,8 +25736,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1119u32,
+        wire: 1243u32,
+        call: 1123u32,
         name: "cublasSetPointerMode_v2",
         form: Some(Form::Call),
         library: "cublas",
@@ -25744,8 +25764,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1120u32,
+        wire: 1244u32,
+        call: 1124u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -25772,8 +25792,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1121u32,
+        wire: 1245u32,
+        call: 1125u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -25800,8 +25820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1122u32,
+        wire: 1246u32,
+        call: 1126u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -25829,8 +25849,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1123u32,
+        wire: 1247u32,
+        call: 1127u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -25892,8 +25912,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1124u32,
+        wire: 1248u32,
+        call: 1128u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -25963,8 +25983,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1125u32,
+        wire: 1249u32,
+        call: 1129u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -26034,8 +26054,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1126u32,
+        wire: 1250u32,
+        call: 1130u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -26101,8 +26121,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1127u32,
+        wire: 1251u32,
+        call: 1131u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -26168,8 +26188,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1128u32,
+        wire: 1252u32,
+        call: 1132u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -26230,8 +26250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1129u32,
+        wire: 1253u32,
+        call: 1133u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -26293,8 +26313,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1130u32,
+        wire: 1254u32,
+        call: 1134u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -26368,8 +26388,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1131u32,
+        wire: 1255u32,
+        call: 1135u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -26443,8 +26463,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1132u32,
+        wire: 1256u32,
+        call: 1136u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -26526,8 +26546,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1133u32,
+        wire: 1257u32,
+        call: 1137u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -26609,8 +26629,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1134u32,
+        wire: 1258u32,
+        call: 1138u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -26696,8 +26716,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1135u32,
+        wire: 1259u32,
+        call: 1139u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -26783,8 +26803,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1136u32,
+        wire: 1260u32,
+        call: 1140u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -26854,8 +26874,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1137u32,
+        wire: 1261u32,
+        call: 1141u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -26925,8 +26945,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1138u32,
+        wire: 1262u32,
+        call: 1142u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -26980,8 +27000,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1139u32,
+        wire: 1263u32,
+        call: 1143u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -27059,8 +27079,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1140u32,
+        wire: 1264u32,
+        call: 1144u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -27138,8 +27158,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1141u32,
+        wire: 1265u32,
+        call: 1145u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -27201,8 +27221,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1142u32,
+        wire: 1266u32,
+        call: 1146u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -27264,8 +27284,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1143u32,
+        wire: 1267u32,
+        call: 1147u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -27313,8 +27333,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1144u32,
+        wire: 1268u32,
+        call: 1148u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -27360,8 +27380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1145u32,
+        wire: 1269u32,
+        call: 1149u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -27413,8 +27433,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1146u32,
+        wire: 1270u32,
+        call: 1150u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -27466,8 +27486,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1147u32,
+        wire: 1271u32,
+        call: 1151u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -27505,8 +27525,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1148u32,
+        wire: 1272u32,
+        call: 1152u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -27555,8 +27575,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1149u32,
+        wire: 1273u32,
+        call: 1153u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -27613,8 +27633,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1150u32,
+        wire: 1274u32,
+        call: 1154u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -27632,8 +27652,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1151u32,
+        wire: 1275u32,
+        call: 1155u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -27664,8 +27684,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1152u32,
+        wire: 1276u32,
+        call: 1156u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -27703,8 +27723,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1153u32,
+        wire: 1277u32,
+        call: 1157u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -27742,8 +27762,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1154u32,
+        wire: 1278u32,
+        call: 1158u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -27784,8 +27804,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1155u32,
+        wire: 1279u32,
+        call: 1159u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -27834,8 +27854,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1156u32,
+        wire: 1280u32,
+        call: 1160u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -27884,8 +27904,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1157u32,
+        wire: 1281u32,
+        call: 1161u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -27932,8 +27952,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotm_v2: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1158u32,
+        wire: 1282u32,
+        call: 1162u32,
         name: "cublasSrotm_v2",
         form: None,
         library: "cublas",
@@ -27976,8 +27996,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotmg_v2: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1159u32,
+        wire: 1283u32,
+        call: 1163u32,
         name: "cublasSrotmg_v2",
         form: None,
         library: "cublas",
@@ -28030,8 +28050,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1160u32,
+        wire: 1284u32,
+        call: 1164u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -28085,8 +28105,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1161u32,
+        wire: 1285u32,
+        call: 1165u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -28148,8 +28168,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1162u32,
+        wire: 1286u32,
+        call: 1166u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -28211,8 +28231,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1163u32,
+        wire: 1287u32,
+        call: 1167u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -28244,8 +28264,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1164u32,
+        wire: 1288u32,
+        call: 1168u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -28283,8 +28303,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1165u32,
+        wire: 1289u32,
+        call: 1169u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -28322,8 +28342,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1166u32,
+        wire: 1290u32,
+        call: 1170u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -28356,8 +28376,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1167u32,
+        wire: 1291u32,
+        call: 1171u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -28394,8 +28414,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1168u32,
+        wire: 1292u32,
+        call: 1172u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -28432,8 +28452,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1169u32,
+        wire: 1293u32,
+        call: 1173u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -28491,8 +28511,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1170u32,
+        wire: 1294u32,
+        call: 1174u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -28558,8 +28578,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1171u32,
+        wire: 1295u32,
+        call: 1175u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -28625,8 +28645,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1172u32,
+        wire: 1296u32,
+        call: 1176u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -28676,8 +28696,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1173u32,
+        wire: 1297u32,
+        call: 1177u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -28735,8 +28755,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1174u32,
+        wire: 1298u32,
+        call: 1178u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -28794,8 +28814,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1175u32,
+        wire: 1299u32,
+        call: 1179u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -28836,8 +28856,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1176u32,
+        wire: 1300u32,
+        call: 1180u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -28883,8 +28903,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1177u32,
+        wire: 1301u32,
+        call: 1181u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -28936,8 +28956,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1178u32,
+        wire: 1302u32,
+        call: 1182u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -28989,8 +29009,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1179u32,
+        wire: 1303u32,
+        call: 1183u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -29048,8 +29068,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1180u32,
+        wire: 1304u32,
+        call: 1184u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -29115,8 +29135,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1181u32,
+        wire: 1305u32,
+        call: 1185u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -29182,8 +29202,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1182u32,
+        wire: 1306u32,
+        call: 1186u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -29230,8 +29250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1183u32,
+        wire: 1307u32,
+        call: 1187u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -29278,8 +29298,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1184u32,
+        wire: 1308u32,
+        call: 1188u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -29332,8 +29352,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1185u32,
+        wire: 1309u32,
+        call: 1189u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -29394,8 +29414,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1186u32,
+        wire: 1310u32,
+        call: 1190u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -29456,8 +29476,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1187u32,
+        wire: 1311u32,
+        call: 1191u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -29523,8 +29543,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1188u32,
+        wire: 1312u32,
+        call: 1192u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -29590,8 +29610,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1189u32,
+        wire: 1313u32,
+        call: 1193u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -29640,8 +29660,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1190u32,
+        wire: 1314u32,
+        call: 1194u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -29694,8 +29714,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1191u32,
+        wire: 1315u32,
+        call: 1195u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -29748,8 +29768,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1192u32,
+        wire: 1316u32,
+        call: 1196u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -29798,8 +29818,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1193u32,
+        wire: 1317u32,
+        call: 1197u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -29852,8 +29872,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1194u32,
+        wire: 1318u32,
+        call: 1198u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -29906,8 +29926,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1195u32,
+        wire: 1319u32,
+        call: 1199u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -29964,8 +29984,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1196u32,
+        wire: 1320u32,
+        call: 1200u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -30033,8 +30053,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1197u32,
+        wire: 1321u32,
+        call: 1201u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -30102,8 +30122,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1198u32,
+        wire: 1322u32,
+        call: 1202u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -30148,8 +30168,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1199u32,
+        wire: 1323u32,
+        call: 1203u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -30198,8 +30218,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1200u32,
+        wire: 1324u32,
+        call: 1204u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -30248,8 +30268,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1201u32,
+        wire: 1325u32,
+        call: 1205u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -30306,8 +30326,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1202u32,
+        wire: 1326u32,
+        call: 1206u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -30374,8 +30394,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1203u32,
+        wire: 1327u32,
+        call: 1207u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -30442,8 +30462,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1204u32,
+        wire: 1328u32,
+        call: 1208u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -30506,8 +30526,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1205u32,
+        wire: 1329u32,
+        call: 1209u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -30570,8 +30590,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1206u32,
+        wire: 1330u32,
+        call: 1210u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -30616,8 +30636,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1207u32,
+        wire: 1331u32,
+        call: 1211u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -30666,8 +30686,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1208u32,
+        wire: 1332u32,
+        call: 1212u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -30716,8 +30736,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1209u32,
+        wire: 1333u32,
+        call: 1213u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -30762,8 +30782,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1210u32,
+        wire: 1334u32,
+        call: 1214u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -30808,8 +30828,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1211u32,
+        wire: 1335u32,
+        call: 1215u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -30891,8 +30911,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1212u32,
+        wire: 1336u32,
+        call: 1216u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -30916,8 +30936,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1213u32,
+        wire: 1337u32,
+        call: 1217u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -30987,8 +31007,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1214u32,
+        wire: 1338u32,
+        call: 1218u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -31054,8 +31074,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1215u32,
+        wire: 1339u32,
+        call: 1219u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -31121,8 +31141,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1216u32,
+        wire: 1340u32,
+        call: 1220u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -31183,8 +31203,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1217u32,
+        wire: 1341u32,
+        call: 1221u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -31250,8 +31270,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1218u32,
+        wire: 1342u32,
+        call: 1222u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -31274,8 +31294,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1219u32,
+        wire: 1343u32,
+        call: 1223u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -31343,8 +31363,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1220u32,
+        wire: 1344u32,
+        call: 1224u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -31410,8 +31430,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1221u32,
+        wire: 1345u32,
+        call: 1225u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -31477,8 +31497,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1222u32,
+        wire: 1346u32,
+        call: 1226u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -31539,8 +31559,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1223u32,
+        wire: 1347u32,
+        call: 1227u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -31606,8 +31626,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1224u32,
+        wire: 1348u32,
+        call: 1228u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -31675,8 +31695,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1225u32,
+        wire: 1349u32,
+        call: 1229u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -31739,8 +31759,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1226u32,
+        wire: 1350u32,
+        call: 1230u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -31763,8 +31783,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1227u32,
+        wire: 1351u32,
+        call: 1231u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -31834,8 +31854,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1228u32,
+        wire: 1352u32,
+        call: 1232u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -31901,8 +31921,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1229u32,
+        wire: 1353u32,
+        call: 1233u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -31968,8 +31988,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1230u32,
+        wire: 1354u32,
+        call: 1234u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -32030,8 +32050,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1231u32,
+        wire: 1355u32,
+        call: 1235u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -32097,8 +32117,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1232u32,
+        wire: 1356u32,
+        call: 1236u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -32166,8 +32186,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1233u32,
+        wire: 1357u32,
+        call: 1237u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -32230,8 +32250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1234u32,
+        wire: 1358u32,
+        call: 1238u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -32261,8 +32281,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1235u32,
+        wire: 1359u32,
+        call: 1239u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -32289,8 +32309,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1236u32,
+        wire: 1360u32,
+        call: 1240u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -32325,8 +32345,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1237u32,
+        wire: 1361u32,
+        call: 1241u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -32353,8 +32373,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1238u32,
+        wire: 1362u32,
+        call: 1242u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -32424,8 +32444,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1239u32,
+        wire: 1363u32,
+        call: 1243u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -32491,8 +32511,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1240u32,
+        wire: 1364u32,
+        call: 1244u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -32558,8 +32578,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1241u32,
+        wire: 1365u32,
+        call: 1245u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -32620,8 +32640,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1242u32,
+        wire: 1366u32,
+        call: 1246u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -32687,8 +32707,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1243u32,
+        wire: 1367u32,
+        call: 1247u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -32756,8 +32776,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1244u32,
+        wire: 1368u32,
+        call: 1248u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -32820,8 +32840,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1245u32,
+        wire: 1369u32,
+        call: 1249u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -32891,8 +32911,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1246u32,
+        wire: 1370u32,
+        call: 1250u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -32958,8 +32978,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1247u32,
+        wire: 1371u32,
+        call: 1251u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -33025,8 +33045,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1248u32,
+        wire: 1372u32,
+        call: 1252u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -33087,8 +33107,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1249u32,
+        wire: 1373u32,
+        call: 1253u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -33154,8 +33174,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1250u32,
+        wire: 1374u32,
+        call: 1254u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -33223,8 +33243,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1251u32,
+        wire: 1375u32,
+        call: 1255u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -33290,8 +33310,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1252u32,
+        wire: 1376u32,
+        call: 1256u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -33357,8 +33377,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1253u32,
+        wire: 1377u32,
+        call: 1257u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -33419,8 +33439,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1254u32,
+        wire: 1378u32,
+        call: 1258u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -33486,8 +33506,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1255u32,
+        wire: 1379u32,
+        call: 1259u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -33555,8 +33575,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1256u32,
+        wire: 1380u32,
+        call: 1260u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -33619,8 +33639,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1257u32,
+        wire: 1381u32,
+        call: 1261u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -33654,8 +33674,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1258u32,
+        wire: 1382u32,
+        call: 1262u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -33698,8 +33718,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1259u32,
+        wire: 1383u32,
+        call: 1263u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -33742,8 +33762,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1260u32,
+        wire: 1384u32,
+        call: 1264u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -33776,8 +33796,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1261u32,
+        wire: 1385u32,
+        call: 1265u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -33814,8 +33834,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1262u32,
+        wire: 1386u32,
+        call: 1266u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -33852,8 +33872,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1263u32,
+        wire: 1387u32,
+        call: 1267u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -33903,8 +33923,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1264u32,
+        wire: 1388u32,
+        call: 1268u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -33954,8 +33974,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1265u32,
+        wire: 1389u32,
+        call: 1269u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -33998,8 +34018,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1266u32,
+        wire: 1390u32,
+        call: 1270u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -34042,8 +34062,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1267u32,
+        wire: 1391u32,
+        call: 1271u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -34086,8 +34106,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1268u32,
+        wire: 1392u32,
+        call: 1272u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -34130,8 +34150,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1269u32,
+        wire: 1393u32,
+        call: 1273u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -34172,8 +34192,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1270u32,
+        wire: 1394u32,
+        call: 1274u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -34222,8 +34242,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1271u32,
+        wire: 1395u32,
+        call: 1275u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -34272,8 +34292,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1272u32,
+        wire: 1396u32,
+        call: 1276u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -34305,8 +34325,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1273u32,
+        wire: 1397u32,
+        call: 1277u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -34344,8 +34364,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1274u32,
+        wire: 1398u32,
+        call: 1278u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -34383,8 +34403,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1275u32,
+        wire: 1399u32,
+        call: 1279u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -34440,8 +34460,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1276u32,
+        wire: 1400u32,
+        call: 1280u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -34511,8 +34531,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1277u32,
+        wire: 1401u32,
+        call: 1281u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -34582,8 +34602,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1278u32,
+        wire: 1402u32,
+        call: 1282u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -34649,8 +34669,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1279u32,
+        wire: 1403u32,
+        call: 1283u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -34716,8 +34736,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1280u32,
+        wire: 1404u32,
+        call: 1284u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -34778,8 +34798,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1281u32,
+        wire: 1405u32,
+        call: 1285u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -34835,8 +34855,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1282u32,
+        wire: 1406u32,
+        call: 1286u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -34906,8 +34926,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1283u32,
+        wire: 1407u32,
+        call: 1287u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -34977,8 +34997,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1284u32,
+        wire: 1408u32,
+        call: 1288u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -35052,8 +35072,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1285u32,
+        wire: 1409u32,
+        call: 1289u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -35127,8 +35147,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1286u32,
+        wire: 1410u32,
+        call: 1290u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -35214,8 +35234,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1287u32,
+        wire: 1411u32,
+        call: 1291u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -35301,8 +35321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1288u32,
+        wire: 1412u32,
+        call: 1292u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -35372,8 +35392,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1289u32,
+        wire: 1413u32,
+        call: 1293u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -35443,8 +35463,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1290u32,
+        wire: 1414u32,
+        call: 1294u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -35492,8 +35512,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1291u32,
+        wire: 1415u32,
+        call: 1295u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -35571,8 +35591,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1292u32,
+        wire: 1416u32,
+        call: 1296u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -35650,8 +35670,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1293u32,
+        wire: 1417u32,
+        call: 1297u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -35713,8 +35733,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1294u32,
+        wire: 1418u32,
+        call: 1298u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -35776,8 +35796,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1295u32,
+        wire: 1419u32,
+        call: 1299u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -35825,8 +35845,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1296u32,
+        wire: 1420u32,
+        call: 1300u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -35869,8 +35889,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1297u32,
+        wire: 1421u32,
+        call: 1301u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -35922,8 +35942,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1298u32,
+        wire: 1422u32,
+        call: 1302u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -35975,8 +35995,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1299u32,
+        wire: 1423u32,
+        call: 1303u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -36019,8 +36039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1300u32,
+        wire: 1424u32,
+        call: 1304u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -36072,8 +36092,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1301u32,
+        wire: 1425u32,
+        call: 1305u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -36125,8 +36145,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1302u32,
+        wire: 1426u32,
+        call: 1306u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -36164,8 +36184,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1303u32,
+        wire: 1427u32,
+        call: 1307u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -36214,8 +36234,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1304u32,
+        wire: 1428u32,
+        call: 1308u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -36272,8 +36292,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1305u32,
+        wire: 1429u32,
+        call: 1309u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -36321,8 +36341,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1306u32,
+        wire: 1430u32,
+        call: 1310u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -36384,8 +36404,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1307u32,
+        wire: 1431u32,
+        call: 1311u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -36447,8 +36467,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1308u32,
+        wire: 1432u32,
+        call: 1312u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -36500,8 +36520,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1309u32,
+        wire: 1433u32,
+        call: 1313u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -36567,8 +36587,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1310u32,
+        wire: 1434u32,
+        call: 1314u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -36634,8 +36654,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1311u32,
+        wire: 1435u32,
+        call: 1315u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -36679,8 +36699,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1312u32,
+        wire: 1436u32,
+        call: 1316u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -36738,8 +36758,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1313u32,
+        wire: 1437u32,
+        call: 1317u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -36797,8 +36817,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1314u32,
+        wire: 1438u32,
+        call: 1318u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -36839,8 +36859,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1315u32,
+        wire: 1439u32,
+        call: 1319u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -36883,8 +36903,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1316u32,
+        wire: 1440u32,
+        call: 1320u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -36936,8 +36956,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1317u32,
+        wire: 1441u32,
+        call: 1321u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -36989,8 +37009,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1318u32,
+        wire: 1442u32,
+        call: 1322u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -37045,8 +37065,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1319u32,
+        wire: 1443u32,
+        call: 1323u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -37112,8 +37132,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1320u32,
+        wire: 1444u32,
+        call: 1324u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -37179,8 +37199,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1321u32,
+        wire: 1445u32,
+        call: 1325u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -37227,8 +37247,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1322u32,
+        wire: 1446u32,
+        call: 1326u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -37275,8 +37295,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1323u32,
+        wire: 1447u32,
+        call: 1327u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -37329,8 +37349,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1324u32,
+        wire: 1448u32,
+        call: 1328u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -37391,8 +37411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1325u32,
+        wire: 1449u32,
+        call: 1329u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -37453,8 +37473,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1326u32,
+        wire: 1450u32,
+        call: 1330u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -37520,8 +37540,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1327u32,
+        wire: 1451u32,
+        call: 1331u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -37587,8 +37607,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1328u32,
+        wire: 1452u32,
+        call: 1332u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -37634,8 +37654,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1329u32,
+        wire: 1453u32,
+        call: 1333u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -37695,8 +37715,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1330u32,
+        wire: 1454u32,
+        call: 1334u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -37756,8 +37776,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1331u32,
+        wire: 1455u32,
+        call: 1335u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -37795,8 +37815,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1332u32,
+        wire: 1456u32,
+        call: 1336u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -37845,8 +37865,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1333u32,
+        wire: 1457u32,
+        call: 1337u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -37895,8 +37915,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1334u32,
+        wire: 1458u32,
+        call: 1338u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -37943,8 +37963,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1335u32,
+        wire: 1459u32,
+        call: 1339u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -37973,8 +37993,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1336u32,
+        wire: 1460u32,
+        call: 1340u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -38012,8 +38032,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1337u32,
+        wire: 1461u32,
+        call: 1341u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -38051,8 +38071,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1338u32,
+        wire: 1462u32,
+        call: 1342u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -38085,8 +38105,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1339u32,
+        wire: 1463u32,
+        call: 1343u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -38123,8 +38143,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1340u32,
+        wire: 1464u32,
+        call: 1344u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -38161,8 +38181,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1341u32,
+        wire: 1465u32,
+        call: 1345u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -38214,8 +38234,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1342u32,
+        wire: 1466u32,
+        call: 1346u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -38281,8 +38301,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1343u32,
+        wire: 1467u32,
+        call: 1347u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -38348,8 +38368,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1344u32,
+        wire: 1468u32,
+        call: 1348u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -38407,8 +38427,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1345u32,
+        wire: 1469u32,
+        call: 1349u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -38466,8 +38486,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1346u32,
+        wire: 1470u32,
+        call: 1350u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -38519,8 +38539,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1347u32,
+        wire: 1471u32,
+        call: 1351u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -38572,8 +38592,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1348u32,
+        wire: 1472u32,
+        call: 1352u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -38625,8 +38645,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1349u32,
+        wire: 1473u32,
+        call: 1353u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -38692,8 +38712,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1350u32,
+        wire: 1474u32,
+        call: 1354u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -38759,8 +38779,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1351u32,
+        wire: 1475u32,
+        call: 1355u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -38807,8 +38827,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1352u32,
+        wire: 1476u32,
+        call: 1356u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -38855,8 +38875,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1353u32,
+        wire: 1477u32,
+        call: 1357u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -38903,8 +38923,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1354u32,
+        wire: 1478u32,
+        call: 1358u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -38965,8 +38985,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1355u32,
+        wire: 1479u32,
+        call: 1359u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -39027,8 +39047,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1356u32,
+        wire: 1480u32,
+        call: 1360u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -39094,8 +39114,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1357u32,
+        wire: 1481u32,
+        call: 1361u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -39161,8 +39181,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1358u32,
+        wire: 1482u32,
+        call: 1362u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -39211,8 +39231,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1359u32,
+        wire: 1483u32,
+        call: 1363u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -39265,8 +39285,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1360u32,
+        wire: 1484u32,
+        call: 1364u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -39319,8 +39339,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1361u32,
+        wire: 1485u32,
+        call: 1365u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -39369,8 +39389,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1362u32,
+        wire: 1486u32,
+        call: 1366u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -39423,8 +39443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1363u32,
+        wire: 1487u32,
+        call: 1367u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -39477,8 +39497,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1364u32,
+        wire: 1488u32,
+        call: 1368u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -39525,8 +39545,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1365u32,
+        wire: 1489u32,
+        call: 1369u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -39577,8 +39597,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1366u32,
+        wire: 1490u32,
+        call: 1370u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -39629,8 +39649,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1367u32,
+        wire: 1491u32,
+        call: 1371u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -39677,8 +39697,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1368u32,
+        wire: 1492u32,
+        call: 1372u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -39729,8 +39749,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1369u32,
+        wire: 1493u32,
+        call: 1373u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -39781,8 +39801,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1370u32,
+        wire: 1494u32,
+        call: 1374u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -39825,8 +39845,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1371u32,
+        wire: 1495u32,
+        call: 1375u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -39880,8 +39900,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1372u32,
+        wire: 1496u32,
+        call: 1376u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -39949,8 +39969,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1373u32,
+        wire: 1497u32,
+        call: 1377u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -40018,8 +40038,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1374u32,
+        wire: 1498u32,
+        call: 1378u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -40064,8 +40084,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1375u32,
+        wire: 1499u32,
+        call: 1379u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -40114,8 +40134,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1376u32,
+        wire: 1500u32,
+        call: 1380u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -40164,8 +40184,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1377u32,
+        wire: 1501u32,
+        call: 1381u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -40219,8 +40239,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1378u32,
+        wire: 1502u32,
+        call: 1382u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -40287,8 +40307,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1379u32,
+        wire: 1503u32,
+        call: 1383u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -40355,8 +40375,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1380u32,
+        wire: 1504u32,
+        call: 1384u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -40419,8 +40439,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1381u32,
+        wire: 1505u32,
+        call: 1385u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -40483,8 +40503,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1382u32,
+        wire: 1506u32,
+        call: 1386u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -40529,8 +40549,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1383u32,
+        wire: 1507u32,
+        call: 1387u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -40579,8 +40599,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1384u32,
+        wire: 1508u32,
+        call: 1388u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -40653,8 +40673,8 @@ pub mod cublaslt {
     static LEN_cublasLtMatrixLayoutGetAttribute_15: Len = Len::Param(3u8);
     static LEN_cublasLtMatrixLayoutSetAttribute__call_16: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1385u32,
+        wire: 1509u32,
+        call: 1389u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -40677,8 +40697,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1386u32,
+        wire: 1510u32,
+        call: 1390u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -40701,8 +40721,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1387u32,
+        wire: 1511u32,
+        call: 1391u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -40728,8 +40748,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1388u32,
+        wire: 1512u32,
+        call: 1392u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -40752,8 +40772,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1389u32,
+        wire: 1513u32,
+        call: 1393u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -40776,8 +40796,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1390u32,
+        wire: 1514u32,
+        call: 1394u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -40804,8 +40824,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1391u32,
+        wire: 1515u32,
+        call: 1395u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -40826,8 +40846,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetProperty: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1392u32,
+        wire: 1516u32,
+        call: 1396u32,
         name: "cublasLtGetProperty",
         form: None,
         library: "cublaslt",
@@ -40857,8 +40877,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1393u32,
+        wire: 1517u32,
+        call: 1397u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -40879,8 +40899,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheGetCapacity: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1394u32,
+        wire: 1518u32,
+        call: 1398u32,
         name: "cublasLtHeuristicsCacheGetCapacity",
         form: None,
         library: "cublaslt",
@@ -40906,8 +40926,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1395u32,
+        wire: 1519u32,
+        call: 1399u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -40930,8 +40950,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1396u32,
+        wire: 1520u32,
+        call: 1400u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -40949,8 +40969,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1397u32,
+        wire: 1521u32,
+        call: 1401u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -40973,8 +40993,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1398u32,
+        wire: 1522u32,
+        call: 1402u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -40997,8 +41017,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1399u32,
+        wire: 1523u32,
+        call: 1403u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -41073,8 +41093,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1399u32,
+        wire: 1524u32,
+        call: 1403u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -41149,8 +41169,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoCapGetAttribute: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1400u32,
+        wire: 1525u32,
+        call: 1404u32,
         name: "cublasLtMatmulAlgoCapGetAttribute",
         form: None,
         library: "cublaslt",
@@ -41198,8 +41218,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoCheck__cu118: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1401u32,
+        wire: 1526u32,
+        call: 1405u32,
         name: "cublasLtMatmulAlgoCheck",
         form: None,
         library: "cublaslt",
@@ -41256,8 +41276,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoCheck__cu126: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1401u32,
+        wire: 1527u32,
+        call: 1405u32,
         name: "cublasLtMatmulAlgoCheck",
         form: None,
         library: "cublaslt",
@@ -41314,8 +41334,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoConfigGetAttribute: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1402u32,
+        wire: 1528u32,
+        call: 1406u32,
         name: "cublasLtMatmulAlgoConfigGetAttribute",
         form: None,
         library: "cublaslt",
@@ -41363,8 +41383,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoConfigSetAttribute: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1403u32,
+        wire: 1529u32,
+        call: 1407u32,
         name: "cublasLtMatmulAlgoConfigSetAttribute",
         form: None,
         library: "cublaslt",
@@ -41405,8 +41425,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1404u32,
+        wire: 1530u32,
+        call: 1408u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41471,8 +41491,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1404u32,
+        wire: 1531u32,
+        call: 1408u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41537,8 +41557,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1404u32,
+        wire: 1532u32,
+        call: 1408u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41603,8 +41623,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetIds: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1405u32,
+        wire: 1533u32,
+        call: 1409u32,
         name: "cublasLtMatmulAlgoGetIds",
         form: None,
         library: "cublaslt",
@@ -41669,8 +41689,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoInit: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1406u32,
+        wire: 1534u32,
+        call: 1410u32,
         name: "cublasLtMatmulAlgoInit",
         form: None,
         library: "cublaslt",
@@ -41728,8 +41748,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1407u32,
+        wire: 1535u32,
+        call: 1411u32,
         name: "cublasLtMatmulDescCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41760,8 +41780,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1407u32,
+        wire: 1536u32,
+        call: 1411u32,
         name: "cublasLtMatmulDescCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41792,8 +41812,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1408u32,
+        wire: 1537u32,
+        call: 1412u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41816,8 +41836,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1408u32,
+        wire: 1538u32,
+        call: 1412u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -41840,8 +41860,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1409u32,
+        wire: 1539u32,
+        call: 1413u32,
         name: "cublasLtMatmulDescGetAttribute",
         form: None,
         library: "cublaslt",
@@ -41886,8 +41906,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1409u32,
+        wire: 1540u32,
+        call: 1413u32,
         name: "cublasLtMatmulDescGetAttribute",
         form: None,
         library: "cublaslt",
@@ -41932,8 +41952,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1410u32,
+        wire: 1541u32,
+        call: 1414u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -41968,8 +41988,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1410u32,
+        wire: 1542u32,
+        call: 1414u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -42004,8 +42024,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1411u32,
+        wire: 1543u32,
+        call: 1415u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42043,8 +42063,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1411u32,
+        wire: 1544u32,
+        call: 1415u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42082,8 +42102,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1412u32,
+        wire: 1545u32,
+        call: 1416u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42106,8 +42126,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1412u32,
+        wire: 1546u32,
+        call: 1416u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42130,8 +42150,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1413u32,
+        wire: 1547u32,
+        call: 1417u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42154,8 +42174,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1413u32,
+        wire: 1548u32,
+        call: 1417u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42178,8 +42198,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1414u32,
+        wire: 1549u32,
+        call: 1418u32,
         name: "cublasLtMatmulPreferenceGetAttribute",
         form: None,
         library: "cublaslt",
@@ -42224,8 +42244,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1414u32,
+        wire: 1550u32,
+        call: 1418u32,
         name: "cublasLtMatmulPreferenceGetAttribute",
         form: None,
         library: "cublaslt",
@@ -42270,8 +42290,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1415u32,
+        wire: 1551u32,
+        call: 1419u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -42298,8 +42318,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1415u32,
+        wire: 1552u32,
+        call: 1419u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -42326,8 +42346,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1416u32,
+        wire: 1553u32,
+        call: 1420u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42365,8 +42385,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1416u32,
+        wire: 1554u32,
+        call: 1420u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42404,8 +42424,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1417u32,
+        wire: 1555u32,
+        call: 1421u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42444,8 +42464,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1418u32,
+        wire: 1556u32,
+        call: 1422u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42468,8 +42488,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutGetAttribute: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1419u32,
+        wire: 1557u32,
+        call: 1423u32,
         name: "cublasLtMatrixLayoutGetAttribute",
         form: None,
         library: "cublaslt",
@@ -42514,8 +42534,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1420u32,
+        wire: 1558u32,
+        call: 1424u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -42558,8 +42578,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1421u32,
+        wire: 1559u32,
+        call: 1425u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some(Form::Call),
         library: "cublaslt",
@@ -42597,8 +42617,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1422u32,
+        wire: 1560u32,
+        call: 1426u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -42625,8 +42645,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1423u32,
+        wire: 1561u32,
+        call: 1427u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -42649,8 +42669,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1424u32,
+        wire: 1562u32,
+        call: 1428u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -56493,8 +56513,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1425u32,
+        wire: 1563u32,
+        call: 1429u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -56555,8 +56575,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1425u32,
+        wire: 1564u32,
+        call: 1429u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -56617,8 +56637,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1426u32,
+        wire: 1565u32,
+        call: 1430u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -56669,8 +56689,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1426u32,
+        wire: 1566u32,
+        call: 1430u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -56721,8 +56741,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1427u32,
+        wire: 1567u32,
+        call: 1431u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -56740,8 +56760,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1428u32,
+        wire: 1568u32,
+        call: 1432u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -56759,8 +56779,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1429u32,
+        wire: 1569u32,
+        call: 1433u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -56778,8 +56798,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1430u32,
+        wire: 1570u32,
+        call: 1434u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56806,8 +56826,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1430u32,
+        wire: 1571u32,
+        call: 1434u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Named),
         library: "cudnn",
@@ -56834,8 +56854,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1430u32,
+        wire: 1572u32,
+        call: 1434u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56862,8 +56882,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1430u32,
+        wire: 1573u32,
+        call: 1434u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some(Form::Named),
         library: "cudnn",
@@ -56890,8 +56910,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1431u32,
+        wire: 1574u32,
+        call: 1435u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56914,8 +56934,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1431u32,
+        wire: 1575u32,
+        call: 1435u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -56938,8 +56958,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1432u32,
+        wire: 1576u32,
+        call: 1436u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -56970,8 +56990,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1432u32,
+        wire: 1577u32,
+        call: 1436u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -57002,8 +57022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1433u32,
+        wire: 1578u32,
+        call: 1437u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Async),
         library: "cudnn",
@@ -57026,8 +57046,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1433u32,
+        wire: 1579u32,
+        call: 1437u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57050,8 +57070,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1433u32,
+        wire: 1580u32,
+        call: 1437u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Async),
         library: "cudnn",
@@ -57074,8 +57094,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1433u32,
+        wire: 1581u32,
+        call: 1437u32,
         name: "cudnnBackendFinalize",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57098,8 +57118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1434u32,
+        wire: 1582u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57148,8 +57168,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1434u32,
+        wire: 1583u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -57195,8 +57215,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1434u32,
+        wire: 1584u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Refill),
         library: "cudnn",
@@ -57236,8 +57256,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1434u32,
+        wire: 1585u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57286,8 +57306,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1434u32,
+        wire: 1586u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -57333,8 +57353,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1434u32,
+        wire: 1587u32,
+        call: 1438u32,
         name: "cudnnBackendGetAttribute",
         form: Some(Form::Refill),
         library: "cudnn",
@@ -57374,8 +57394,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1435u32,
+        wire: 1588u32,
+        call: 1439u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -57398,8 +57418,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1435u32,
+        wire: 1589u32,
+        call: 1439u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -57422,8 +57442,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1436u32,
+        wire: 1590u32,
+        call: 1440u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -57458,8 +57478,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1437u32,
+        wire: 1591u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57501,8 +57521,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1437u32,
+        wire: 1592u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -57541,8 +57561,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1437u32,
+        wire: 1593u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::HostValues),
         library: "cudnn",
@@ -57584,8 +57604,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1437u32,
+        wire: 1594u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Call),
         library: "cudnn",
@@ -57627,8 +57647,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1437u32,
+        wire: 1595u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::Descriptors),
         library: "cudnn",
@@ -57667,8 +57687,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1437u32,
+        wire: 1596u32,
+        call: 1441u32,
         name: "cudnnBackendSetAttribute",
         form: Some(Form::HostValues),
         library: "cudnn",
@@ -57710,8 +57730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1438u32,
+        wire: 1597u32,
+        call: 1442u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -57746,8 +57766,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1439u32,
+        wire: 1598u32,
+        call: 1443u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -57859,8 +57879,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1439u32,
+        wire: 1599u32,
+        call: 1443u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -57972,8 +57992,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1440u32,
+        wire: 1600u32,
+        call: 1444u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -58036,8 +58056,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1440u32,
+        wire: 1601u32,
+        call: 1444u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -58100,8 +58120,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1441u32,
+        wire: 1602u32,
+        call: 1445u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -58170,8 +58190,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1441u32,
+        wire: 1603u32,
+        call: 1445u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -58240,8 +58260,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1442u32,
+        wire: 1604u32,
+        call: 1446u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -58333,8 +58353,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1442u32,
+        wire: 1605u32,
+        call: 1446u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -58426,8 +58446,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1443u32,
+        wire: 1606u32,
+        call: 1447u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -58458,8 +58478,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1443u32,
+        wire: 1607u32,
+        call: 1447u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -58490,8 +58510,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1444u32,
+        wire: 1608u32,
+        call: 1448u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -58541,8 +58561,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1444u32,
+        wire: 1609u32,
+        call: 1448u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -58592,8 +58612,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1445u32,
+        wire: 1610u32,
+        call: 1449u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -58611,8 +58631,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1446u32,
+        wire: 1611u32,
+        call: 1450u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -58630,8 +58650,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1447u32,
+        wire: 1612u32,
+        call: 1451u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -58649,8 +58669,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1448u32,
+        wire: 1613u32,
+        call: 1452u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -58715,8 +58735,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1448u32,
+        wire: 1614u32,
+        call: 1452u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -58781,8 +58801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1449u32,
+        wire: 1615u32,
+        call: 1453u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -58847,8 +58867,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1449u32,
+        wire: 1616u32,
+        call: 1453u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -58913,8 +58933,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1450u32,
+        wire: 1617u32,
+        call: 1454u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -58993,8 +59013,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1450u32,
+        wire: 1618u32,
+        call: 1454u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -59073,8 +59093,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1451u32,
+        wire: 1619u32,
+        call: 1455u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -59139,8 +59159,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1451u32,
+        wire: 1620u32,
+        call: 1455u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -59205,8 +59225,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1452u32,
+        wire: 1621u32,
+        call: 1456u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59233,8 +59253,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1453u32,
+        wire: 1622u32,
+        call: 1457u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -59257,8 +59277,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1453u32,
+        wire: 1623u32,
+        call: 1457u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -59281,8 +59301,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1454u32,
+        wire: 1624u32,
+        call: 1458u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59305,8 +59325,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1454u32,
+        wire: 1625u32,
+        call: 1458u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -59329,8 +59349,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1455u32,
+        wire: 1626u32,
+        call: 1459u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59353,8 +59373,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1456u32,
+        wire: 1627u32,
+        call: 1460u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -59381,8 +59401,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1457u32,
+        wire: 1628u32,
+        call: 1461u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -59405,8 +59425,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1457u32,
+        wire: 1629u32,
+        call: 1461u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -59429,8 +59449,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1458u32,
+        wire: 1630u32,
+        call: 1462u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59453,8 +59473,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1458u32,
+        wire: 1631u32,
+        call: 1462u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -59477,8 +59497,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1459u32,
+        wire: 1632u32,
+        call: 1463u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -59501,8 +59521,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1459u32,
+        wire: 1633u32,
+        call: 1463u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -59525,8 +59545,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1460u32,
+        wire: 1634u32,
+        call: 1464u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59549,8 +59569,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1460u32,
+        wire: 1635u32,
+        call: 1464u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59573,8 +59593,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1461u32,
+        wire: 1636u32,
+        call: 1465u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -59597,8 +59617,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1461u32,
+        wire: 1637u32,
+        call: 1465u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -59621,8 +59641,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1462u32,
+        wire: 1638u32,
+        call: 1466u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -59649,8 +59669,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1462u32,
+        wire: 1639u32,
+        call: 1466u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -59677,8 +59697,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1463u32,
+        wire: 1640u32,
+        call: 1467u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -59705,8 +59725,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1463u32,
+        wire: 1641u32,
+        call: 1467u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -59733,8 +59753,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1464u32,
+        wire: 1642u32,
+        call: 1468u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -59761,8 +59781,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1464u32,
+        wire: 1643u32,
+        call: 1468u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -59789,8 +59809,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1465u32,
+        wire: 1644u32,
+        call: 1469u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59813,8 +59833,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1465u32,
+        wire: 1645u32,
+        call: 1469u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59837,8 +59857,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1466u32,
+        wire: 1646u32,
+        call: 1470u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59861,8 +59881,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1466u32,
+        wire: 1647u32,
+        call: 1470u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59885,8 +59905,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1467u32,
+        wire: 1648u32,
+        call: 1471u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -59921,8 +59941,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1468u32,
+        wire: 1649u32,
+        call: 1472u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -59945,8 +59965,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1468u32,
+        wire: 1650u32,
+        call: 1472u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -59969,8 +59989,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1469u32,
+        wire: 1651u32,
+        call: 1473u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59993,8 +60013,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1469u32,
+        wire: 1652u32,
+        call: 1473u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60017,8 +60037,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1470u32,
+        wire: 1653u32,
+        call: 1474u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -60041,8 +60061,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1470u32,
+        wire: 1654u32,
+        call: 1474u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -60065,8 +60085,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1471u32,
+        wire: 1655u32,
+        call: 1475u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60089,8 +60109,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1471u32,
+        wire: 1656u32,
+        call: 1475u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60113,8 +60133,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1472u32,
+        wire: 1657u32,
+        call: 1476u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60137,8 +60157,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1472u32,
+        wire: 1658u32,
+        call: 1476u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60161,8 +60181,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1473u32,
+        wire: 1659u32,
+        call: 1477u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -60185,8 +60205,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1473u32,
+        wire: 1660u32,
+        call: 1477u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -60209,8 +60229,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1474u32,
+        wire: 1661u32,
+        call: 1478u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60233,8 +60253,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1474u32,
+        wire: 1662u32,
+        call: 1478u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60257,8 +60277,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1475u32,
+        wire: 1663u32,
+        call: 1479u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60281,8 +60301,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1475u32,
+        wire: 1664u32,
+        call: 1479u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60305,8 +60325,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1476u32,
+        wire: 1665u32,
+        call: 1480u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60337,8 +60357,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1476u32,
+        wire: 1666u32,
+        call: 1480u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60369,8 +60389,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1477u32,
+        wire: 1667u32,
+        call: 1481u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60409,8 +60429,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1477u32,
+        wire: 1668u32,
+        call: 1481u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60449,8 +60469,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1478u32,
+        wire: 1669u32,
+        call: 1482u32,
         name: "cudnnDestroy",
         form: Some(Form::Call),
         library: "cudnn",
@@ -60473,8 +60493,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1478u32,
+        wire: 1670u32,
+        call: 1482u32,
         name: "cudnnDestroy",
         form: Some(Form::Call),
         library: "cudnn",
@@ -60497,8 +60517,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1479u32,
+        wire: 1671u32,
+        call: 1483u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -60521,8 +60541,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1479u32,
+        wire: 1672u32,
+        call: 1483u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -60545,8 +60565,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1480u32,
+        wire: 1673u32,
+        call: 1484u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -60569,8 +60589,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1481u32,
+        wire: 1674u32,
+        call: 1485u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -60597,8 +60617,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1482u32,
+        wire: 1675u32,
+        call: 1486u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -60621,8 +60641,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1482u32,
+        wire: 1676u32,
+        call: 1486u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -60645,8 +60665,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1483u32,
+        wire: 1677u32,
+        call: 1487u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -60669,8 +60689,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1483u32,
+        wire: 1678u32,
+        call: 1487u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -60693,8 +60713,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1484u32,
+        wire: 1679u32,
+        call: 1488u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -60717,8 +60737,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1484u32,
+        wire: 1680u32,
+        call: 1488u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -60741,8 +60761,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1485u32,
+        wire: 1681u32,
+        call: 1489u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -60765,8 +60785,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1485u32,
+        wire: 1682u32,
+        call: 1489u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -60789,8 +60809,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1486u32,
+        wire: 1683u32,
+        call: 1490u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -60813,8 +60833,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1486u32,
+        wire: 1684u32,
+        call: 1490u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -60837,8 +60857,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1487u32,
+        wire: 1685u32,
+        call: 1491u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -60861,8 +60881,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1487u32,
+        wire: 1686u32,
+        call: 1491u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -60885,8 +60905,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1488u32,
+        wire: 1687u32,
+        call: 1492u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -60909,8 +60929,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1488u32,
+        wire: 1688u32,
+        call: 1492u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -60933,8 +60953,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1489u32,
+        wire: 1689u32,
+        call: 1493u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -60957,8 +60977,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1489u32,
+        wire: 1690u32,
+        call: 1493u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -60981,8 +61001,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1490u32,
+        wire: 1691u32,
+        call: 1494u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -61005,8 +61025,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1490u32,
+        wire: 1692u32,
+        call: 1494u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -61029,8 +61049,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1491u32,
+        wire: 1693u32,
+        call: 1495u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61053,8 +61073,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1491u32,
+        wire: 1694u32,
+        call: 1495u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61077,8 +61097,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1492u32,
+        wire: 1695u32,
+        call: 1496u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -61101,8 +61121,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1493u32,
+        wire: 1696u32,
+        call: 1497u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -61125,8 +61145,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1493u32,
+        wire: 1697u32,
+        call: 1497u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -61149,8 +61169,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1494u32,
+        wire: 1698u32,
+        call: 1498u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -61173,8 +61193,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1494u32,
+        wire: 1699u32,
+        call: 1498u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -61197,8 +61217,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1495u32,
+        wire: 1700u32,
+        call: 1499u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -61221,8 +61241,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1495u32,
+        wire: 1701u32,
+        call: 1499u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -61245,8 +61265,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1496u32,
+        wire: 1702u32,
+        call: 1500u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61269,8 +61289,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1496u32,
+        wire: 1703u32,
+        call: 1500u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61293,8 +61313,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1497u32,
+        wire: 1704u32,
+        call: 1501u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -61317,8 +61337,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1497u32,
+        wire: 1705u32,
+        call: 1501u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -61341,8 +61361,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1498u32,
+        wire: 1706u32,
+        call: 1502u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -61365,8 +61385,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1498u32,
+        wire: 1707u32,
+        call: 1502u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -61389,8 +61409,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1499u32,
+        wire: 1708u32,
+        call: 1503u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61413,8 +61433,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1499u32,
+        wire: 1709u32,
+        call: 1503u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -61437,8 +61457,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1500u32,
+        wire: 1710u32,
+        call: 1504u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -61461,8 +61481,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1500u32,
+        wire: 1711u32,
+        call: 1504u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -61485,8 +61505,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1501u32,
+        wire: 1712u32,
+        call: 1505u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -61528,8 +61548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1501u32,
+        wire: 1713u32,
+        call: 1505u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -61571,8 +61591,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1502u32,
+        wire: 1714u32,
+        call: 1506u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -61614,8 +61634,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1502u32,
+        wire: 1715u32,
+        call: 1506u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -61657,8 +61677,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1503u32,
+        wire: 1716u32,
+        call: 1507u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -61688,8 +61708,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1503u32,
+        wire: 1717u32,
+        call: 1507u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -61719,8 +61739,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1504u32,
+        wire: 1718u32,
+        call: 1508u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -61750,8 +61770,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1504u32,
+        wire: 1719u32,
+        call: 1508u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -61781,8 +61801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1505u32,
+        wire: 1720u32,
+        call: 1509u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61847,8 +61867,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1505u32,
+        wire: 1721u32,
+        call: 1509u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61913,8 +61933,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1506u32,
+        wire: 1722u32,
+        call: 1510u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -61979,8 +61999,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1506u32,
+        wire: 1723u32,
+        call: 1510u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -62045,8 +62065,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1507u32,
+        wire: 1724u32,
+        call: 1511u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -62111,8 +62131,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1507u32,
+        wire: 1725u32,
+        call: 1511u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -62177,8 +62197,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1508u32,
+        wire: 1726u32,
+        call: 1512u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -62209,8 +62229,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1508u32,
+        wire: 1727u32,
+        call: 1512u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -62241,8 +62261,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1509u32,
+        wire: 1728u32,
+        call: 1513u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -62286,8 +62306,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1509u32,
+        wire: 1729u32,
+        call: 1513u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -62331,8 +62351,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1510u32,
+        wire: 1730u32,
+        call: 1514u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -62362,8 +62382,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1510u32,
+        wire: 1731u32,
+        call: 1514u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -62393,8 +62413,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1511u32,
+        wire: 1732u32,
+        call: 1515u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -62442,8 +62462,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1512u32,
+        wire: 1733u32,
+        call: 1516u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -62477,8 +62497,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1513u32,
+        wire: 1734u32,
+        call: 1517u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62544,8 +62564,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1513u32,
+        wire: 1735u32,
+        call: 1517u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62611,8 +62631,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1514u32,
+        wire: 1736u32,
+        call: 1518u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62670,8 +62690,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1514u32,
+        wire: 1737u32,
+        call: 1518u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -62729,8 +62749,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1515u32,
+        wire: 1738u32,
+        call: 1519u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -62776,8 +62796,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1515u32,
+        wire: 1739u32,
+        call: 1519u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -62823,8 +62843,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1516u32,
+        wire: 1740u32,
+        call: 1520u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62854,8 +62874,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1516u32,
+        wire: 1741u32,
+        call: 1520u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62885,8 +62905,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1517u32,
+        wire: 1742u32,
+        call: 1521u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -62930,8 +62950,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1517u32,
+        wire: 1743u32,
+        call: 1521u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -62975,8 +62995,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1518u32,
+        wire: 1744u32,
+        call: 1522u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -63022,8 +63042,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1518u32,
+        wire: 1745u32,
+        call: 1522u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -63069,8 +63089,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1519u32,
+        wire: 1746u32,
+        call: 1523u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -63149,8 +63169,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1519u32,
+        wire: 1747u32,
+        call: 1523u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -63229,8 +63249,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1520u32,
+        wire: 1748u32,
+        call: 1524u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -63283,8 +63303,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1520u32,
+        wire: 1749u32,
+        call: 1524u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -63337,8 +63357,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1521u32,
+        wire: 1750u32,
+        call: 1525u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63368,8 +63388,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1521u32,
+        wire: 1751u32,
+        call: 1525u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63399,8 +63419,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1522u32,
+        wire: 1752u32,
+        call: 1526u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63457,8 +63477,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1522u32,
+        wire: 1753u32,
+        call: 1526u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63515,8 +63535,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1523u32,
+        wire: 1754u32,
+        call: 1527u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63566,8 +63586,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1523u32,
+        wire: 1755u32,
+        call: 1527u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63617,8 +63637,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1524u32,
+        wire: 1756u32,
+        call: 1528u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63648,8 +63668,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1524u32,
+        wire: 1757u32,
+        call: 1528u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63679,8 +63699,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1525u32,
+        wire: 1758u32,
+        call: 1529u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63737,8 +63757,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1525u32,
+        wire: 1759u32,
+        call: 1529u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -63795,8 +63815,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1526u32,
+        wire: 1760u32,
+        call: 1530u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63846,8 +63866,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1526u32,
+        wire: 1761u32,
+        call: 1530u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -63897,8 +63917,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1527u32,
+        wire: 1762u32,
+        call: 1531u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63928,8 +63948,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1527u32,
+        wire: 1763u32,
+        call: 1531u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -63959,8 +63979,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1528u32,
+        wire: 1764u32,
+        call: 1532u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -64017,8 +64037,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1528u32,
+        wire: 1765u32,
+        call: 1532u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -64075,8 +64095,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1529u32,
+        wire: 1766u32,
+        call: 1533u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64126,8 +64146,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1529u32,
+        wire: 1767u32,
+        call: 1533u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -64177,8 +64197,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1530u32,
+        wire: 1768u32,
+        call: 1534u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -64208,8 +64228,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1530u32,
+        wire: 1769u32,
+        call: 1534u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -64239,8 +64259,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1531u32,
+        wire: 1770u32,
+        call: 1535u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -64270,8 +64290,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1531u32,
+        wire: 1771u32,
+        call: 1535u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -64301,8 +64321,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1532u32,
+        wire: 1772u32,
+        call: 1536u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -64344,8 +64364,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1532u32,
+        wire: 1773u32,
+        call: 1536u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -64387,8 +64407,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1533u32,
+        wire: 1774u32,
+        call: 1537u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -64418,8 +64438,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1533u32,
+        wire: 1775u32,
+        call: 1537u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -64449,8 +64469,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1534u32,
+        wire: 1776u32,
+        call: 1538u32,
         name: "cudnnGetCudartVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -64471,8 +64491,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1534u32,
+        wire: 1777u32,
+        call: 1538u32,
         name: "cudnnGetCudartVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -64493,8 +64513,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1535u32,
+        wire: 1778u32,
+        call: 1539u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -64536,8 +64556,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1535u32,
+        wire: 1779u32,
+        call: 1539u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -64579,8 +64599,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1536u32,
+        wire: 1780u32,
+        call: 1540u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64639,8 +64659,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1536u32,
+        wire: 1781u32,
+        call: 1540u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64699,8 +64719,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1537u32,
+        wire: 1782u32,
+        call: 1541u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64755,8 +64775,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1537u32,
+        wire: 1783u32,
+        call: 1541u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64811,8 +64831,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1538u32,
+        wire: 1784u32,
+        call: 1542u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -64842,8 +64862,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1538u32,
+        wire: 1785u32,
+        call: 1542u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -64873,8 +64893,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1539u32,
+        wire: 1786u32,
+        call: 1543u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -64949,8 +64969,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1539u32,
+        wire: 1787u32,
+        call: 1543u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -65025,8 +65045,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1540u32,
+        wire: 1788u32,
+        call: 1544u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -65077,8 +65097,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1540u32,
+        wire: 1789u32,
+        call: 1544u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -65129,8 +65149,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1541u32,
+        wire: 1790u32,
+        call: 1545u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -65160,8 +65180,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1542u32,
+        wire: 1791u32,
+        call: 1546u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -65182,8 +65202,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1542u32,
+        wire: 1792u32,
+        call: 1546u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -65204,8 +65224,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1543u32,
+        wire: 1793u32,
+        call: 1547u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -65283,8 +65303,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1543u32,
+        wire: 1794u32,
+        call: 1547u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -65362,8 +65382,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1544u32,
+        wire: 1795u32,
+        call: 1548u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -65433,8 +65453,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1544u32,
+        wire: 1796u32,
+        call: 1548u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -65504,8 +65524,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1545u32,
+        wire: 1797u32,
+        call: 1549u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -65559,8 +65579,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1545u32,
+        wire: 1798u32,
+        call: 1549u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -65614,8 +65634,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1546u32,
+        wire: 1799u32,
+        call: 1550u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -65659,8 +65679,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1546u32,
+        wire: 1800u32,
+        call: 1550u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -65704,8 +65724,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1547u32,
+        wire: 1801u32,
+        call: 1551u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -65784,8 +65804,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1547u32,
+        wire: 1802u32,
+        call: 1551u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -65864,8 +65884,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1548u32,
+        wire: 1803u32,
+        call: 1552u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65914,8 +65934,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1548u32,
+        wire: 1804u32,
+        call: 1552u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -65964,8 +65984,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1549u32,
+        wire: 1805u32,
+        call: 1553u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -66034,8 +66054,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1549u32,
+        wire: 1806u32,
+        call: 1553u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -66104,8 +66124,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1550u32,
+        wire: 1807u32,
+        call: 1554u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -66143,8 +66163,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1550u32,
+        wire: 1808u32,
+        call: 1554u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -66182,8 +66202,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1551u32,
+        wire: 1809u32,
+        call: 1555u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -66213,8 +66233,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1551u32,
+        wire: 1810u32,
+        call: 1555u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -66244,8 +66264,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1552u32,
+        wire: 1811u32,
+        call: 1556u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -66279,8 +66299,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1553u32,
+        wire: 1812u32,
+        call: 1557u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -66314,8 +66334,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1554u32,
+        wire: 1813u32,
+        call: 1558u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -66345,8 +66365,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1555u32,
+        wire: 1814u32,
+        call: 1559u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -66380,8 +66400,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1556u32,
+        wire: 1815u32,
+        call: 1560u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -66415,8 +66435,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1557u32,
+        wire: 1816u32,
+        call: 1561u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -66446,8 +66466,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1558u32,
+        wire: 1817u32,
+        call: 1562u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -66477,8 +66497,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1559u32,
+        wire: 1818u32,
+        call: 1563u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -66520,8 +66540,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1560u32,
+        wire: 1819u32,
+        call: 1564u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -66570,8 +66590,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1560u32,
+        wire: 1820u32,
+        call: 1564u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -66620,8 +66640,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1561u32,
+        wire: 1821u32,
+        call: 1565u32,
         name: "cudnnGetRNNWeightParams",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66683,8 +66703,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1561u32,
+        wire: 1822u32,
+        call: 1565u32,
         name: "cudnnGetRNNWeightParams",
         form: Some(Form::Call),
         library: "cudnn",
@@ -66746,8 +66766,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1562u32,
+        wire: 1823u32,
+        call: 1566u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -66781,8 +66801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1562u32,
+        wire: 1824u32,
+        call: 1566u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -66816,8 +66836,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1563u32,
+        wire: 1825u32,
+        call: 1567u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -66875,8 +66895,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1563u32,
+        wire: 1826u32,
+        call: 1567u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -66934,8 +66954,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1564u32,
+        wire: 1827u32,
+        call: 1568u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -66977,8 +66997,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1564u32,
+        wire: 1828u32,
+        call: 1568u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -67020,8 +67040,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1565u32,
+        wire: 1829u32,
+        call: 1569u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -67063,8 +67083,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1565u32,
+        wire: 1830u32,
+        call: 1569u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -67106,8 +67126,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1566u32,
+        wire: 1831u32,
+        call: 1570u32,
         name: "cudnnGetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67134,8 +67154,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1566u32,
+        wire: 1832u32,
+        call: 1570u32,
         name: "cudnnGetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67162,8 +67182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1567u32,
+        wire: 1833u32,
+        call: 1571u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -67243,8 +67263,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1567u32,
+        wire: 1834u32,
+        call: 1571u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -67324,8 +67344,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1568u32,
+        wire: 1835u32,
+        call: 1572u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67380,8 +67400,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1568u32,
+        wire: 1836u32,
+        call: 1572u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67436,8 +67456,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1569u32,
+        wire: 1837u32,
+        call: 1573u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -67467,8 +67487,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1569u32,
+        wire: 1838u32,
+        call: 1573u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -67498,8 +67518,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1570u32,
+        wire: 1839u32,
+        call: 1574u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -67561,8 +67581,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1570u32,
+        wire: 1840u32,
+        call: 1574u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -67624,8 +67644,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1571u32,
+        wire: 1841u32,
+        call: 1575u32,
         name: "cudnnGetVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67646,8 +67666,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1571u32,
+        wire: 1842u32,
+        call: 1575u32,
         name: "cudnnGetVersion",
         form: Some(Form::Call),
         library: "cudnn",
@@ -67668,8 +67688,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1572u32,
+        wire: 1843u32,
+        call: 1576u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -67687,8 +67707,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1573u32,
+        wire: 1844u32,
+        call: 1577u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -67726,8 +67746,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1573u32,
+        wire: 1845u32,
+        call: 1577u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -67765,8 +67785,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1574u32,
+        wire: 1846u32,
+        call: 1578u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -67831,8 +67851,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1574u32,
+        wire: 1847u32,
+        call: 1578u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -67897,8 +67917,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1575u32,
+        wire: 1848u32,
+        call: 1579u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -67953,8 +67973,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1575u32,
+        wire: 1849u32,
+        call: 1579u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -68009,8 +68029,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1576u32,
+        wire: 1850u32,
+        call: 1580u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -68048,8 +68068,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1576u32,
+        wire: 1851u32,
+        call: 1580u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -68087,8 +68107,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1577u32,
+        wire: 1852u32,
+        call: 1581u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -68106,8 +68126,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1578u32,
+        wire: 1853u32,
+        call: 1582u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -68125,8 +68145,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1579u32,
+        wire: 1854u32,
+        call: 1583u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -68144,8 +68164,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1580u32,
+        wire: 1855u32,
+        call: 1584u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -68206,8 +68226,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1580u32,
+        wire: 1856u32,
+        call: 1584u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -68268,8 +68288,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1581u32,
+        wire: 1857u32,
+        call: 1585u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -68320,8 +68340,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1581u32,
+        wire: 1858u32,
+        call: 1585u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -68372,8 +68392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1582u32,
+        wire: 1859u32,
+        call: 1586u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -68411,8 +68431,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1582u32,
+        wire: 1860u32,
+        call: 1586u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -68450,8 +68470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1583u32,
+        wire: 1861u32,
+        call: 1587u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -68519,8 +68539,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1583u32,
+        wire: 1862u32,
+        call: 1587u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -68588,8 +68608,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1584u32,
+        wire: 1863u32,
+        call: 1588u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -68646,8 +68666,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1585u32,
+        wire: 1864u32,
+        call: 1589u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -68709,8 +68729,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1585u32,
+        wire: 1865u32,
+        call: 1589u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -68772,8 +68792,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1586u32,
+        wire: 1866u32,
+        call: 1590u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -68842,8 +68862,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1586u32,
+        wire: 1867u32,
+        call: 1590u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -68912,8 +68932,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1587u32,
+        wire: 1868u32,
+        call: 1591u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -68968,8 +68988,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1588u32,
+        wire: 1869u32,
+        call: 1592u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -69020,8 +69040,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1588u32,
+        wire: 1870u32,
+        call: 1592u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -69072,8 +69092,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1589u32,
+        wire: 1871u32,
+        call: 1593u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -69117,8 +69137,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1590u32,
+        wire: 1872u32,
+        call: 1594u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -69161,8 +69181,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1591u32,
+        wire: 1873u32,
+        call: 1595u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -69201,8 +69221,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1591u32,
+        wire: 1874u32,
+        call: 1595u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -69241,8 +69261,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1592u32,
+        wire: 1875u32,
+        call: 1596u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -69277,8 +69297,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1593u32,
+        wire: 1876u32,
+        call: 1597u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -69318,8 +69338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1593u32,
+        wire: 1877u32,
+        call: 1597u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -69359,8 +69379,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1594u32,
+        wire: 1878u32,
+        call: 1598u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -69395,8 +69415,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1594u32,
+        wire: 1879u32,
+        call: 1598u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -69431,8 +69451,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1595u32,
+        wire: 1880u32,
+        call: 1599u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -69467,8 +69487,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1595u32,
+        wire: 1881u32,
+        call: 1599u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -69503,8 +69523,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1596u32,
+        wire: 1882u32,
+        call: 1600u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -69531,8 +69551,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1596u32,
+        wire: 1883u32,
+        call: 1600u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -69559,8 +69579,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1597u32,
+        wire: 1884u32,
+        call: 1601u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -69584,8 +69604,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1598u32,
+        wire: 1885u32,
+        call: 1602u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -69624,8 +69644,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1599u32,
+        wire: 1886u32,
+        call: 1603u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -69724,8 +69744,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1599u32,
+        wire: 1887u32,
+        call: 1603u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -69824,8 +69844,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1600u32,
+        wire: 1888u32,
+        call: 1604u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -69852,8 +69872,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1600u32,
+        wire: 1889u32,
+        call: 1604u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -69880,8 +69900,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1601u32,
+        wire: 1890u32,
+        call: 1605u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -69916,8 +69936,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1601u32,
+        wire: 1891u32,
+        call: 1605u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -69952,8 +69972,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1602u32,
+        wire: 1892u32,
+        call: 1606u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -69992,8 +70012,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1602u32,
+        wire: 1893u32,
+        call: 1606u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -70032,8 +70052,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1603u32,
+        wire: 1894u32,
+        call: 1607u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -70072,8 +70092,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1604u32,
+        wire: 1895u32,
+        call: 1608u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70128,8 +70148,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1604u32,
+        wire: 1896u32,
+        call: 1608u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70184,8 +70204,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1605u32,
+        wire: 1897u32,
+        call: 1609u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -70212,8 +70232,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1605u32,
+        wire: 1898u32,
+        call: 1609u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -70240,8 +70260,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1606u32,
+        wire: 1899u32,
+        call: 1610u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -70268,8 +70288,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1606u32,
+        wire: 1900u32,
+        call: 1610u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -70296,8 +70316,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1607u32,
+        wire: 1901u32,
+        call: 1611u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70353,8 +70373,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1607u32,
+        wire: 1902u32,
+        call: 1611u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70410,8 +70430,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1608u32,
+        wire: 1903u32,
+        call: 1612u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -70438,8 +70458,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1608u32,
+        wire: 1904u32,
+        call: 1612u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -70466,8 +70486,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1609u32,
+        wire: 1905u32,
+        call: 1613u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -70507,8 +70527,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1609u32,
+        wire: 1906u32,
+        call: 1613u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -70548,8 +70568,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1610u32,
+        wire: 1907u32,
+        call: 1614u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -70596,8 +70616,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1610u32,
+        wire: 1908u32,
+        call: 1614u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -70644,8 +70664,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1611u32,
+        wire: 1909u32,
+        call: 1615u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70687,8 +70707,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1611u32,
+        wire: 1910u32,
+        call: 1615u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -70730,8 +70750,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1612u32,
+        wire: 1911u32,
+        call: 1616u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -70770,8 +70790,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1612u32,
+        wire: 1912u32,
+        call: 1616u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -70810,8 +70830,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1613u32,
+        wire: 1913u32,
+        call: 1617u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70846,8 +70866,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1613u32,
+        wire: 1914u32,
+        call: 1617u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -70882,8 +70902,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1614u32,
+        wire: 1915u32,
+        call: 1618u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -70910,8 +70930,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1615u32,
+        wire: 1916u32,
+        call: 1619u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -70966,8 +70986,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1615u32,
+        wire: 1917u32,
+        call: 1619u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -71022,8 +71042,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1616u32,
+        wire: 1918u32,
+        call: 1620u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -71054,8 +71074,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1617u32,
+        wire: 1919u32,
+        call: 1621u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -71082,8 +71102,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1618u32,
+        wire: 1920u32,
+        call: 1622u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -71140,8 +71160,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1618u32,
+        wire: 1921u32,
+        call: 1622u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -71198,8 +71218,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1619u32,
+        wire: 1922u32,
+        call: 1623u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -71258,8 +71278,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1620u32,
+        wire: 1923u32,
+        call: 1624u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -71338,8 +71358,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1620u32,
+        wire: 1924u32,
+        call: 1624u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -71418,8 +71438,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1621u32,
+        wire: 1925u32,
+        call: 1625u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -71446,8 +71466,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1622u32,
+        wire: 1926u32,
+        call: 1626u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -71474,8 +71494,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1623u32,
+        wire: 1927u32,
+        call: 1627u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -71510,8 +71530,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1624u32,
+        wire: 1928u32,
+        call: 1628u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -71554,8 +71574,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1624u32,
+        wire: 1929u32,
+        call: 1628u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -71598,8 +71618,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1625u32,
+        wire: 1930u32,
+        call: 1629u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71641,8 +71661,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1625u32,
+        wire: 1931u32,
+        call: 1629u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -71684,8 +71704,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1626u32,
+        wire: 1932u32,
+        call: 1630u32,
         name: "cudnnSetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -71712,8 +71732,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1626u32,
+        wire: 1933u32,
+        call: 1630u32,
         name: "cudnnSetStream",
         form: Some(Form::Call),
         library: "cudnn",
@@ -71740,8 +71760,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1627u32,
+        wire: 1934u32,
+        call: 1631u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -71788,8 +71808,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1627u32,
+        wire: 1935u32,
+        call: 1631u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -71836,8 +71856,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1628u32,
+        wire: 1936u32,
+        call: 1632u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -71896,8 +71916,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1628u32,
+        wire: 1937u32,
+        call: 1632u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -71956,8 +71976,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1629u32,
+        wire: 1938u32,
+        call: 1633u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -72002,8 +72022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1629u32,
+        wire: 1939u32,
+        call: 1633u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -72048,8 +72068,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1630u32,
+        wire: 1940u32,
+        call: 1634u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -72109,8 +72129,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1630u32,
+        wire: 1941u32,
+        call: 1634u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -72170,8 +72190,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1631u32,
+        wire: 1942u32,
+        call: 1635u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -72226,8 +72246,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1631u32,
+        wire: 1943u32,
+        call: 1635u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -72282,8 +72302,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1632u32,
+        wire: 1944u32,
+        call: 1636u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -72312,8 +72332,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1632u32,
+        wire: 1945u32,
+        call: 1636u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -72342,8 +72362,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1633u32,
+        wire: 1946u32,
+        call: 1637u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -72372,8 +72392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1633u32,
+        wire: 1947u32,
+        call: 1637u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -72402,8 +72422,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1634u32,
+        wire: 1948u32,
+        call: 1638u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -72475,8 +72495,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1634u32,
+        wire: 1949u32,
+        call: 1638u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -72548,8 +72568,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1635u32,
+        wire: 1950u32,
+        call: 1639u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -72601,8 +72621,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1635u32,
+        wire: 1951u32,
+        call: 1639u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -72654,8 +72674,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1636u32,
+        wire: 1952u32,
+        call: 1640u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -72702,8 +72722,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1636u32,
+        wire: 1953u32,
+        call: 1640u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -72777,8 +72797,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_22: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_23: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1857u32,
+        wire: 2177u32,
+        call: 1861u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -72804,8 +72824,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1858u32,
+        wire: 2178u32,
+        call: 1862u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -72828,8 +72848,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate1d: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1859u32,
+        wire: 2179u32,
+        call: 1863u32,
         name: "cufftEstimate1d",
         form: None,
         library: "cufft",
@@ -72867,8 +72887,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate2d: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1860u32,
+        wire: 2180u32,
+        call: 1864u32,
         name: "cufftEstimate2d",
         form: None,
         library: "cufft",
@@ -72906,8 +72926,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimate3d: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1861u32,
+        wire: 2181u32,
+        call: 1865u32,
         name: "cufftEstimate3d",
         form: None,
         library: "cufft",
@@ -72949,8 +72969,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftEstimateMany: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1862u32,
+        wire: 2182u32,
+        call: 1866u32,
         name: "cufftEstimateMany",
         form: None,
         library: "cufft",
@@ -73025,8 +73045,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2C: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1863u32,
+        wire: 2183u32,
+        call: 1867u32,
         name: "cufftExecC2C",
         form: None,
         library: "cufft",
@@ -73055,8 +73075,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecC2R: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1864u32,
+        wire: 2184u32,
+        call: 1868u32,
         name: "cufftExecC2R",
         form: None,
         library: "cufft",
@@ -73081,8 +73101,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecD2Z: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1865u32,
+        wire: 2185u32,
+        call: 1869u32,
         name: "cufftExecD2Z",
         form: None,
         library: "cufft",
@@ -73107,8 +73127,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecR2C: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1866u32,
+        wire: 2186u32,
+        call: 1870u32,
         name: "cufftExecR2C",
         form: None,
         library: "cufft",
@@ -73133,8 +73153,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2D: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1867u32,
+        wire: 2187u32,
+        call: 1871u32,
         name: "cufftExecZ2D",
         form: None,
         library: "cufft",
@@ -73159,8 +73179,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftExecZ2Z: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1868u32,
+        wire: 2188u32,
+        call: 1872u32,
         name: "cufftExecZ2Z",
         form: None,
         library: "cufft",
@@ -73189,8 +73209,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1869u32,
+        wire: 2189u32,
+        call: 1873u32,
         name: "cufftGetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -73224,8 +73244,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetProperty: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1870u32,
+        wire: 2190u32,
+        call: 1874u32,
         name: "cufftGetProperty",
         form: None,
         library: "cufft",
@@ -73255,8 +73275,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1871u32,
+        wire: 2191u32,
+        call: 1875u32,
         name: "cufftGetSize",
         form: None,
         library: "cufft",
@@ -73286,8 +73306,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize1d: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1872u32,
+        wire: 2192u32,
+        call: 1876u32,
         name: "cufftGetSize1d",
         form: None,
         library: "cufft",
@@ -73329,8 +73349,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize2d: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1873u32,
+        wire: 2193u32,
+        call: 1877u32,
         name: "cufftGetSize2d",
         form: None,
         library: "cufft",
@@ -73372,8 +73392,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSize3d: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1874u32,
+        wire: 2194u32,
+        call: 1878u32,
         name: "cufftGetSize3d",
         form: None,
         library: "cufft",
@@ -73419,8 +73439,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1875u32,
+        wire: 2195u32,
+        call: 1879u32,
         name: "cufftGetSizeMany",
         form: None,
         library: "cufft",
@@ -73499,8 +73519,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetSizeMany64: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1876u32,
+        wire: 2196u32,
+        call: 1880u32,
         name: "cufftGetSizeMany64",
         form: None,
         library: "cufft",
@@ -73579,8 +73599,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftGetVersion: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1877u32,
+        wire: 2197u32,
+        call: 1881u32,
         name: "cufftGetVersion",
         form: None,
         library: "cufft",
@@ -73606,8 +73626,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan1d: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1878u32,
+        wire: 2198u32,
+        call: 1882u32,
         name: "cufftMakePlan1d",
         form: None,
         library: "cufft",
@@ -73649,8 +73669,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan2d: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1879u32,
+        wire: 2199u32,
+        call: 1883u32,
         name: "cufftMakePlan2d",
         form: None,
         library: "cufft",
@@ -73692,8 +73712,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlan3d: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1880u32,
+        wire: 2200u32,
+        call: 1884u32,
         name: "cufftMakePlan3d",
         form: None,
         library: "cufft",
@@ -73739,8 +73759,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1881u32,
+        wire: 2201u32,
+        call: 1885u32,
         name: "cufftMakePlanMany",
         form: None,
         library: "cufft",
@@ -73819,8 +73839,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftMakePlanMany64: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1882u32,
+        wire: 2202u32,
+        call: 1886u32,
         name: "cufftMakePlanMany64",
         form: None,
         library: "cufft",
@@ -73899,8 +73919,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan1d: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1883u32,
+        wire: 2203u32,
+        call: 1887u32,
         name: "cufftPlan1d",
         form: None,
         library: "cufft",
@@ -73938,8 +73958,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan2d: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1884u32,
+        wire: 2204u32,
+        call: 1888u32,
         name: "cufftPlan2d",
         form: None,
         library: "cufft",
@@ -73977,8 +73997,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlan3d: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1885u32,
+        wire: 2205u32,
+        call: 1889u32,
         name: "cufftPlan3d",
         form: None,
         library: "cufft",
@@ -74020,8 +74040,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftPlanMany: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1886u32,
+        wire: 2206u32,
+        call: 1890u32,
         name: "cufftPlanMany",
         form: None,
         library: "cufft",
@@ -74096,8 +74116,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1887u32,
+        wire: 2207u32,
+        call: 1891u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -74124,8 +74144,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1888u32,
+        wire: 2208u32,
+        call: 1892u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -74152,8 +74172,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1889u32,
+        wire: 2209u32,
+        call: 1893u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -74184,8 +74204,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1890u32,
+        wire: 2210u32,
+        call: 1894u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -74212,8 +74232,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1891u32,
+        wire: 2211u32,
+        call: 1895u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -74237,8 +74257,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1892u32,
+        wire: 2212u32,
+        call: 1896u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -74265,8 +74285,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1893u32,
+        wire: 2213u32,
+        call: 1897u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -74295,8 +74315,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtGetSizeMany: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1894u32,
+        wire: 2214u32,
+        call: 1898u32,
         name: "cufftXtGetSizeMany",
         form: None,
         library: "cufft",
@@ -74383,8 +74403,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1895u32,
+        wire: 2215u32,
+        call: 1899u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -74471,8 +74491,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1896u32,
+        wire: 2216u32,
+        call: 1900u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -74503,8 +74523,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1897u32,
+        wire: 2217u32,
+        call: 1901u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -74544,8 +74564,8 @@ pub mod cufft {
 pub mod cupti {
     use chidori_protocol::desc::*;
     pub static cuptiGetVersion: CallDesc = CallDesc {
-        wire: 2911u32,
-        call: 2590u32,
+        wire: 2923u32,
+        call: 2594u32,
         name: "cuptiGetVersion",
         form: None,
         library: "cupti",
@@ -74574,8 +74594,8 @@ pub mod cupti {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1898u32,
+        wire: 2218u32,
+        call: 1902u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -74602,8 +74622,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1899u32,
+        wire: 2219u32,
+        call: 1903u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -74630,8 +74650,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1900u32,
+        wire: 2220u32,
+        call: 1904u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -74654,8 +74674,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1901u32,
+        wire: 2221u32,
+        call: 1905u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -74678,8 +74698,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerate: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1902u32,
+        wire: 2222u32,
+        call: 1906u32,
         name: "curandGenerate",
         form: None,
         library: "curand",
@@ -74707,8 +74727,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomial: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1903u32,
+        wire: 2223u32,
+        call: 1907u32,
         name: "curandGenerateBinomial",
         form: None,
         library: "curand",
@@ -74744,8 +74764,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateBinomialMethod: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1904u32,
+        wire: 2224u32,
+        call: 1908u32,
         name: "curandGenerateBinomialMethod",
         form: None,
         library: "curand",
@@ -74785,8 +74805,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormal: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1905u32,
+        wire: 2225u32,
+        call: 1909u32,
         name: "curandGenerateLogNormal",
         form: None,
         library: "curand",
@@ -74822,8 +74842,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLogNormalDouble: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1906u32,
+        wire: 2226u32,
+        call: 1910u32,
         name: "curandGenerateLogNormalDouble",
         form: None,
         library: "curand",
@@ -74859,8 +74879,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateLongLong: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1907u32,
+        wire: 2227u32,
+        call: 1911u32,
         name: "curandGenerateLongLong",
         form: None,
         library: "curand",
@@ -74888,8 +74908,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormal: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1908u32,
+        wire: 2228u32,
+        call: 1912u32,
         name: "curandGenerateNormal",
         form: None,
         library: "curand",
@@ -74925,8 +74945,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateNormalDouble: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1909u32,
+        wire: 2229u32,
+        call: 1913u32,
         name: "curandGenerateNormalDouble",
         form: None,
         library: "curand",
@@ -74962,8 +74982,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoisson: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1910u32,
+        wire: 2230u32,
+        call: 1914u32,
         name: "curandGeneratePoisson",
         form: None,
         library: "curand",
@@ -74995,8 +75015,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGeneratePoissonMethod: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1911u32,
+        wire: 2231u32,
+        call: 1915u32,
         name: "curandGeneratePoissonMethod",
         form: None,
         library: "curand",
@@ -75032,8 +75052,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1912u32,
+        wire: 2232u32,
+        call: 1916u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -75056,8 +75076,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniform: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1913u32,
+        wire: 2233u32,
+        call: 1917u32,
         name: "curandGenerateUniform",
         form: None,
         library: "curand",
@@ -75085,8 +75105,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateUniformDouble: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1914u32,
+        wire: 2234u32,
+        call: 1918u32,
         name: "curandGenerateUniformDouble",
         form: None,
         library: "curand",
@@ -75114,8 +75134,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetProperty: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1915u32,
+        wire: 2235u32,
+        call: 1919u32,
         name: "curandGetProperty",
         form: None,
         library: "curand",
@@ -75145,8 +75165,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGetVersion: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1916u32,
+        wire: 2236u32,
+        call: 1920u32,
         name: "curandGetVersion",
         form: None,
         library: "curand",
@@ -75172,8 +75192,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1917u32,
+        wire: 2237u32,
+        call: 1921u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -75200,8 +75220,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1918u32,
+        wire: 2238u32,
+        call: 1922u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -75228,8 +75248,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1919u32,
+        wire: 2239u32,
+        call: 1923u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -75256,8 +75276,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1920u32,
+        wire: 2240u32,
+        call: 1924u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -75284,8 +75304,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1921u32,
+        wire: 2241u32,
+        call: 1925u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -75324,8 +75344,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2227u32,
+        wire: 2547u32,
+        call: 2231u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75363,8 +75383,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2228u32,
+        wire: 2548u32,
+        call: 2232u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -75407,8 +75427,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2229u32,
+        wire: 2549u32,
+        call: 2233u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75451,8 +75471,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2230u32,
+        wire: 2550u32,
+        call: 2234u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -75514,8 +75534,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2231u32,
+        wire: 2551u32,
+        call: 2235u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75553,8 +75573,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2232u32,
+        wire: 2552u32,
+        call: 2236u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -75642,8 +75662,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2233u32,
+        wire: 2553u32,
+        call: 2237u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75725,8 +75745,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2234u32,
+        wire: 2554u32,
+        call: 2238u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -75791,8 +75811,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2235u32,
+        wire: 2555u32,
+        call: 2239u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -75857,8 +75877,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2236u32,
+        wire: 2556u32,
+        call: 2240u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75924,8 +75944,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2237u32,
+        wire: 2557u32,
+        call: 2241u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75991,8 +76011,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2238u32,
+        wire: 2558u32,
+        call: 2242u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -76031,8 +76051,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2239u32,
+        wire: 2559u32,
+        call: 2243u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76075,8 +76095,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2240u32,
+        wire: 2560u32,
+        call: 2244u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -76123,8 +76143,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2241u32,
+        wire: 2561u32,
+        call: 2245u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -76171,8 +76191,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2242u32,
+        wire: 2562u32,
+        call: 2246u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76220,8 +76240,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2243u32,
+        wire: 2563u32,
+        call: 2247u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -76272,8 +76292,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2244u32,
+        wire: 2564u32,
+        call: 2248u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -76328,8 +76348,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2245u32,
+        wire: 2565u32,
+        call: 2249u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -76385,8 +76405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2246u32,
+        wire: 2566u32,
+        call: 2250u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76438,8 +76458,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2247u32,
+        wire: 2567u32,
+        call: 2251u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -76495,8 +76515,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2248u32,
+        wire: 2568u32,
+        call: 2252u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76553,8 +76573,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2249u32,
+        wire: 2569u32,
+        call: 2253u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -76614,8 +76634,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2250u32,
+        wire: 2570u32,
+        call: 2254u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76676,8 +76696,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2251u32,
+        wire: 2571u32,
+        call: 2255u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -76722,8 +76742,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2252u32,
+        wire: 2572u32,
+        call: 2256u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -76765,8 +76785,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2253u32,
+        wire: 2573u32,
+        call: 2257u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -76809,8 +76829,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2254u32,
+        wire: 2574u32,
+        call: 2258u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -76852,8 +76872,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2255u32,
+        wire: 2575u32,
+        call: 2259u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -76894,8 +76914,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2256u32,
+        wire: 2576u32,
+        call: 2260u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76938,8 +76958,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2257u32,
+        wire: 2577u32,
+        call: 2261u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -76981,8 +77001,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2258u32,
+        wire: 2578u32,
+        call: 2262u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -77025,8 +77045,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2259u32,
+        wire: 2579u32,
+        call: 2263u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -77072,8 +77092,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2260u32,
+        wire: 2580u32,
+        call: 2264u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -77123,8 +77143,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2261u32,
+        wire: 2581u32,
+        call: 2265u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -77147,8 +77167,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2262u32,
+        wire: 2582u32,
+        call: 2266u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77171,8 +77191,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2263u32,
+        wire: 2583u32,
+        call: 2267u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -77195,8 +77215,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2264u32,
+        wire: 2584u32,
+        call: 2268u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -77219,8 +77239,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2265u32,
+        wire: 2585u32,
+        call: 2269u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -77263,8 +77283,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2266u32,
+        wire: 2586u32,
+        call: 2270u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77303,8 +77323,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2267u32,
+        wire: 2587u32,
+        call: 2271u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -77347,8 +77367,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2268u32,
+        wire: 2588u32,
+        call: 2272u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -77392,8 +77412,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2269u32,
+        wire: 2589u32,
+        call: 2273u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -77444,8 +77464,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2270u32,
+        wire: 2590u32,
+        call: 2274u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77497,8 +77517,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2271u32,
+        wire: 2591u32,
+        call: 2275u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -77545,8 +77565,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2272u32,
+        wire: 2592u32,
+        call: 2276u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77594,8 +77614,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2273u32,
+        wire: 2593u32,
+        call: 2277u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -77638,8 +77658,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2274u32,
+        wire: 2594u32,
+        call: 2278u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77683,8 +77703,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2275u32,
+        wire: 2595u32,
+        call: 2279u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -77744,8 +77764,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2276u32,
+        wire: 2596u32,
+        call: 2280u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77806,8 +77826,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2277u32,
+        wire: 2597u32,
+        call: 2281u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -77867,8 +77887,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2278u32,
+        wire: 2598u32,
+        call: 2282u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77929,8 +77949,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2279u32,
+        wire: 2599u32,
+        call: 2283u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -77953,8 +77973,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2280u32,
+        wire: 2600u32,
+        call: 2284u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77977,8 +77997,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2281u32,
+        wire: 2601u32,
+        call: 2285u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -78001,8 +78021,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2282u32,
+        wire: 2602u32,
+        call: 2286u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -78025,8 +78045,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2283u32,
+        wire: 2603u32,
+        call: 2287u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78064,8 +78084,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2284u32,
+        wire: 2604u32,
+        call: 2288u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -78108,8 +78128,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2285u32,
+        wire: 2605u32,
+        call: 2289u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78152,8 +78172,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2286u32,
+        wire: 2606u32,
+        call: 2290u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -78215,8 +78235,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2287u32,
+        wire: 2607u32,
+        call: 2291u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78254,8 +78274,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2288u32,
+        wire: 2608u32,
+        call: 2292u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -78343,8 +78363,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2289u32,
+        wire: 2609u32,
+        call: 2293u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78426,8 +78446,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2290u32,
+        wire: 2610u32,
+        call: 2294u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -78492,8 +78512,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2291u32,
+        wire: 2611u32,
+        call: 2295u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -78558,8 +78578,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2292u32,
+        wire: 2612u32,
+        call: 2296u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78625,8 +78645,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2293u32,
+        wire: 2613u32,
+        call: 2297u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78692,8 +78712,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2294u32,
+        wire: 2614u32,
+        call: 2298u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -78732,8 +78752,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2295u32,
+        wire: 2615u32,
+        call: 2299u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78776,8 +78796,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2296u32,
+        wire: 2616u32,
+        call: 2300u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -78824,8 +78844,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2297u32,
+        wire: 2617u32,
+        call: 2301u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -78870,8 +78890,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2298u32,
+        wire: 2618u32,
+        call: 2302u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -78913,8 +78933,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2299u32,
+        wire: 2619u32,
+        call: 2303u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78957,8 +78977,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2300u32,
+        wire: 2620u32,
+        call: 2304u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -79009,8 +79029,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2301u32,
+        wire: 2621u32,
+        call: 2305u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79062,8 +79082,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2302u32,
+        wire: 2622u32,
+        call: 2306u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -79110,8 +79130,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2303u32,
+        wire: 2623u32,
+        call: 2307u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79159,8 +79179,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2304u32,
+        wire: 2624u32,
+        call: 2308u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -79203,8 +79223,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2305u32,
+        wire: 2625u32,
+        call: 2309u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79248,8 +79268,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2306u32,
+        wire: 2626u32,
+        call: 2310u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -79309,8 +79329,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2307u32,
+        wire: 2627u32,
+        call: 2311u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79371,8 +79391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2308u32,
+        wire: 2628u32,
+        call: 2312u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -79432,8 +79452,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2309u32,
+        wire: 2629u32,
+        call: 2313u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79494,8 +79514,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2310u32,
+        wire: 2630u32,
+        call: 2314u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -79537,8 +79557,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2311u32,
+        wire: 2631u32,
+        call: 2315u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -79579,8 +79599,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2312u32,
+        wire: 2632u32,
+        call: 2316u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79623,8 +79643,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2313u32,
+        wire: 2633u32,
+        call: 2317u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -79666,8 +79686,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2314u32,
+        wire: 2634u32,
+        call: 2318u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79710,8 +79730,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2315u32,
+        wire: 2635u32,
+        call: 2319u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -79757,8 +79777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2316u32,
+        wire: 2636u32,
+        call: 2320u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -79808,8 +79828,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2317u32,
+        wire: 2637u32,
+        call: 2321u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -79856,8 +79876,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2318u32,
+        wire: 2638u32,
+        call: 2322u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79905,8 +79925,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2319u32,
+        wire: 2639u32,
+        call: 2323u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -79957,8 +79977,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2320u32,
+        wire: 2640u32,
+        call: 2324u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -80013,8 +80033,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2321u32,
+        wire: 2641u32,
+        call: 2325u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -80070,8 +80090,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2322u32,
+        wire: 2642u32,
+        call: 2326u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -80123,8 +80143,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2323u32,
+        wire: 2643u32,
+        call: 2327u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -80180,8 +80200,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2324u32,
+        wire: 2644u32,
+        call: 2328u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80238,8 +80258,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2325u32,
+        wire: 2645u32,
+        call: 2329u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -80299,8 +80319,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2326u32,
+        wire: 2646u32,
+        call: 2330u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -80361,8 +80381,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2327u32,
+        wire: 2647u32,
+        call: 2331u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -80405,8 +80425,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2328u32,
+        wire: 2648u32,
+        call: 2332u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80445,8 +80465,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2329u32,
+        wire: 2649u32,
+        call: 2333u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -80489,8 +80509,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2330u32,
+        wire: 2650u32,
+        call: 2334u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -80534,8 +80554,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2331u32,
+        wire: 2651u32,
+        call: 2335u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -80562,8 +80582,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2332u32,
+        wire: 2652u32,
+        call: 2336u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -80622,8 +80642,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2333u32,
+        wire: 2653u32,
+        call: 2337u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -80646,8 +80666,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2334u32,
+        wire: 2654u32,
+        call: 2338u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -80670,8 +80690,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2335u32,
+        wire: 2655u32,
+        call: 2339u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -80694,8 +80714,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2336u32,
+        wire: 2656u32,
+        call: 2340u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -80718,8 +80738,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2337u32,
+        wire: 2657u32,
+        call: 2341u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -80742,8 +80762,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2338u32,
+        wire: 2658u32,
+        call: 2342u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -80766,8 +80786,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2339u32,
+        wire: 2659u32,
+        call: 2343u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -80790,8 +80810,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2340u32,
+        wire: 2660u32,
+        call: 2344u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -80818,8 +80838,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2341u32,
+        wire: 2661u32,
+        call: 2345u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -80846,8 +80866,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2342u32,
+        wire: 2662u32,
+        call: 2346u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -80874,8 +80894,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2343u32,
+        wire: 2663u32,
+        call: 2347u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -80902,8 +80922,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2344u32,
+        wire: 2664u32,
+        call: 2348u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -80930,8 +80950,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2345u32,
+        wire: 2665u32,
+        call: 2349u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -80962,8 +80982,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2346u32,
+        wire: 2666u32,
+        call: 2350u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -80990,8 +81010,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2347u32,
+        wire: 2667u32,
+        call: 2351u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -81018,8 +81038,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2348u32,
+        wire: 2668u32,
+        call: 2352u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -81037,8 +81057,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2349u32,
+        wire: 2669u32,
+        call: 2353u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -81061,8 +81081,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2350u32,
+        wire: 2670u32,
+        call: 2354u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -81085,8 +81105,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2351u32,
+        wire: 2671u32,
+        call: 2355u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -81144,8 +81164,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2352u32,
+        wire: 2672u32,
+        call: 2356u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -81176,8 +81196,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2353u32,
+        wire: 2673u32,
+        call: 2357u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -81204,8 +81224,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2354u32,
+        wire: 2674u32,
+        call: 2358u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -81232,8 +81252,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2663u32,
-        call: 2355u32,
+        wire: 2675u32,
+        call: 2359u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -81260,8 +81280,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2664u32,
-        call: 2356u32,
+        wire: 2676u32,
+        call: 2360u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -81288,8 +81308,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2665u32,
-        call: 2357u32,
+        wire: 2677u32,
+        call: 2361u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81327,8 +81347,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2666u32,
-        call: 2358u32,
+        wire: 2678u32,
+        call: 2362u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -81371,8 +81391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2667u32,
-        call: 2359u32,
+        wire: 2679u32,
+        call: 2363u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81415,8 +81435,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2668u32,
-        call: 2360u32,
+        wire: 2680u32,
+        call: 2364u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -81478,8 +81498,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2669u32,
-        call: 2361u32,
+        wire: 2681u32,
+        call: 2365u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81517,8 +81537,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2670u32,
-        call: 2362u32,
+        wire: 2682u32,
+        call: 2366u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -81606,8 +81626,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2671u32,
-        call: 2363u32,
+        wire: 2683u32,
+        call: 2367u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81689,8 +81709,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2672u32,
-        call: 2364u32,
+        wire: 2684u32,
+        call: 2368u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -81755,8 +81775,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2673u32,
-        call: 2365u32,
+        wire: 2685u32,
+        call: 2369u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -81821,8 +81841,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2674u32,
-        call: 2366u32,
+        wire: 2686u32,
+        call: 2370u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81888,8 +81908,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2675u32,
-        call: 2367u32,
+        wire: 2687u32,
+        call: 2371u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -81955,8 +81975,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2676u32,
-        call: 2368u32,
+        wire: 2688u32,
+        call: 2372u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -81995,8 +82015,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2677u32,
-        call: 2369u32,
+        wire: 2689u32,
+        call: 2373u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82039,8 +82059,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2678u32,
-        call: 2370u32,
+        wire: 2690u32,
+        call: 2374u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -82087,8 +82107,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2679u32,
-        call: 2371u32,
+        wire: 2691u32,
+        call: 2375u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -82133,8 +82153,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2680u32,
-        call: 2372u32,
+        wire: 2692u32,
+        call: 2376u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -82176,8 +82196,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2681u32,
-        call: 2373u32,
+        wire: 2693u32,
+        call: 2377u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -82220,8 +82240,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2682u32,
-        call: 2374u32,
+        wire: 2694u32,
+        call: 2378u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -82272,8 +82292,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2683u32,
-        call: 2375u32,
+        wire: 2695u32,
+        call: 2379u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82325,8 +82345,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2684u32,
-        call: 2376u32,
+        wire: 2696u32,
+        call: 2380u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -82373,8 +82393,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2685u32,
-        call: 2377u32,
+        wire: 2697u32,
+        call: 2381u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82422,8 +82442,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2686u32,
-        call: 2378u32,
+        wire: 2698u32,
+        call: 2382u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -82466,8 +82486,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2687u32,
-        call: 2379u32,
+        wire: 2699u32,
+        call: 2383u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82511,8 +82531,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2688u32,
-        call: 2380u32,
+        wire: 2700u32,
+        call: 2384u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -82572,8 +82592,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2689u32,
-        call: 2381u32,
+        wire: 2701u32,
+        call: 2385u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82634,8 +82654,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2690u32,
-        call: 2382u32,
+        wire: 2702u32,
+        call: 2386u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -82695,8 +82715,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2691u32,
-        call: 2383u32,
+        wire: 2703u32,
+        call: 2387u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82757,8 +82777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2692u32,
-        call: 2384u32,
+        wire: 2704u32,
+        call: 2388u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -82800,8 +82820,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2693u32,
-        call: 2385u32,
+        wire: 2705u32,
+        call: 2389u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -82842,8 +82862,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2694u32,
-        call: 2386u32,
+        wire: 2706u32,
+        call: 2390u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82886,8 +82906,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2695u32,
-        call: 2387u32,
+        wire: 2707u32,
+        call: 2391u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -82929,8 +82949,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2696u32,
-        call: 2388u32,
+        wire: 2708u32,
+        call: 2392u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -82973,8 +82993,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2697u32,
-        call: 2389u32,
+        wire: 2709u32,
+        call: 2393u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -83020,8 +83040,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2698u32,
-        call: 2390u32,
+        wire: 2710u32,
+        call: 2394u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -83071,8 +83091,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2699u32,
-        call: 2391u32,
+        wire: 2711u32,
+        call: 2395u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -83119,8 +83139,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2700u32,
-        call: 2392u32,
+        wire: 2712u32,
+        call: 2396u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83168,8 +83188,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2701u32,
-        call: 2393u32,
+        wire: 2713u32,
+        call: 2397u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -83220,8 +83240,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2702u32,
-        call: 2394u32,
+        wire: 2714u32,
+        call: 2398u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -83276,8 +83296,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2703u32,
-        call: 2395u32,
+        wire: 2715u32,
+        call: 2399u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -83333,8 +83353,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2704u32,
-        call: 2396u32,
+        wire: 2716u32,
+        call: 2400u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -83386,8 +83406,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2705u32,
-        call: 2397u32,
+        wire: 2717u32,
+        call: 2401u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -83443,8 +83463,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2706u32,
-        call: 2398u32,
+        wire: 2718u32,
+        call: 2402u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83501,8 +83521,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2707u32,
-        call: 2399u32,
+        wire: 2719u32,
+        call: 2403u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -83562,8 +83582,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2708u32,
-        call: 2400u32,
+        wire: 2720u32,
+        call: 2404u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -83624,8 +83644,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2709u32,
-        call: 2401u32,
+        wire: 2721u32,
+        call: 2405u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -83668,8 +83688,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2710u32,
-        call: 2402u32,
+        wire: 2722u32,
+        call: 2406u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83708,8 +83728,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2711u32,
-        call: 2403u32,
+        wire: 2723u32,
+        call: 2407u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -83752,8 +83772,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2712u32,
-        call: 2404u32,
+        wire: 2724u32,
+        call: 2408u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -83797,8 +83817,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2713u32,
-        call: 2405u32,
+        wire: 2725u32,
+        call: 2409u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -83890,8 +83910,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2714u32,
-        call: 2406u32,
+        wire: 2726u32,
+        call: 2410u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -83980,8 +84000,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2715u32,
-        call: 2407u32,
+        wire: 2727u32,
+        call: 2411u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -84051,8 +84071,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2716u32,
-        call: 2408u32,
+        wire: 2728u32,
+        call: 2412u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84119,8 +84139,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2717u32,
-        call: 2409u32,
+        wire: 2729u32,
+        call: 2413u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -84216,8 +84236,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2718u32,
-        call: 2410u32,
+        wire: 2730u32,
+        call: 2414u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84310,8 +84330,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2719u32,
-        call: 2411u32,
+        wire: 2731u32,
+        call: 2415u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -84338,8 +84358,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2720u32,
-        call: 2412u32,
+        wire: 2732u32,
+        call: 2416u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -84366,8 +84386,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2721u32,
-        call: 2413u32,
+        wire: 2733u32,
+        call: 2417u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -84394,8 +84414,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2722u32,
-        call: 2414u32,
+        wire: 2734u32,
+        call: 2418u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -84488,8 +84508,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2723u32,
-        call: 2415u32,
+        wire: 2735u32,
+        call: 2419u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -84555,8 +84575,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2724u32,
-        call: 2416u32,
+        wire: 2736u32,
+        call: 2420u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84618,8 +84638,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2725u32,
-        call: 2417u32,
+        wire: 2737u32,
+        call: 2421u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -84678,8 +84698,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2726u32,
-        call: 2418u32,
+        wire: 2738u32,
+        call: 2422u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -84744,8 +84764,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2727u32,
-        call: 2419u32,
+        wire: 2739u32,
+        call: 2423u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84807,8 +84827,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2728u32,
-        call: 2420u32,
+        wire: 2740u32,
+        call: 2424u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -84866,8 +84886,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2729u32,
-        call: 2421u32,
+        wire: 2741u32,
+        call: 2425u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -84945,8 +84965,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2730u32,
-        call: 2422u32,
+        wire: 2742u32,
+        call: 2426u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85021,8 +85041,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2731u32,
-        call: 2423u32,
+        wire: 2743u32,
+        call: 2427u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -85096,8 +85116,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2732u32,
-        call: 2424u32,
+        wire: 2744u32,
+        call: 2428u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85168,8 +85188,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2733u32,
-        call: 2425u32,
+        wire: 2745u32,
+        call: 2429u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -85196,8 +85216,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2734u32,
-        call: 2426u32,
+        wire: 2746u32,
+        call: 2430u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -85224,8 +85244,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2735u32,
-        call: 2427u32,
+        wire: 2747u32,
+        call: 2431u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -85252,8 +85272,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2736u32,
-        call: 2428u32,
+        wire: 2748u32,
+        call: 2432u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -85324,8 +85344,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2737u32,
-        call: 2429u32,
+        wire: 2749u32,
+        call: 2433u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -85393,8 +85413,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2738u32,
-        call: 2430u32,
+        wire: 2750u32,
+        call: 2434u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -85455,8 +85475,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2739u32,
-        call: 2431u32,
+        wire: 2751u32,
+        call: 2435u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -85514,8 +85534,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2740u32,
-        call: 2432u32,
+        wire: 2752u32,
+        call: 2436u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85553,8 +85573,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2741u32,
-        call: 2433u32,
+        wire: 2753u32,
+        call: 2437u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -85597,8 +85617,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2742u32,
-        call: 2434u32,
+        wire: 2754u32,
+        call: 2438u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -85641,8 +85661,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2743u32,
-        call: 2435u32,
+        wire: 2755u32,
+        call: 2439u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -85704,8 +85724,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2744u32,
-        call: 2436u32,
+        wire: 2756u32,
+        call: 2440u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85743,8 +85763,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2745u32,
-        call: 2437u32,
+        wire: 2757u32,
+        call: 2441u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -85832,8 +85852,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2746u32,
-        call: 2438u32,
+        wire: 2758u32,
+        call: 2442u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85915,8 +85935,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2747u32,
-        call: 2439u32,
+        wire: 2759u32,
+        call: 2443u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -85981,8 +86001,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2748u32,
-        call: 2440u32,
+        wire: 2760u32,
+        call: 2444u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -86047,8 +86067,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2749u32,
-        call: 2441u32,
+        wire: 2761u32,
+        call: 2445u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -86114,8 +86134,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2750u32,
-        call: 2442u32,
+        wire: 2762u32,
+        call: 2446u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86181,8 +86201,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2751u32,
-        call: 2443u32,
+        wire: 2763u32,
+        call: 2447u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -86221,8 +86241,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2752u32,
-        call: 2444u32,
+        wire: 2764u32,
+        call: 2448u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86265,8 +86285,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2753u32,
-        call: 2445u32,
+        wire: 2765u32,
+        call: 2449u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -86313,8 +86333,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2754u32,
-        call: 2446u32,
+        wire: 2766u32,
+        call: 2450u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -86361,8 +86381,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2755u32,
-        call: 2447u32,
+        wire: 2767u32,
+        call: 2451u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -86410,8 +86430,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2756u32,
-        call: 2448u32,
+        wire: 2768u32,
+        call: 2452u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -86462,8 +86482,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2757u32,
-        call: 2449u32,
+        wire: 2769u32,
+        call: 2453u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -86518,8 +86538,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2758u32,
-        call: 2450u32,
+        wire: 2770u32,
+        call: 2454u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -86575,8 +86595,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2759u32,
-        call: 2451u32,
+        wire: 2771u32,
+        call: 2455u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86628,8 +86648,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2760u32,
-        call: 2452u32,
+        wire: 2772u32,
+        call: 2456u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -86685,8 +86705,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2761u32,
-        call: 2453u32,
+        wire: 2773u32,
+        call: 2457u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -86743,8 +86763,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2454u32,
+        wire: 2774u32,
+        call: 2458u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -86804,8 +86824,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2455u32,
+        wire: 2775u32,
+        call: 2459u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86866,8 +86886,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2456u32,
+        wire: 2776u32,
+        call: 2460u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -86912,8 +86932,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2457u32,
+        wire: 2777u32,
+        call: 2461u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -86955,8 +86975,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2458u32,
+        wire: 2778u32,
+        call: 2462u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -86999,8 +87019,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2459u32,
+        wire: 2779u32,
+        call: 2463u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -87042,8 +87062,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2460u32,
+        wire: 2780u32,
+        call: 2464u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -87084,8 +87104,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2461u32,
+        wire: 2781u32,
+        call: 2465u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -87128,8 +87148,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2462u32,
+        wire: 2782u32,
+        call: 2466u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -87171,8 +87191,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2463u32,
+        wire: 2783u32,
+        call: 2467u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -87215,8 +87235,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2464u32,
+        wire: 2784u32,
+        call: 2468u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -87262,8 +87282,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2465u32,
+        wire: 2785u32,
+        call: 2469u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -87313,8 +87333,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2466u32,
+        wire: 2786u32,
+        call: 2470u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -87357,8 +87377,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2467u32,
+        wire: 2787u32,
+        call: 2471u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -87397,8 +87417,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2468u32,
+        wire: 2788u32,
+        call: 2472u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -87441,8 +87461,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2469u32,
+        wire: 2789u32,
+        call: 2473u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -87486,8 +87506,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2470u32,
+        wire: 2790u32,
+        call: 2474u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -87538,8 +87558,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2471u32,
+        wire: 2791u32,
+        call: 2475u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87591,8 +87611,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2780u32,
-        call: 2472u32,
+        wire: 2792u32,
+        call: 2476u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -87639,8 +87659,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2781u32,
-        call: 2473u32,
+        wire: 2793u32,
+        call: 2477u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87688,8 +87708,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2782u32,
-        call: 2474u32,
+        wire: 2794u32,
+        call: 2478u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -87732,8 +87752,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2783u32,
-        call: 2475u32,
+        wire: 2795u32,
+        call: 2479u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87777,8 +87797,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2784u32,
-        call: 2476u32,
+        wire: 2796u32,
+        call: 2480u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -87838,8 +87858,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2785u32,
-        call: 2477u32,
+        wire: 2797u32,
+        call: 2481u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87900,8 +87920,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2786u32,
-        call: 2478u32,
+        wire: 2798u32,
+        call: 2482u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -87961,8 +87981,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2787u32,
-        call: 2479u32,
+        wire: 2799u32,
+        call: 2483u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -88023,8 +88043,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetProperty: CallDesc = CallDesc {
-        wire: 2788u32,
-        call: 2480u32,
+        wire: 2800u32,
+        call: 2484u32,
         name: "cusolverGetProperty",
         form: None,
         library: "cusolver",
@@ -88054,8 +88074,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetVersion: CallDesc = CallDesc {
-        wire: 2789u32,
-        call: 2481u32,
+        wire: 2801u32,
+        call: 2485u32,
         name: "cusolverGetVersion",
         form: None,
         library: "cusolver",
@@ -88081,8 +88101,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2790u32,
-        call: 2482u32,
+        wire: 2802u32,
+        call: 2486u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -88105,8 +88125,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2791u32,
-        call: 2483u32,
+        wire: 2803u32,
+        call: 2487u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -88129,8 +88149,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2792u32,
-        call: 2484u32,
+        wire: 2804u32,
+        call: 2488u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -88153,8 +88173,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2793u32,
-        call: 2485u32,
+        wire: 2805u32,
+        call: 2489u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -88177,8 +88197,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2794u32,
-        call: 2486u32,
+        wire: 2806u32,
+        call: 2490u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -88201,8 +88221,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2795u32,
-        call: 2487u32,
+        wire: 2807u32,
+        call: 2491u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -88225,8 +88245,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2796u32,
-        call: 2488u32,
+        wire: 2808u32,
+        call: 2492u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -88257,8 +88277,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2797u32,
-        call: 2489u32,
+        wire: 2809u32,
+        call: 2493u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -88289,8 +88309,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2798u32,
-        call: 2490u32,
+        wire: 2810u32,
+        call: 2494u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -88321,8 +88341,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2799u32,
-        call: 2491u32,
+        wire: 2811u32,
+        call: 2495u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -88349,8 +88369,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2800u32,
-        call: 2492u32,
+        wire: 2812u32,
+        call: 2496u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -88373,8 +88393,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2801u32,
-        call: 2493u32,
+        wire: 2813u32,
+        call: 2497u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -88397,8 +88417,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2802u32,
-        call: 2494u32,
+        wire: 2814u32,
+        call: 2498u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -88421,8 +88441,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2803u32,
-        call: 2495u32,
+        wire: 2815u32,
+        call: 2499u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -88445,8 +88465,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2804u32,
-        call: 2496u32,
+        wire: 2816u32,
+        call: 2500u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -88473,8 +88493,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2805u32,
-        call: 2497u32,
+        wire: 2817u32,
+        call: 2501u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -88792,8 +88812,8 @@ pub mod cusparse {
         ],
     );
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1922u32,
+        wire: 2242u32,
+        call: 1926u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -88836,8 +88856,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1923u32,
+        wire: 2243u32,
+        call: 1927u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -88876,8 +88896,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1924u32,
+        wire: 2244u32,
+        call: 1928u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -88930,8 +88950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1925u32,
+        wire: 2245u32,
+        call: 1929u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -88986,8 +89006,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1926u32,
+        wire: 2246u32,
+        call: 1930u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89044,8 +89064,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1927u32,
+        wire: 2247u32,
+        call: 1931u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -89100,8 +89120,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1928u32,
+        wire: 2248u32,
+        call: 1932u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89156,8 +89176,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1929u32,
+        wire: 2249u32,
+        call: 1933u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89214,8 +89234,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1930u32,
+        wire: 2250u32,
+        call: 1934u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -89299,8 +89319,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1931u32,
+        wire: 2251u32,
+        call: 1935u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -89368,8 +89388,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1932u32,
+        wire: 2252u32,
+        call: 1936u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89436,8 +89456,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1933u32,
+        wire: 2253u32,
+        call: 1937u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89506,8 +89526,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1934u32,
+        wire: 2254u32,
+        call: 1938u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -89590,8 +89610,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1935u32,
+        wire: 2255u32,
+        call: 1939u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -89650,8 +89670,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1936u32,
+        wire: 2256u32,
+        call: 1940u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89712,8 +89732,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1937u32,
+        wire: 2257u32,
+        call: 1941u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89780,8 +89800,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1938u32,
+        wire: 2258u32,
+        call: 1942u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -89855,8 +89875,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1939u32,
+        wire: 2259u32,
+        call: 1943u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -89909,8 +89929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1940u32,
+        wire: 2260u32,
+        call: 1944u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -89957,8 +89977,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1941u32,
+        wire: 2261u32,
+        call: 1945u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -90016,8 +90036,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1942u32,
+        wire: 2262u32,
+        call: 1946u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -90074,8 +90094,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1943u32,
+        wire: 2263u32,
+        call: 1947u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -90148,8 +90168,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1944u32,
+        wire: 2264u32,
+        call: 1948u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90228,8 +90248,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1945u32,
+        wire: 2265u32,
+        call: 1949u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -90321,8 +90341,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1946u32,
+        wire: 2266u32,
+        call: 1950u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90410,8 +90430,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1947u32,
+        wire: 2267u32,
+        call: 1951u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -90458,8 +90478,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1948u32,
+        wire: 2268u32,
+        call: 1952u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90508,8 +90528,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1949u32,
+        wire: 2269u32,
+        call: 1953u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -90556,8 +90576,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1950u32,
+        wire: 2270u32,
+        call: 1954u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90606,8 +90626,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1951u32,
+        wire: 2271u32,
+        call: 1955u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -90681,8 +90701,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1952u32,
+        wire: 2272u32,
+        call: 1956u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -90756,8 +90776,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1953u32,
+        wire: 2273u32,
+        call: 1957u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -90808,8 +90828,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1954u32,
+        wire: 2274u32,
+        call: 1958u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -90862,8 +90882,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1955u32,
+        wire: 2275u32,
+        call: 1959u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -90922,8 +90942,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1956u32,
+        wire: 2276u32,
+        call: 1960u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -90970,8 +90990,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1957u32,
+        wire: 2277u32,
+        call: 1961u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -91020,8 +91040,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1958u32,
+        wire: 2278u32,
+        call: 1962u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -91078,8 +91098,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1959u32,
+        wire: 2279u32,
+        call: 1963u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -91132,8 +91152,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1960u32,
+        wire: 2280u32,
+        call: 1964u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -91203,8 +91223,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1961u32,
+        wire: 2281u32,
+        call: 1965u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -91273,8 +91293,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1962u32,
+        wire: 2282u32,
+        call: 1966u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -91332,8 +91352,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1963u32,
+        wire: 2283u32,
+        call: 1967u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -91391,8 +91411,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1964u32,
+        wire: 2284u32,
+        call: 1968u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -91416,8 +91436,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1965u32,
+        wire: 2285u32,
+        call: 1969u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -91441,8 +91461,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1966u32,
+        wire: 2286u32,
+        call: 1970u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -91466,8 +91486,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1967u32,
+        wire: 2287u32,
+        call: 1971u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -91491,8 +91511,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1968u32,
+        wire: 2288u32,
+        call: 1972u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -91552,8 +91572,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1969u32,
+        wire: 2289u32,
+        call: 1973u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -91619,8 +91639,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 1970u32,
+        wire: 2290u32,
+        call: 1974u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -91646,8 +91666,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 1971u32,
+        wire: 2291u32,
+        call: 1975u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -91678,8 +91698,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 1972u32,
+        wire: 2292u32,
+        call: 1976u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -91706,8 +91726,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 1973u32,
+        wire: 2293u32,
+        call: 1977u32,
         name: "cusparseCreate",
         form: Some(Form::Call),
         library: "cusparse",
@@ -91730,8 +91750,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 1974u32,
+        wire: 2294u32,
+        call: 1978u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -91797,8 +91817,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 1975u32,
+        wire: 2295u32,
+        call: 1979u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -91821,8 +91841,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 1976u32,
+        wire: 2296u32,
+        call: 1980u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91845,8 +91865,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 1977u32,
+        wire: 2297u32,
+        call: 1981u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91869,8 +91889,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 1978u32,
+        wire: 2298u32,
+        call: 1982u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91893,8 +91913,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 1979u32,
+        wire: 2299u32,
+        call: 1983u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -91917,8 +91937,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 1980u32,
+        wire: 2300u32,
+        call: 1984u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -91984,8 +92004,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 1981u32,
+        wire: 2301u32,
+        call: 1985u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -92035,8 +92055,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 1982u32,
+        wire: 2302u32,
+        call: 1986u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -92090,8 +92110,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 1983u32,
+        wire: 2303u32,
+        call: 1987u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -92135,8 +92155,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 1984u32,
+        wire: 2304u32,
+        call: 1988u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -92168,8 +92188,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 1985u32,
+        wire: 2305u32,
+        call: 1989u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -92219,8 +92239,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 1986u32,
+        wire: 2306u32,
+        call: 1990u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -92269,8 +92289,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 1987u32,
+        wire: 2307u32,
+        call: 1991u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -92324,8 +92344,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 1988u32,
+        wire: 2308u32,
+        call: 1992u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -92348,8 +92368,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 1989u32,
+        wire: 2309u32,
+        call: 1993u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -92372,8 +92392,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 1990u32,
+        wire: 2310u32,
+        call: 1994u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -92396,8 +92416,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 1991u32,
+        wire: 2311u32,
+        call: 1995u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -92420,8 +92440,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 1992u32,
+        wire: 2312u32,
+        call: 1996u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -92444,8 +92464,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 1993u32,
+        wire: 2313u32,
+        call: 1997u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -92468,8 +92488,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 1994u32,
+        wire: 2314u32,
+        call: 1998u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -92513,8 +92533,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 1995u32,
+        wire: 2315u32,
+        call: 1999u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -92546,8 +92566,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 1996u32,
+        wire: 2316u32,
+        call: 2000u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -92575,8 +92595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 1997u32,
+        wire: 2317u32,
+        call: 2001u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -92599,8 +92619,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 1998u32,
+        wire: 2318u32,
+        call: 2002u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -92623,8 +92643,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 1999u32,
+        wire: 2319u32,
+        call: 2003u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -92650,8 +92670,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2000u32,
+        wire: 2320u32,
+        call: 2004u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -92686,8 +92706,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2001u32,
+        wire: 2321u32,
+        call: 2005u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -92740,8 +92760,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2002u32,
+        wire: 2322u32,
+        call: 2006u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -92796,8 +92816,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2003u32,
+        wire: 2323u32,
+        call: 2007u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92854,8 +92874,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2004u32,
+        wire: 2324u32,
+        call: 2008u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -92910,8 +92930,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2005u32,
+        wire: 2325u32,
+        call: 2009u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92966,8 +92986,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2006u32,
+        wire: 2326u32,
+        call: 2010u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93024,8 +93044,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2007u32,
+        wire: 2327u32,
+        call: 2011u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -93109,8 +93129,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2008u32,
+        wire: 2328u32,
+        call: 2012u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -93178,8 +93198,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2009u32,
+        wire: 2329u32,
+        call: 2013u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -93246,8 +93266,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2010u32,
+        wire: 2330u32,
+        call: 2014u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93316,8 +93336,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2011u32,
+        wire: 2331u32,
+        call: 2015u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93400,8 +93420,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2012u32,
+        wire: 2332u32,
+        call: 2016u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93460,8 +93480,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2013u32,
+        wire: 2333u32,
+        call: 2017u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93522,8 +93542,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2014u32,
+        wire: 2334u32,
+        call: 2018u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -93590,8 +93610,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2015u32,
+        wire: 2335u32,
+        call: 2019u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -93665,8 +93685,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2016u32,
+        wire: 2336u32,
+        call: 2020u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -93719,8 +93739,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2017u32,
+        wire: 2337u32,
+        call: 2021u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -93767,8 +93787,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2018u32,
+        wire: 2338u32,
+        call: 2022u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -93826,8 +93846,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2019u32,
+        wire: 2339u32,
+        call: 2023u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -93884,8 +93904,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2020u32,
+        wire: 2340u32,
+        call: 2024u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -93958,8 +93978,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2021u32,
+        wire: 2341u32,
+        call: 2025u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94038,8 +94058,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2022u32,
+        wire: 2342u32,
+        call: 2026u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -94131,8 +94151,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2023u32,
+        wire: 2343u32,
+        call: 2027u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94220,8 +94240,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2024u32,
+        wire: 2344u32,
+        call: 2028u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -94268,8 +94288,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2025u32,
+        wire: 2345u32,
+        call: 2029u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94318,8 +94338,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2026u32,
+        wire: 2346u32,
+        call: 2030u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -94366,8 +94386,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2027u32,
+        wire: 2347u32,
+        call: 2031u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94416,8 +94436,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2028u32,
+        wire: 2348u32,
+        call: 2032u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -94491,8 +94511,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2029u32,
+        wire: 2349u32,
+        call: 2033u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -94566,8 +94586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2030u32,
+        wire: 2350u32,
+        call: 2034u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -94618,8 +94638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2031u32,
+        wire: 2351u32,
+        call: 2035u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -94672,8 +94692,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2032u32,
+        wire: 2352u32,
+        call: 2036u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -94732,8 +94752,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2033u32,
+        wire: 2353u32,
+        call: 2037u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -94780,8 +94800,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2034u32,
+        wire: 2354u32,
+        call: 2038u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94830,8 +94850,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2035u32,
+        wire: 2355u32,
+        call: 2039u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -94867,8 +94887,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2036u32,
+        wire: 2356u32,
+        call: 2040u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -94910,8 +94930,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2037u32,
+        wire: 2357u32,
+        call: 2041u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -94947,8 +94967,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2038u32,
+        wire: 2358u32,
+        call: 2042u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -94971,8 +94991,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2039u32,
+        wire: 2359u32,
+        call: 2043u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -94995,8 +95015,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2040u32,
+        wire: 2360u32,
+        call: 2044u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -95019,8 +95039,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2041u32,
+        wire: 2361u32,
+        call: 2045u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -95043,8 +95063,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2042u32,
+        wire: 2362u32,
+        call: 2046u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -95067,8 +95087,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2043u32,
+        wire: 2363u32,
+        call: 2047u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -95091,8 +95111,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2044u32,
+        wire: 2364u32,
+        call: 2048u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -95115,8 +95135,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2045u32,
+        wire: 2365u32,
+        call: 2049u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -95139,8 +95159,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2046u32,
+        wire: 2366u32,
+        call: 2050u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -95163,8 +95183,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2047u32,
+        wire: 2367u32,
+        call: 2051u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -95187,8 +95207,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2048u32,
+        wire: 2368u32,
+        call: 2052u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -95211,8 +95231,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2049u32,
+        wire: 2369u32,
+        call: 2053u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -95235,8 +95255,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2050u32,
+        wire: 2370u32,
+        call: 2054u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -95259,8 +95279,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2051u32,
+        wire: 2371u32,
+        call: 2055u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -95283,8 +95303,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2052u32,
+        wire: 2372u32,
+        call: 2056u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -95307,8 +95327,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2053u32,
+        wire: 2373u32,
+        call: 2057u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -95331,8 +95351,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2054u32,
+        wire: 2374u32,
+        call: 2058u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -95355,8 +95375,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2055u32,
+        wire: 2375u32,
+        call: 2059u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -95379,8 +95399,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2056u32,
+        wire: 2376u32,
+        call: 2060u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -95437,8 +95457,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2057u32,
+        wire: 2377u32,
+        call: 2061u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -95491,8 +95511,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2058u32,
+        wire: 2378u32,
+        call: 2062u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -95562,8 +95582,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2059u32,
+        wire: 2379u32,
+        call: 2063u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -95632,8 +95652,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2060u32,
+        wire: 2380u32,
+        call: 2064u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -95657,8 +95677,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2061u32,
+        wire: 2381u32,
+        call: 2065u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -95689,8 +95709,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2062u32,
+        wire: 2382u32,
+        call: 2066u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -95714,8 +95734,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2063u32,
+        wire: 2383u32,
+        call: 2067u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -95739,8 +95759,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2064u32,
+        wire: 2384u32,
+        call: 2068u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -95764,8 +95784,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2065u32,
+        wire: 2385u32,
+        call: 2069u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -95823,8 +95843,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2066u32,
+        wire: 2386u32,
+        call: 2070u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -95888,8 +95908,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2067u32,
+        wire: 2387u32,
+        call: 2071u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -95951,8 +95971,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2068u32,
+        wire: 2388u32,
+        call: 2072u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -95983,8 +96003,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2069u32,
+        wire: 2389u32,
+        call: 2073u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -96010,8 +96030,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2070u32,
+        wire: 2390u32,
+        call: 2074u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -96037,8 +96057,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2071u32,
+        wire: 2391u32,
+        call: 2075u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -96064,8 +96084,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2072u32,
+        wire: 2392u32,
+        call: 2076u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -96091,8 +96111,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetProperty: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2073u32,
+        wire: 2393u32,
+        call: 2077u32,
         name: "cusparseGetProperty",
         form: None,
         library: "cusparse",
@@ -96122,8 +96142,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2074u32,
+        wire: 2394u32,
+        call: 2078u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -96150,8 +96170,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetVersion: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2075u32,
+        wire: 2395u32,
+        call: 2079u32,
         name: "cusparseGetVersion",
         form: None,
         library: "cusparse",
@@ -96181,8 +96201,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2076u32,
+        wire: 2396u32,
+        call: 2080u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -96200,8 +96220,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2077u32,
+        wire: 2397u32,
+        call: 2081u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -96224,8 +96244,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2078u32,
+        wire: 2398u32,
+        call: 2082u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -96248,8 +96268,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2079u32,
+        wire: 2399u32,
+        call: 2083u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -96313,8 +96333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2080u32,
+        wire: 2400u32,
+        call: 2084u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -96384,8 +96404,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2081u32,
+        wire: 2401u32,
+        call: 2085u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -96449,8 +96469,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2082u32,
+        wire: 2402u32,
+        call: 2086u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -96503,8 +96523,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2083u32,
+        wire: 2403u32,
+        call: 2087u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -96559,8 +96579,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2084u32,
+        wire: 2404u32,
+        call: 2088u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96617,8 +96637,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2085u32,
+        wire: 2405u32,
+        call: 2089u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -96673,8 +96693,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2086u32,
+        wire: 2406u32,
+        call: 2090u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -96729,8 +96749,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2087u32,
+        wire: 2407u32,
+        call: 2091u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96787,8 +96807,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2088u32,
+        wire: 2408u32,
+        call: 2092u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -96872,8 +96892,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2089u32,
+        wire: 2409u32,
+        call: 2093u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -96941,8 +96961,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2090u32,
+        wire: 2410u32,
+        call: 2094u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -97009,8 +97029,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2091u32,
+        wire: 2411u32,
+        call: 2095u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97079,8 +97099,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2092u32,
+        wire: 2412u32,
+        call: 2096u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -97163,8 +97183,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2093u32,
+        wire: 2413u32,
+        call: 2097u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -97223,8 +97243,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2094u32,
+        wire: 2414u32,
+        call: 2098u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97285,8 +97305,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2095u32,
+        wire: 2415u32,
+        call: 2099u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -97353,8 +97373,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2096u32,
+        wire: 2416u32,
+        call: 2100u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -97428,8 +97448,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2097u32,
+        wire: 2417u32,
+        call: 2101u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -97460,8 +97480,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2098u32,
+        wire: 2418u32,
+        call: 2102u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -97514,8 +97534,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2099u32,
+        wire: 2419u32,
+        call: 2103u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -97562,8 +97582,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2100u32,
+        wire: 2420u32,
+        call: 2104u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -97621,8 +97641,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2101u32,
+        wire: 2421u32,
+        call: 2105u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -97679,8 +97699,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2102u32,
+        wire: 2422u32,
+        call: 2106u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -97753,8 +97773,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2103u32,
+        wire: 2423u32,
+        call: 2107u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97833,8 +97853,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2104u32,
+        wire: 2424u32,
+        call: 2108u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -97926,8 +97946,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2105u32,
+        wire: 2425u32,
+        call: 2109u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -98015,8 +98035,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2106u32,
+        wire: 2426u32,
+        call: 2110u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -98063,8 +98083,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2107u32,
+        wire: 2427u32,
+        call: 2111u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -98113,8 +98133,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2108u32,
+        wire: 2428u32,
+        call: 2112u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -98161,8 +98181,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2109u32,
+        wire: 2429u32,
+        call: 2113u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -98211,8 +98231,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2110u32,
+        wire: 2430u32,
+        call: 2114u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -98286,8 +98306,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2111u32,
+        wire: 2431u32,
+        call: 2115u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -98361,8 +98381,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2112u32,
+        wire: 2432u32,
+        call: 2116u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -98413,8 +98433,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2113u32,
+        wire: 2433u32,
+        call: 2117u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -98467,8 +98487,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2114u32,
+        wire: 2434u32,
+        call: 2118u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -98527,8 +98547,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2115u32,
+        wire: 2435u32,
+        call: 2119u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -98575,8 +98595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2116u32,
+        wire: 2436u32,
+        call: 2120u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -98625,8 +98645,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2117u32,
+        wire: 2437u32,
+        call: 2121u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -98653,8 +98673,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2118u32,
+        wire: 2438u32,
+        call: 2122u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -98681,8 +98701,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2119u32,
+        wire: 2439u32,
+        call: 2123u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -98709,8 +98729,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2120u32,
+        wire: 2440u32,
+        call: 2124u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -98737,8 +98757,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2121u32,
+        wire: 2441u32,
+        call: 2125u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -98765,8 +98785,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2122u32,
+        wire: 2442u32,
+        call: 2126u32,
         name: "cusparseSetPointerMode",
         form: Some(Form::Call),
         library: "cusparse",
@@ -98793,8 +98813,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2123u32,
+        wire: 2443u32,
+        call: 2127u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -98821,8 +98841,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2124u32,
+        wire: 2444u32,
+        call: 2128u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -98879,8 +98899,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2125u32,
+        wire: 2445u32,
+        call: 2129u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -98933,8 +98953,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2126u32,
+        wire: 2446u32,
+        call: 2130u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -99004,8 +99024,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2127u32,
+        wire: 2447u32,
+        call: 2131u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -99074,8 +99094,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2128u32,
+        wire: 2448u32,
+        call: 2132u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -99150,8 +99170,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2129u32,
+        wire: 2449u32,
+        call: 2133u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -99218,8 +99238,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2130u32,
+        wire: 2450u32,
+        call: 2134u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -99242,8 +99262,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2131u32,
+        wire: 2451u32,
+        call: 2135u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99266,8 +99286,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2132u32,
+        wire: 2452u32,
+        call: 2136u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -99342,8 +99362,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2133u32,
+        wire: 2453u32,
+        call: 2137u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -99410,8 +99430,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2134u32,
+        wire: 2454u32,
+        call: 2138u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -99470,8 +99490,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2135u32,
+        wire: 2455u32,
+        call: 2139u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -99535,8 +99555,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2136u32,
+        wire: 2456u32,
+        call: 2140u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -99560,8 +99580,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2137u32,
+        wire: 2457u32,
+        call: 2141u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -99584,8 +99604,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2138u32,
+        wire: 2458u32,
+        call: 2142u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -99655,8 +99675,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2139u32,
+        wire: 2459u32,
+        call: 2143u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -99720,8 +99740,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2140u32,
+        wire: 2460u32,
+        call: 2144u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -99781,8 +99801,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2141u32,
+        wire: 2461u32,
+        call: 2145u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -99848,8 +99868,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2142u32,
+        wire: 2462u32,
+        call: 2146u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -99909,8 +99929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2143u32,
+        wire: 2463u32,
+        call: 2147u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -99942,8 +99962,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2144u32,
+        wire: 2464u32,
+        call: 2148u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -99987,8 +100007,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2145u32,
+        wire: 2465u32,
+        call: 2149u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -100012,8 +100032,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2146u32,
+        wire: 2466u32,
+        call: 2150u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -100045,8 +100065,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2147u32,
+        wire: 2467u32,
+        call: 2151u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -100073,8 +100093,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2148u32,
+        wire: 2468u32,
+        call: 2152u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -100098,8 +100118,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2149u32,
+        wire: 2469u32,
+        call: 2153u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -100161,8 +100181,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2150u32,
+        wire: 2470u32,
+        call: 2154u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -100230,8 +100250,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2151u32,
+        wire: 2471u32,
+        call: 2155u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -100254,8 +100274,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2152u32,
+        wire: 2472u32,
+        call: 2156u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -100278,8 +100298,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2153u32,
+        wire: 2473u32,
+        call: 2157u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -100340,8 +100360,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2154u32,
+        wire: 2474u32,
+        call: 2158u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -100399,8 +100419,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2155u32,
+        wire: 2475u32,
+        call: 2159u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -100464,8 +100484,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2156u32,
+        wire: 2476u32,
+        call: 2160u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -100488,8 +100508,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2157u32,
+        wire: 2477u32,
+        call: 2161u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -100512,8 +100532,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2158u32,
+        wire: 2478u32,
+        call: 2162u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -100570,8 +100590,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2159u32,
+        wire: 2479u32,
+        call: 2163u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -100595,8 +100615,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2160u32,
+        wire: 2480u32,
+        call: 2164u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -100620,8 +100640,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2161u32,
+        wire: 2481u32,
+        call: 2165u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -100657,8 +100677,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2162u32,
+        wire: 2482u32,
+        call: 2166u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -100700,8 +100720,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2163u32,
+        wire: 2483u32,
+        call: 2167u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -100759,8 +100779,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2164u32,
+        wire: 2484u32,
+        call: 2168u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100824,8 +100844,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2165u32,
+        wire: 2485u32,
+        call: 2169u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -100887,8 +100907,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2166u32,
+        wire: 2486u32,
+        call: 2170u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100921,8 +100941,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2167u32,
+        wire: 2487u32,
+        call: 2171u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100955,8 +100975,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2168u32,
+        wire: 2488u32,
+        call: 2172u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100989,8 +101009,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2169u32,
+        wire: 2489u32,
+        call: 2173u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101023,8 +101043,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2170u32,
+        wire: 2490u32,
+        call: 2174u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -101061,8 +101081,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2171u32,
+        wire: 2491u32,
+        call: 2175u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -101101,8 +101121,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2172u32,
+        wire: 2492u32,
+        call: 2176u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -101141,8 +101161,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2173u32,
+        wire: 2493u32,
+        call: 2177u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -101186,8 +101206,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2174u32,
+        wire: 2494u32,
+        call: 2178u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -101243,8 +101263,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2175u32,
+        wire: 2495u32,
+        call: 2179u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -101281,8 +101301,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2176u32,
+        wire: 2496u32,
+        call: 2180u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -101343,8 +101363,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2177u32,
+        wire: 2497u32,
+        call: 2181u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -101407,8 +101427,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2178u32,
+        wire: 2498u32,
+        call: 2182u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -101489,8 +101509,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2179u32,
+        wire: 2499u32,
+        call: 2183u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101523,8 +101543,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2180u32,
+        wire: 2500u32,
+        call: 2184u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101557,8 +101577,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2181u32,
+        wire: 2501u32,
+        call: 2185u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101591,8 +101611,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2182u32,
+        wire: 2502u32,
+        call: 2186u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -101635,8 +101655,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2183u32,
+        wire: 2503u32,
+        call: 2187u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -101680,8 +101700,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2184u32,
+        wire: 2504u32,
+        call: 2188u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101714,8 +101734,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2185u32,
+        wire: 2505u32,
+        call: 2189u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -101770,8 +101790,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2186u32,
+        wire: 2506u32,
+        call: 2190u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -101844,8 +101864,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2187u32,
+        wire: 2507u32,
+        call: 2191u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -101898,8 +101918,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2188u32,
+        wire: 2508u32,
+        call: 2192u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -101954,8 +101974,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2189u32,
+        wire: 2509u32,
+        call: 2193u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102012,8 +102032,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2190u32,
+        wire: 2510u32,
+        call: 2194u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -102068,8 +102088,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2191u32,
+        wire: 2511u32,
+        call: 2195u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -102124,8 +102144,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2192u32,
+        wire: 2512u32,
+        call: 2196u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102182,8 +102202,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2193u32,
+        wire: 2513u32,
+        call: 2197u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -102267,8 +102287,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2194u32,
+        wire: 2514u32,
+        call: 2198u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -102336,8 +102356,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2195u32,
+        wire: 2515u32,
+        call: 2199u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -102404,8 +102424,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2196u32,
+        wire: 2516u32,
+        call: 2200u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -102474,8 +102494,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2197u32,
+        wire: 2517u32,
+        call: 2201u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -102558,8 +102578,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2198u32,
+        wire: 2518u32,
+        call: 2202u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -102618,8 +102638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2199u32,
+        wire: 2519u32,
+        call: 2203u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -102680,8 +102700,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2200u32,
+        wire: 2520u32,
+        call: 2204u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -102748,8 +102768,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2201u32,
+        wire: 2521u32,
+        call: 2205u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -102823,8 +102843,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2202u32,
+        wire: 2522u32,
+        call: 2206u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -102877,8 +102897,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2203u32,
+        wire: 2523u32,
+        call: 2207u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -102925,8 +102945,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2204u32,
+        wire: 2524u32,
+        call: 2208u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -102984,8 +103004,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2205u32,
+        wire: 2525u32,
+        call: 2209u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -103042,8 +103062,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2206u32,
+        wire: 2526u32,
+        call: 2210u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -103116,8 +103136,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2207u32,
+        wire: 2527u32,
+        call: 2211u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103196,8 +103216,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2208u32,
+        wire: 2528u32,
+        call: 2212u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -103289,8 +103309,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2209u32,
+        wire: 2529u32,
+        call: 2213u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103378,8 +103398,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2210u32,
+        wire: 2530u32,
+        call: 2214u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -103426,8 +103446,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2211u32,
+        wire: 2531u32,
+        call: 2215u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -103476,8 +103496,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2212u32,
+        wire: 2532u32,
+        call: 2216u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -103524,8 +103544,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2213u32,
+        wire: 2533u32,
+        call: 2217u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -103574,8 +103594,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2214u32,
+        wire: 2534u32,
+        call: 2218u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -103649,8 +103669,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2215u32,
+        wire: 2535u32,
+        call: 2219u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -103724,8 +103744,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2216u32,
+        wire: 2536u32,
+        call: 2220u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -103776,8 +103796,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2217u32,
+        wire: 2537u32,
+        call: 2221u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -103830,8 +103850,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2218u32,
+        wire: 2538u32,
+        call: 2222u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -103890,8 +103910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2219u32,
+        wire: 2539u32,
+        call: 2223u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -103938,8 +103958,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2220u32,
+        wire: 2540u32,
+        call: 2224u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103988,8 +104008,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2221u32,
+        wire: 2541u32,
+        call: 2225u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -104046,8 +104066,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2222u32,
+        wire: 2542u32,
+        call: 2226u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -104100,8 +104120,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2223u32,
+        wire: 2543u32,
+        call: 2227u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -104171,8 +104191,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2224u32,
+        wire: 2544u32,
+        call: 2228u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -104241,8 +104261,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2225u32,
+        wire: 2545u32,
+        call: 2229u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -104300,8 +104320,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2226u32,
+        wire: 2546u32,
+        call: 2230u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -104362,8 +104382,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2900u32,
-        call: 2585u32,
+        wire: 2912u32,
+        call: 2589u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104389,8 +104409,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2901u32,
-        call: 2585u32,
+        wire: 2913u32,
+        call: 2589u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104416,8 +104436,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2902u32,
-        call: 2585u32,
+        wire: 2914u32,
+        call: 2589u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104443,8 +104463,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtGetProperty: CallDesc = CallDesc {
-        wire: 2903u32,
-        call: 2586u32,
+        wire: 2915u32,
+        call: 2590u32,
         name: "cusparseLtGetProperty",
         form: None,
         library: "cusparselt",
@@ -104474,8 +104494,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2904u32,
-        call: 2587u32,
+        wire: 2916u32,
+        call: 2591u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104501,8 +104521,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2905u32,
-        call: 2587u32,
+        wire: 2917u32,
+        call: 2591u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104528,8 +104548,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2906u32,
-        call: 2587u32,
+        wire: 2918u32,
+        call: 2591u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104555,8 +104575,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2907u32,
-        call: 2588u32,
+        wire: 2919u32,
+        call: 2592u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -104582,8 +104602,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2908u32,
-        call: 2589u32,
+        wire: 2920u32,
+        call: 2593u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -104609,8 +104629,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2909u32,
-        call: 2589u32,
+        wire: 2921u32,
+        call: 2593u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -104636,8 +104656,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2910u32,
-        call: 2589u32,
+        wire: 2922u32,
+        call: 2593u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -104732,83 +104752,91 @@ pub mod driver {
     static LEN_cuMemPrefetchBatchAsync_ptsz_58: Len = Len::Param(5u8);
     static LEN_cuMemRangeGetAttribute_59: Len = Len::Param(1u8);
     static LEN_cuMemSetAccess_60: Len = Len::Param(3u8);
-    static LEN_cuMemcpyAtoH_61: Len = Len::Param(3u8);
-    static LEN_cuMemcpyAtoHAsync_62: Len = Len::Param(3u8);
-    static LEN_cuMemcpyAtoHAsync_v2_63: Len = Len::Param(3u8);
-    static LEN_cuMemcpyAtoHAsync_v2_ptsz_64: Len = Len::Param(3u8);
-    static LEN_cuMemcpyAtoH_v2_65: Len = Len::Param(3u8);
-    static LEN_cuMemcpyAtoH_v2_ptds_66: Len = Len::Param(3u8);
-    static LEN_cuMemcpyDtoHAsync_v2__call_67: Len = Len::Param(2u8);
-    static LEN_cuMemcpyDtoHAsync_v2_ptsz__call_68: Len = Len::Param(2u8);
-    static LEN_cuMemcpyDtoH_v2__call_69: Len = Len::Param(2u8);
-    static LEN_cuMemcpyDtoH_v2_ptds__call_70: Len = Len::Param(2u8);
-    static LEN_cuMemcpyHtoA_71: Len = Len::Param(3u8);
-    static LEN_cuMemcpyHtoAAsync_72: Len = Len::Param(3u8);
-    static LEN_cuMemcpyHtoAAsync_v2_73: Len = Len::Param(3u8);
-    static LEN_cuMemcpyHtoAAsync_v2_ptsz_74: Len = Len::Param(3u8);
-    static LEN_cuMemcpyHtoA_v2_75: Len = Len::Param(3u8);
-    static LEN_cuMemcpyHtoA_v2_ptds_76: Len = Len::Param(3u8);
-    static LEN_cuMemcpyHtoDAsync_v2__call_77: Len = Len::Param(2u8);
-    static LEN_cuMemcpyHtoDAsync_v2_ptsz__call_78: Len = Len::Param(2u8);
-    static LEN_cuMemcpyHtoD_v2__call_79: Len = Len::Param(2u8);
-    static LEN_cuMemcpyHtoD_v2_ptds__call_80: Len = Len::Param(2u8);
-    static LEN_cuParamSetv_81: Len = Len::Param(3u8);
-    static LEN_cuPointerSetAttribute_82: Len = Len::Lit(4u64);
-    static LEN_cuStreamBatchMemOp__cu118_83: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp__cu131_84: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_ptsz__cu118_85: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_ptsz__cu131_86: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_v2__cu118_87: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_v2__cu131_88: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_v2_ptsz__cu118_89: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_v2_ptsz__cu131_90: Len = Len::Param(1u8);
-    static LEN_cuStreamBeginCaptureToGraph__call_91: Len = Len::Param(4u8);
-    static LEN_cuStreamBeginCaptureToGraph__call_92: Len = Len::Param(4u8);
-    static LEN_cuStreamBeginCaptureToGraph_ptsz__call_93: Len = Len::Param(4u8);
-    static LEN_cuStreamBeginCaptureToGraph_ptsz__call_94: Len = Len::Param(4u8);
-    static LEN_cuStreamUpdateCaptureDependencies_95: Len = Len::Param(2u8);
-    static LEN_cuStreamUpdateCaptureDependencies_ptsz_96: Len = Len::Param(2u8);
-    static LEN_cuStreamUpdateCaptureDependencies_v2_97: Len = Len::Param(3u8);
-    static LEN_cuStreamUpdateCaptureDependencies_v2_98: Len = Len::Param(3u8);
-    static LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_99: Len = Len::Param(3u8);
-    static LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_100: Len = Len::Param(3u8);
-    static LEN_cuTensorMapEncodeIm2col_101: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2col_102: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2col_103: Len = Len::Lit(1u64);
-    static LEN_cuTensorMapEncodeIm2col_104: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeIm2col_102,
-        &LEN_cuTensorMapEncodeIm2col_103,
+    static LEN_cuMemcpy__d2h_61: Len = Len::Param(2u8);
+    static LEN_cuMemcpy__h2d_62: Len = Len::Param(2u8);
+    static LEN_cuMemcpyAsync__d2h_63: Len = Len::Param(2u8);
+    static LEN_cuMemcpyAsync__h2d_64: Len = Len::Param(2u8);
+    static LEN_cuMemcpyAsync_ptsz__d2h_65: Len = Len::Param(2u8);
+    static LEN_cuMemcpyAsync_ptsz__h2d_66: Len = Len::Param(2u8);
+    static LEN_cuMemcpyAtoH_67: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoHAsync_68: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoHAsync_v2_69: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoHAsync_v2_ptsz_70: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoH_v2_71: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoH_v2_ptds_72: Len = Len::Param(3u8);
+    static LEN_cuMemcpyDtoHAsync_v2__call_73: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoHAsync_v2_ptsz__call_74: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoH_v2__call_75: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoH_v2_ptds__call_76: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoA_77: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoAAsync_78: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoAAsync_v2_79: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoAAsync_v2_ptsz_80: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoA_v2_81: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoA_v2_ptds_82: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoDAsync_v2__call_83: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoDAsync_v2_ptsz__call_84: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoD_v2__call_85: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoD_v2_ptds__call_86: Len = Len::Param(2u8);
+    static LEN_cuMemcpy_ptds__d2h_87: Len = Len::Param(2u8);
+    static LEN_cuMemcpy_ptds__h2d_88: Len = Len::Param(2u8);
+    static LEN_cuParamSetv_89: Len = Len::Param(3u8);
+    static LEN_cuPointerSetAttribute_90: Len = Len::Lit(4u64);
+    static LEN_cuStreamBatchMemOp__cu118_91: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp__cu131_92: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_ptsz__cu118_93: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_ptsz__cu131_94: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_v2__cu118_95: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_v2__cu131_96: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_v2_ptsz__cu118_97: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_v2_ptsz__cu131_98: Len = Len::Param(1u8);
+    static LEN_cuStreamBeginCaptureToGraph__call_99: Len = Len::Param(4u8);
+    static LEN_cuStreamBeginCaptureToGraph__call_100: Len = Len::Param(4u8);
+    static LEN_cuStreamBeginCaptureToGraph_ptsz__call_101: Len = Len::Param(4u8);
+    static LEN_cuStreamBeginCaptureToGraph_ptsz__call_102: Len = Len::Param(4u8);
+    static LEN_cuStreamUpdateCaptureDependencies_103: Len = Len::Param(2u8);
+    static LEN_cuStreamUpdateCaptureDependencies_ptsz_104: Len = Len::Param(2u8);
+    static LEN_cuStreamUpdateCaptureDependencies_v2_105: Len = Len::Param(3u8);
+    static LEN_cuStreamUpdateCaptureDependencies_v2_106: Len = Len::Param(3u8);
+    static LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_107: Len = Len::Param(3u8);
+    static LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_108: Len = Len::Param(3u8);
+    static LEN_cuTensorMapEncodeIm2col_109: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_110: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_111: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeIm2col_112: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_110,
+        &LEN_cuTensorMapEncodeIm2col_111,
     );
-    static LEN_cuTensorMapEncodeIm2col_105: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2col_106: Len = Len::Lit(2u64);
-    static LEN_cuTensorMapEncodeIm2col_107: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeIm2col_105,
-        &LEN_cuTensorMapEncodeIm2col_106,
+    static LEN_cuTensorMapEncodeIm2col_113: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_114: Len = Len::Lit(2u64);
+    static LEN_cuTensorMapEncodeIm2col_115: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_113,
+        &LEN_cuTensorMapEncodeIm2col_114,
     );
-    static LEN_cuTensorMapEncodeIm2col_108: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2col_109: Len = Len::Lit(2u64);
-    static LEN_cuTensorMapEncodeIm2col_110: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeIm2col_108,
-        &LEN_cuTensorMapEncodeIm2col_109,
+    static LEN_cuTensorMapEncodeIm2col_116: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_117: Len = Len::Lit(2u64);
+    static LEN_cuTensorMapEncodeIm2col_118: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_116,
+        &LEN_cuTensorMapEncodeIm2col_117,
     );
-    static LEN_cuTensorMapEncodeIm2col_111: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2colWide_112: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2colWide_113: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2colWide_114: Len = Len::Lit(1u64);
-    static LEN_cuTensorMapEncodeIm2colWide_115: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeIm2colWide_113,
-        &LEN_cuTensorMapEncodeIm2colWide_114,
+    static LEN_cuTensorMapEncodeIm2col_119: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_120: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_121: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_122: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeIm2colWide_123: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2colWide_121,
+        &LEN_cuTensorMapEncodeIm2colWide_122,
     );
-    static LEN_cuTensorMapEncodeIm2colWide_116: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeTiled_117: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeTiled_118: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeTiled_119: Len = Len::Lit(1u64);
-    static LEN_cuTensorMapEncodeTiled_120: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeTiled_118,
-        &LEN_cuTensorMapEncodeTiled_119,
+    static LEN_cuTensorMapEncodeIm2colWide_124: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_125: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_126: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_127: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeTiled_128: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeTiled_126,
+        &LEN_cuTensorMapEncodeTiled_127,
     );
-    static LEN_cuTensorMapEncodeTiled_121: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeTiled_122: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_129: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_130: Len = Len::Param(2u8);
     pub static cuArray3DCreate: CallDesc = CallDesc {
         wire: 381u32,
         call: 303u32,
@@ -113492,9 +113520,99 @@ pub mod driver {
         },
         only_waits: false,
     };
-    pub static cuMemcpy2DAsync_v2__d2d: CallDesc = CallDesc {
+    pub static cuMemcpy__d2d: CallDesc = CallDesc {
         wire: 648u32,
         call: 557u32,
+        name: "cuMemcpy",
+        form: Some(Form::D2d),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpy__d2h: CallDesc = CallDesc {
+        wire: 649u32,
+        call: 557u32,
+        name: "cuMemcpy",
+        form: Some(Form::D2h),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpy__d2h_61),
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpy__h2d: CallDesc = CallDesc {
+        wire: 650u32,
+        call: 557u32,
+        name: "cuMemcpy",
+        form: Some(Form::H2d),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpy__h2d_62),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpy2DAsync_v2__d2d: CallDesc = CallDesc {
+        wire: 651u32,
+        call: 558u32,
         name: "cuMemcpy2DAsync_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113524,8 +113642,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DAsync_v2_ptsz__d2d: CallDesc = CallDesc {
-        wire: 649u32,
-        call: 558u32,
+        wire: 652u32,
+        call: 559u32,
         name: "cuMemcpy2DAsync_v2_ptsz",
         form: Some(Form::D2d),
         library: "driver",
@@ -113555,8 +113673,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DUnaligned_v2__d2d: CallDesc = CallDesc {
-        wire: 650u32,
-        call: 559u32,
+        wire: 653u32,
+        call: 560u32,
         name: "cuMemcpy2DUnaligned_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113582,8 +113700,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2DUnaligned_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 651u32,
-        call: 560u32,
+        wire: 654u32,
+        call: 561u32,
         name: "cuMemcpy2DUnaligned_v2_ptds",
         form: Some(Form::D2d),
         library: "driver",
@@ -113609,8 +113727,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2D_v2__d2d: CallDesc = CallDesc {
-        wire: 652u32,
-        call: 561u32,
+        wire: 655u32,
+        call: 562u32,
         name: "cuMemcpy2D_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113636,8 +113754,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy2D_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 653u32,
-        call: 562u32,
+        wire: 656u32,
+        call: 563u32,
         name: "cuMemcpy2D_v2_ptds",
         form: Some(Form::D2d),
         library: "driver",
@@ -113663,8 +113781,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DAsync_v2__d2d: CallDesc = CallDesc {
-        wire: 654u32,
-        call: 563u32,
+        wire: 657u32,
+        call: 564u32,
         name: "cuMemcpy3DAsync_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113694,8 +113812,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DAsync_v2_ptsz__d2d: CallDesc = CallDesc {
-        wire: 655u32,
-        call: 564u32,
+        wire: 658u32,
+        call: 565u32,
         name: "cuMemcpy3DAsync_v2_ptsz",
         form: Some(Form::D2d),
         library: "driver",
@@ -113725,8 +113843,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeer: CallDesc = CallDesc {
-        wire: 656u32,
-        call: 565u32,
+        wire: 659u32,
+        call: 566u32,
         name: "cuMemcpy3DPeer",
         form: None,
         library: "driver",
@@ -113752,8 +113870,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeerAsync: CallDesc = CallDesc {
-        wire: 657u32,
-        call: 566u32,
+        wire: 660u32,
+        call: 567u32,
         name: "cuMemcpy3DPeerAsync",
         form: None,
         library: "driver",
@@ -113783,8 +113901,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 658u32,
-        call: 567u32,
+        wire: 661u32,
+        call: 568u32,
         name: "cuMemcpy3DPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -113814,8 +113932,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3DPeer_ptds: CallDesc = CallDesc {
-        wire: 659u32,
-        call: 568u32,
+        wire: 662u32,
+        call: 569u32,
         name: "cuMemcpy3DPeer_ptds",
         form: None,
         library: "driver",
@@ -113841,8 +113959,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3D_v2__d2d: CallDesc = CallDesc {
-        wire: 660u32,
-        call: 569u32,
+        wire: 663u32,
+        call: 570u32,
         name: "cuMemcpy3D_v2",
         form: Some(Form::D2d),
         library: "driver",
@@ -113868,8 +113986,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy3D_v2_ptds__d2d: CallDesc = CallDesc {
-        wire: 661u32,
-        call: 570u32,
+        wire: 664u32,
+        call: 571u32,
         name: "cuMemcpy3D_v2_ptds",
         form: Some(Form::D2d),
         library: "driver",
@@ -113894,9 +114012,213 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuMemcpyAsync__d2d: CallDesc = CallDesc {
+        wire: 665u32,
+        call: 572u32,
+        name: "cuMemcpyAsync",
+        form: Some(Form::D2d),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAsync__d2h: CallDesc = CallDesc {
+        wire: 666u32,
+        call: 572u32,
+        name: "cuMemcpyAsync",
+        form: Some(Form::D2h),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAsync__d2h_63),
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAsync__h2d: CallDesc = CallDesc {
+        wire: 667u32,
+        call: 572u32,
+        name: "cuMemcpyAsync",
+        form: Some(Form::H2d),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAsync__h2d_64),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAsync_ptsz__d2d: CallDesc = CallDesc {
+        wire: 668u32,
+        call: 573u32,
+        name: "cuMemcpyAsync_ptsz",
+        form: Some(Form::D2d),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAsync_ptsz__d2h: CallDesc = CallDesc {
+        wire: 669u32,
+        call: 573u32,
+        name: "cuMemcpyAsync_ptsz",
+        form: Some(Form::D2h),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAsync_ptsz__d2h_65),
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAsync_ptsz__h2d: CallDesc = CallDesc {
+        wire: 670u32,
+        call: 573u32,
+        name: "cuMemcpyAsync_ptsz",
+        form: Some(Form::H2d),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAsync_ptsz__h2d_66),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 21u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 662u32,
-        call: 571u32,
+        wire: 671u32,
+        call: 574u32,
         name: "cuMemcpyAtoA",
         form: None,
         library: "driver",
@@ -113935,8 +114257,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 663u32,
-        call: 572u32,
+        wire: 672u32,
+        call: 575u32,
         name: "cuMemcpyAtoA_v2",
         form: None,
         library: "driver",
@@ -113975,8 +114297,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 664u32,
-        call: 573u32,
+        wire: 673u32,
+        call: 576u32,
         name: "cuMemcpyAtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -114015,8 +114337,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 665u32,
-        call: 574u32,
+        wire: 674u32,
+        call: 577u32,
         name: "cuMemcpyAtoD",
         form: None,
         library: "driver",
@@ -114051,8 +114373,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 666u32,
-        call: 575u32,
+        wire: 675u32,
+        call: 578u32,
         name: "cuMemcpyAtoD_v2",
         form: None,
         library: "driver",
@@ -114087,8 +114409,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 667u32,
-        call: 576u32,
+        wire: 676u32,
+        call: 579u32,
         name: "cuMemcpyAtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -114123,8 +114445,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH: CallDesc = CallDesc {
-        wire: 668u32,
-        call: 577u32,
+        wire: 677u32,
+        call: 580u32,
         name: "cuMemcpyAtoH",
         form: None,
         library: "driver",
@@ -114134,7 +114456,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyAtoH_61),
+                len: Some(&LEN_cuMemcpyAtoH_67),
                 record: None,
                 optional: false,
             },
@@ -114162,8 +114484,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync: CallDesc = CallDesc {
-        wire: 669u32,
-        call: 578u32,
+        wire: 678u32,
+        call: 581u32,
         name: "cuMemcpyAtoHAsync",
         form: None,
         library: "driver",
@@ -114173,7 +114495,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyAtoHAsync_62),
+                len: Some(&LEN_cuMemcpyAtoHAsync_68),
                 record: None,
                 optional: false,
             },
@@ -114205,8 +114527,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync_v2: CallDesc = CallDesc {
-        wire: 670u32,
-        call: 579u32,
+        wire: 679u32,
+        call: 582u32,
         name: "cuMemcpyAtoHAsync_v2",
         form: None,
         library: "driver",
@@ -114216,7 +114538,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyAtoHAsync_v2_63),
+                len: Some(&LEN_cuMemcpyAtoHAsync_v2_69),
                 record: None,
                 optional: false,
             },
@@ -114248,8 +114570,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoHAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 671u32,
-        call: 580u32,
+        wire: 680u32,
+        call: 583u32,
         name: "cuMemcpyAtoHAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -114259,7 +114581,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyAtoHAsync_v2_ptsz_64),
+                len: Some(&LEN_cuMemcpyAtoHAsync_v2_ptsz_70),
                 record: None,
                 optional: false,
             },
@@ -114291,8 +114613,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH_v2: CallDesc = CallDesc {
-        wire: 672u32,
-        call: 581u32,
+        wire: 681u32,
+        call: 584u32,
         name: "cuMemcpyAtoH_v2",
         form: None,
         library: "driver",
@@ -114302,7 +114624,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyAtoH_v2_65),
+                len: Some(&LEN_cuMemcpyAtoH_v2_71),
                 record: None,
                 optional: false,
             },
@@ -114330,8 +114652,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoH_v2_ptds: CallDesc = CallDesc {
-        wire: 673u32,
-        call: 582u32,
+        wire: 682u32,
+        call: 585u32,
         name: "cuMemcpyAtoH_v2_ptds",
         form: None,
         library: "driver",
@@ -114341,7 +114663,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyAtoH_v2_ptds_66),
+                len: Some(&LEN_cuMemcpyAtoH_v2_ptds_72),
                 record: None,
                 optional: false,
             },
@@ -114369,8 +114691,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 674u32,
-        call: 583u32,
+        wire: 683u32,
+        call: 586u32,
         name: "cuMemcpyDtoA",
         form: None,
         library: "driver",
@@ -114405,8 +114727,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 675u32,
-        call: 584u32,
+        wire: 684u32,
+        call: 587u32,
         name: "cuMemcpyDtoA_v2",
         form: None,
         library: "driver",
@@ -114441,8 +114763,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 676u32,
-        call: 585u32,
+        wire: 685u32,
+        call: 588u32,
         name: "cuMemcpyDtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -114477,8 +114799,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 677u32,
-        call: 586u32,
+        wire: 686u32,
+        call: 589u32,
         name: "cuMemcpyDtoD",
         form: None,
         library: "driver",
@@ -114509,8 +114831,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 678u32,
-        call: 587u32,
+        wire: 687u32,
+        call: 590u32,
         name: "cuMemcpyDtoDAsync",
         form: None,
         library: "driver",
@@ -114545,8 +114867,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 679u32,
-        call: 588u32,
+        wire: 688u32,
+        call: 591u32,
         name: "cuMemcpyDtoDAsync_v2",
         form: None,
         library: "driver",
@@ -114581,8 +114903,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 680u32,
-        call: 589u32,
+        wire: 689u32,
+        call: 592u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -114617,8 +114939,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 681u32,
-        call: 590u32,
+        wire: 690u32,
+        call: 593u32,
         name: "cuMemcpyDtoD_v2",
         form: None,
         library: "driver",
@@ -114649,8 +114971,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 682u32,
-        call: 591u32,
+        wire: 691u32,
+        call: 594u32,
         name: "cuMemcpyDtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -114681,8 +115003,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
-        wire: 683u32,
-        call: 592u32,
+        wire: 692u32,
+        call: 595u32,
         name: "cuMemcpyDtoHAsync_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -114692,7 +115014,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyDtoHAsync_v2__call_67),
+                len: Some(&LEN_cuMemcpyDtoHAsync_v2__call_73),
                 record: None,
                 optional: false,
             },
@@ -114720,8 +115042,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 684u32,
-        call: 593u32,
+        wire: 693u32,
+        call: 596u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -114731,7 +115053,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyDtoHAsync_v2_ptsz__call_68),
+                len: Some(&LEN_cuMemcpyDtoHAsync_v2_ptsz__call_74),
                 record: None,
                 optional: false,
             },
@@ -114759,8 +115081,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
-        wire: 685u32,
-        call: 594u32,
+        wire: 694u32,
+        call: 597u32,
         name: "cuMemcpyDtoH_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -114770,7 +115092,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyDtoH_v2__call_69),
+                len: Some(&LEN_cuMemcpyDtoH_v2__call_75),
                 record: None,
                 optional: false,
             },
@@ -114794,8 +115116,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
-        wire: 686u32,
-        call: 595u32,
+        wire: 695u32,
+        call: 598u32,
         name: "cuMemcpyDtoH_v2_ptds",
         form: Some(Form::Call),
         library: "driver",
@@ -114805,7 +115127,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyDtoH_v2_ptds__call_70),
+                len: Some(&LEN_cuMemcpyDtoH_v2_ptds__call_76),
                 record: None,
                 optional: false,
             },
@@ -114829,8 +115151,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA: CallDesc = CallDesc {
-        wire: 687u32,
-        call: 596u32,
+        wire: 696u32,
+        call: 599u32,
         name: "cuMemcpyHtoA",
         form: None,
         library: "driver",
@@ -114848,7 +115170,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoA_71),
+                len: Some(&LEN_cuMemcpyHtoA_77),
                 record: None,
                 optional: false,
             },
@@ -114868,8 +115190,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync: CallDesc = CallDesc {
-        wire: 688u32,
-        call: 597u32,
+        wire: 697u32,
+        call: 600u32,
         name: "cuMemcpyHtoAAsync",
         form: None,
         library: "driver",
@@ -114887,7 +115209,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoAAsync_72),
+                len: Some(&LEN_cuMemcpyHtoAAsync_78),
                 record: None,
                 optional: false,
             },
@@ -114911,8 +115233,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync_v2: CallDesc = CallDesc {
-        wire: 689u32,
-        call: 598u32,
+        wire: 698u32,
+        call: 601u32,
         name: "cuMemcpyHtoAAsync_v2",
         form: None,
         library: "driver",
@@ -114930,7 +115252,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoAAsync_v2_73),
+                len: Some(&LEN_cuMemcpyHtoAAsync_v2_79),
                 record: None,
                 optional: false,
             },
@@ -114954,8 +115276,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoAAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 690u32,
-        call: 599u32,
+        wire: 699u32,
+        call: 602u32,
         name: "cuMemcpyHtoAAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -114973,7 +115295,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoAAsync_v2_ptsz_74),
+                len: Some(&LEN_cuMemcpyHtoAAsync_v2_ptsz_80),
                 record: None,
                 optional: false,
             },
@@ -114997,8 +115319,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA_v2: CallDesc = CallDesc {
-        wire: 691u32,
-        call: 600u32,
+        wire: 700u32,
+        call: 603u32,
         name: "cuMemcpyHtoA_v2",
         form: None,
         library: "driver",
@@ -115016,7 +115338,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoA_v2_75),
+                len: Some(&LEN_cuMemcpyHtoA_v2_81),
                 record: None,
                 optional: false,
             },
@@ -115036,8 +115358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 692u32,
-        call: 601u32,
+        wire: 701u32,
+        call: 604u32,
         name: "cuMemcpyHtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -115055,7 +115377,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoA_v2_ptds_76),
+                len: Some(&LEN_cuMemcpyHtoA_v2_ptds_82),
                 record: None,
                 optional: false,
             },
@@ -115075,8 +115397,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
-        wire: 693u32,
-        call: 602u32,
+        wire: 702u32,
+        call: 605u32,
         name: "cuMemcpyHtoDAsync_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -115090,7 +115412,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoDAsync_v2__call_77),
+                len: Some(&LEN_cuMemcpyHtoDAsync_v2__call_83),
                 record: None,
                 optional: false,
             },
@@ -115114,8 +115436,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 694u32,
-        call: 603u32,
+        wire: 703u32,
+        call: 606u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -115129,7 +115451,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoDAsync_v2_ptsz__call_78),
+                len: Some(&LEN_cuMemcpyHtoDAsync_v2_ptsz__call_84),
                 record: None,
                 optional: false,
             },
@@ -115153,8 +115475,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
-        wire: 695u32,
-        call: 604u32,
+        wire: 704u32,
+        call: 607u32,
         name: "cuMemcpyHtoD_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -115168,7 +115490,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoD_v2__call_79),
+                len: Some(&LEN_cuMemcpyHtoD_v2__call_85),
                 record: None,
                 optional: false,
             },
@@ -115188,8 +115510,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
-        wire: 696u32,
-        call: 605u32,
+        wire: 705u32,
+        call: 608u32,
         name: "cuMemcpyHtoD_v2_ptds",
         form: Some(Form::Call),
         library: "driver",
@@ -115203,7 +115525,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoD_v2_ptds__call_80),
+                len: Some(&LEN_cuMemcpyHtoD_v2_ptds__call_86),
                 record: None,
                 optional: false,
             },
@@ -115223,8 +115545,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 697u32,
-        call: 606u32,
+        wire: 706u32,
+        call: 609u32,
         name: "cuMemcpyPeer",
         form: None,
         library: "driver",
@@ -115263,8 +115585,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 698u32,
-        call: 607u32,
+        wire: 707u32,
+        call: 610u32,
         name: "cuMemcpyPeerAsync",
         form: None,
         library: "driver",
@@ -115307,8 +115629,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 699u32,
-        call: 608u32,
+        wire: 708u32,
+        call: 611u32,
         name: "cuMemcpyPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -115351,8 +115673,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 700u32,
-        call: 609u32,
+        wire: 709u32,
+        call: 612u32,
         name: "cuMemcpyPeer_ptds",
         form: None,
         library: "driver",
@@ -115390,9 +115712,99 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuMemcpy_ptds__d2d: CallDesc = CallDesc {
+        wire: 710u32,
+        call: 613u32,
+        name: "cuMemcpy_ptds",
+        form: Some(Form::D2d),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpy_ptds__d2h: CallDesc = CallDesc {
+        wire: 711u32,
+        call: 613u32,
+        name: "cuMemcpy_ptds",
+        form: Some(Form::D2h),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpy_ptds__d2h_87),
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpy_ptds__h2d: CallDesc = CallDesc {
+        wire: 712u32,
+        call: 613u32,
+        name: "cuMemcpy_ptds",
+        form: Some(Form::H2d),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpy_ptds__h2d_88),
+                record: None,
+                optional: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 701u32,
-        call: 610u32,
+        wire: 713u32,
+        call: 614u32,
         name: "cuMemsetD16",
         form: None,
         library: "driver",
@@ -115423,8 +115835,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 702u32,
-        call: 611u32,
+        wire: 714u32,
+        call: 615u32,
         name: "cuMemsetD16Async",
         form: None,
         library: "driver",
@@ -115456,8 +115868,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 703u32,
-        call: 612u32,
+        wire: 715u32,
+        call: 616u32,
         name: "cuMemsetD16Async_ptsz",
         form: None,
         library: "driver",
@@ -115489,8 +115901,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 704u32,
-        call: 613u32,
+        wire: 716u32,
+        call: 617u32,
         name: "cuMemsetD16_v2",
         form: None,
         library: "driver",
@@ -115518,8 +115930,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 705u32,
-        call: 614u32,
+        wire: 717u32,
+        call: 618u32,
         name: "cuMemsetD16_v2_ptds",
         form: None,
         library: "driver",
@@ -115547,8 +115959,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 706u32,
-        call: 615u32,
+        wire: 718u32,
+        call: 619u32,
         name: "cuMemsetD2D16",
         form: None,
         library: "driver",
@@ -115587,8 +115999,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 707u32,
-        call: 616u32,
+        wire: 719u32,
+        call: 620u32,
         name: "cuMemsetD2D16Async",
         form: None,
         library: "driver",
@@ -115628,8 +116040,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 708u32,
-        call: 617u32,
+        wire: 720u32,
+        call: 621u32,
         name: "cuMemsetD2D16Async_ptsz",
         form: None,
         library: "driver",
@@ -115669,8 +116081,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 709u32,
-        call: 618u32,
+        wire: 721u32,
+        call: 622u32,
         name: "cuMemsetD2D16_v2",
         form: None,
         library: "driver",
@@ -115706,8 +116118,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 710u32,
-        call: 619u32,
+        wire: 722u32,
+        call: 623u32,
         name: "cuMemsetD2D16_v2_ptds",
         form: None,
         library: "driver",
@@ -115743,8 +116155,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 711u32,
-        call: 620u32,
+        wire: 723u32,
+        call: 624u32,
         name: "cuMemsetD2D32",
         form: None,
         library: "driver",
@@ -115783,8 +116195,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 712u32,
-        call: 621u32,
+        wire: 724u32,
+        call: 625u32,
         name: "cuMemsetD2D32Async",
         form: None,
         library: "driver",
@@ -115824,8 +116236,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 713u32,
-        call: 622u32,
+        wire: 725u32,
+        call: 626u32,
         name: "cuMemsetD2D32Async_ptsz",
         form: None,
         library: "driver",
@@ -115865,8 +116277,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 714u32,
-        call: 623u32,
+        wire: 726u32,
+        call: 627u32,
         name: "cuMemsetD2D32_v2",
         form: None,
         library: "driver",
@@ -115902,8 +116314,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 715u32,
-        call: 624u32,
+        wire: 727u32,
+        call: 628u32,
         name: "cuMemsetD2D32_v2_ptds",
         form: None,
         library: "driver",
@@ -115939,8 +116351,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 716u32,
-        call: 625u32,
+        wire: 728u32,
+        call: 629u32,
         name: "cuMemsetD2D8",
         form: None,
         library: "driver",
@@ -115979,8 +116391,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 717u32,
-        call: 626u32,
+        wire: 729u32,
+        call: 630u32,
         name: "cuMemsetD2D8Async",
         form: None,
         library: "driver",
@@ -116020,8 +116432,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 718u32,
-        call: 627u32,
+        wire: 730u32,
+        call: 631u32,
         name: "cuMemsetD2D8Async_ptsz",
         form: None,
         library: "driver",
@@ -116061,8 +116473,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 719u32,
-        call: 628u32,
+        wire: 731u32,
+        call: 632u32,
         name: "cuMemsetD2D8_v2",
         form: None,
         library: "driver",
@@ -116098,8 +116510,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 720u32,
-        call: 629u32,
+        wire: 732u32,
+        call: 633u32,
         name: "cuMemsetD2D8_v2_ptds",
         form: None,
         library: "driver",
@@ -116135,8 +116547,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 721u32,
-        call: 630u32,
+        wire: 733u32,
+        call: 634u32,
         name: "cuMemsetD32",
         form: None,
         library: "driver",
@@ -116167,8 +116579,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 722u32,
-        call: 631u32,
+        wire: 734u32,
+        call: 635u32,
         name: "cuMemsetD32Async",
         form: None,
         library: "driver",
@@ -116200,8 +116612,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 723u32,
-        call: 632u32,
+        wire: 735u32,
+        call: 636u32,
         name: "cuMemsetD32Async_ptsz",
         form: None,
         library: "driver",
@@ -116233,8 +116645,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 724u32,
-        call: 633u32,
+        wire: 736u32,
+        call: 637u32,
         name: "cuMemsetD32_v2",
         form: None,
         library: "driver",
@@ -116262,8 +116674,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 725u32,
-        call: 634u32,
+        wire: 737u32,
+        call: 638u32,
         name: "cuMemsetD32_v2_ptds",
         form: None,
         library: "driver",
@@ -116291,8 +116703,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 726u32,
-        call: 635u32,
+        wire: 738u32,
+        call: 639u32,
         name: "cuMemsetD8",
         form: None,
         library: "driver",
@@ -116323,8 +116735,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 727u32,
-        call: 636u32,
+        wire: 739u32,
+        call: 640u32,
         name: "cuMemsetD8Async",
         form: None,
         library: "driver",
@@ -116356,8 +116768,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 728u32,
-        call: 637u32,
+        wire: 740u32,
+        call: 641u32,
         name: "cuMemsetD8Async_ptsz",
         form: None,
         library: "driver",
@@ -116389,8 +116801,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 729u32,
-        call: 638u32,
+        wire: 741u32,
+        call: 642u32,
         name: "cuMemsetD8_v2",
         form: None,
         library: "driver",
@@ -116418,8 +116830,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 730u32,
-        call: 639u32,
+        wire: 742u32,
+        call: 643u32,
         name: "cuMemsetD8_v2_ptds",
         form: None,
         library: "driver",
@@ -116447,8 +116859,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayCreate: CallDesc = CallDesc {
-        wire: 731u32,
-        call: 640u32,
+        wire: 743u32,
+        call: 644u32,
         name: "cuMipmappedArrayCreate",
         form: None,
         library: "driver",
@@ -116482,8 +116894,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 732u32,
-        call: 641u32,
+        wire: 744u32,
+        call: 645u32,
         name: "cuMipmappedArrayDestroy",
         form: None,
         library: "driver",
@@ -116506,8 +116918,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 733u32,
-        call: 642u32,
+        wire: 745u32,
+        call: 646u32,
         name: "cuMipmappedArrayGetLevel",
         form: None,
         library: "driver",
@@ -116538,8 +116950,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 734u32,
-        call: 643u32,
+        wire: 746u32,
+        call: 647u32,
         name: "cuMipmappedArrayGetMemoryRequirements",
         form: None,
         library: "driver",
@@ -116573,8 +116985,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 735u32,
-        call: 644u32,
+        wire: 747u32,
+        call: 648u32,
         name: "cuMipmappedArrayGetSparseProperties",
         form: None,
         library: "driver",
@@ -116604,8 +117016,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 736u32,
-        call: 645u32,
+        wire: 748u32,
+        call: 649u32,
         name: "cuModuleEnumerateFunctions",
         form: None,
         library: "driver",
@@ -116636,8 +117048,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 737u32,
-        call: 646u32,
+        wire: 749u32,
+        call: 650u32,
         name: "cuModuleGetFunction",
         form: None,
         library: "driver",
@@ -116665,8 +117077,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 738u32,
-        call: 647u32,
+        wire: 750u32,
+        call: 651u32,
         name: "cuModuleGetFunctionCount",
         form: None,
         library: "driver",
@@ -116696,8 +117108,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 739u32,
-        call: 648u32,
+        wire: 751u32,
+        call: 652u32,
         name: "cuModuleGetGlobal",
         form: None,
         library: "driver",
@@ -116735,8 +117147,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 740u32,
-        call: 649u32,
+        wire: 752u32,
+        call: 653u32,
         name: "cuModuleGetGlobal_v2",
         form: None,
         library: "driver",
@@ -116774,8 +117186,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 741u32,
-        call: 650u32,
+        wire: 753u32,
+        call: 654u32,
         name: "cuModuleGetLoadingMode",
         form: None,
         library: "driver",
@@ -116801,8 +117213,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 742u32,
-        call: 651u32,
+        wire: 754u32,
+        call: 655u32,
         name: "cuModuleGetSurfRef",
         form: None,
         library: "driver",
@@ -116830,8 +117242,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 743u32,
-        call: 652u32,
+        wire: 755u32,
+        call: 656u32,
         name: "cuModuleGetTexRef",
         form: None,
         library: "driver",
@@ -116859,8 +117271,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 744u32,
-        call: 653u32,
+        wire: 756u32,
+        call: 657u32,
         name: "cuMulticastAddDevice",
         form: None,
         library: "driver",
@@ -116887,8 +117299,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 745u32,
-        call: 654u32,
+        wire: 757u32,
+        call: 658u32,
         name: "cuMulticastBindAddr",
         form: None,
         library: "driver",
@@ -116927,8 +117339,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 746u32,
-        call: 655u32,
+        wire: 758u32,
+        call: 659u32,
         name: "cuMulticastBindAddr_v2",
         form: None,
         library: "driver",
@@ -116971,8 +117383,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 747u32,
-        call: 656u32,
+        wire: 759u32,
+        call: 660u32,
         name: "cuMulticastBindMem",
         form: None,
         library: "driver",
@@ -117015,8 +117427,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 748u32,
-        call: 657u32,
+        wire: 760u32,
+        call: 661u32,
         name: "cuMulticastBindMem_v2",
         form: None,
         library: "driver",
@@ -117063,8 +117475,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 749u32,
-        call: 658u32,
+        wire: 761u32,
+        call: 662u32,
         name: "cuMulticastCreate",
         form: None,
         library: "driver",
@@ -117097,8 +117509,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 750u32,
-        call: 659u32,
+        wire: 762u32,
+        call: 663u32,
         name: "cuMulticastGetGranularity",
         form: None,
         library: "driver",
@@ -117135,8 +117547,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 751u32,
-        call: 660u32,
+        wire: 763u32,
+        call: 664u32,
         name: "cuMulticastUnbind",
         form: None,
         library: "driver",
@@ -117171,8 +117583,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyAvailableDynamicSMemPerBlock: CallDesc = CallDesc {
-        wire: 752u32,
-        call: 661u32,
+        wire: 764u32,
+        call: 665u32,
         name: "cuOccupancyAvailableDynamicSMemPerBlock",
         form: None,
         library: "driver",
@@ -117210,8 +117622,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
-        wire: 753u32,
-        call: 662u32,
+        wire: 765u32,
+        call: 666u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         form: None,
         library: "driver",
@@ -117249,8 +117661,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
-        wire: 754u32,
-        call: 663u32,
+        wire: 766u32,
+        call: 667u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         form: None,
         library: "driver",
@@ -117292,8 +117704,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 755u32,
-        call: 664u32,
+        wire: 767u32,
+        call: 668u32,
         name: "cuParamSetSize",
         form: None,
         library: "driver",
@@ -117320,8 +117732,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 756u32,
-        call: 665u32,
+        wire: 768u32,
+        call: 669u32,
         name: "cuParamSetTexRef",
         form: None,
         library: "driver",
@@ -117352,8 +117764,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 757u32,
-        call: 666u32,
+        wire: 769u32,
+        call: 670u32,
         name: "cuParamSetf",
         form: None,
         library: "driver",
@@ -117384,8 +117796,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 758u32,
-        call: 667u32,
+        wire: 770u32,
+        call: 671u32,
         name: "cuParamSeti",
         form: None,
         library: "driver",
@@ -117416,8 +117828,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetv: CallDesc = CallDesc {
-        wire: 759u32,
-        call: 668u32,
+        wire: 771u32,
+        call: 672u32,
         name: "cuParamSetv",
         form: None,
         library: "driver",
@@ -117435,7 +117847,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuParamSetv_81),
+                len: Some(&LEN_cuParamSetv_89),
                 record: None,
                 optional: false,
             },
@@ -117455,8 +117867,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuPointerSetAttribute: CallDesc = CallDesc {
-        wire: 760u32,
-        call: 669u32,
+        wire: 772u32,
+        call: 673u32,
         name: "cuPointerSetAttribute",
         form: None,
         library: "driver",
@@ -117466,7 +117878,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuPointerSetAttribute_82),
+                len: Some(&LEN_cuPointerSetAttribute_90),
                 record: None,
                 optional: false,
             },
@@ -117490,8 +117902,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAddCallback__host: CallDesc = CallDesc {
-        wire: 761u32,
-        call: 670u32,
+        wire: 773u32,
+        call: 674u32,
         name: "cuStreamAddCallback",
         form: Some(Form::Host),
         library: "driver",
@@ -117526,8 +117938,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAddCallback_ptsz__host: CallDesc = CallDesc {
-        wire: 762u32,
-        call: 671u32,
+        wire: 774u32,
+        call: 675u32,
         name: "cuStreamAddCallback_ptsz",
         form: Some(Form::Host),
         library: "driver",
@@ -117562,8 +117974,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 763u32,
-        call: 672u32,
+        wire: 775u32,
+        call: 676u32,
         name: "cuStreamAttachMemAsync",
         form: None,
         library: "driver",
@@ -117598,8 +118010,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 764u32,
-        call: 673u32,
+        wire: 776u32,
+        call: 677u32,
         name: "cuStreamAttachMemAsync_ptsz",
         form: None,
         library: "driver",
@@ -117634,8 +118046,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu118: CallDesc = CallDesc {
-        wire: 765u32,
-        call: 674u32,
+        wire: 777u32,
+        call: 678u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -117653,7 +118065,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp__cu118_83),
+                len: Some(&LEN_cuStreamBatchMemOp__cu118_91),
                 record: Some("CUstreamBatchMemOpParams_union"),
                 optional: false,
             },
@@ -117673,8 +118085,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu131: CallDesc = CallDesc {
-        wire: 766u32,
-        call: 674u32,
+        wire: 778u32,
+        call: 678u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -117692,7 +118104,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp__cu131_84),
+                len: Some(&LEN_cuStreamBatchMemOp__cu131_92),
                 record: Some("CUstreamBatchMemOpParams_union"),
                 optional: false,
             },
@@ -117712,8 +118124,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu118: CallDesc = CallDesc {
-        wire: 767u32,
-        call: 675u32,
+        wire: 779u32,
+        call: 679u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -117731,7 +118143,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu118_85),
+                len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu118_93),
                 record: Some("CUstreamBatchMemOpParams_union"),
                 optional: false,
             },
@@ -117751,8 +118163,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu131: CallDesc = CallDesc {
-        wire: 768u32,
-        call: 675u32,
+        wire: 780u32,
+        call: 679u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -117770,7 +118182,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu131_86),
+                len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu131_94),
                 record: Some("CUstreamBatchMemOpParams_union"),
                 optional: false,
             },
@@ -117790,8 +118202,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu118: CallDesc = CallDesc {
-        wire: 769u32,
-        call: 676u32,
+        wire: 781u32,
+        call: 680u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -117809,7 +118221,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_v2__cu118_87),
+                len: Some(&LEN_cuStreamBatchMemOp_v2__cu118_95),
                 record: Some("CUstreamBatchMemOpParams_union"),
                 optional: false,
             },
@@ -117829,8 +118241,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu131: CallDesc = CallDesc {
-        wire: 770u32,
-        call: 676u32,
+        wire: 782u32,
+        call: 680u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -117848,7 +118260,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_v2__cu131_88),
+                len: Some(&LEN_cuStreamBatchMemOp_v2__cu131_96),
                 record: Some("CUstreamBatchMemOpParams_union"),
                 optional: false,
             },
@@ -117868,8 +118280,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu118: CallDesc = CallDesc {
-        wire: 771u32,
-        call: 677u32,
+        wire: 783u32,
+        call: 681u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -117887,7 +118299,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu118_89),
+                len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu118_97),
                 record: Some("CUstreamBatchMemOpParams_union"),
                 optional: false,
             },
@@ -117907,8 +118319,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu131: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 677u32,
+        wire: 784u32,
+        call: 681u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -117926,7 +118338,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu131_90),
+                len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu131_98),
                 record: Some("CUstreamBatchMemOpParams_union"),
                 optional: false,
             },
@@ -117946,8 +118358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 678u32,
+        wire: 785u32,
+        call: 682u32,
         name: "cuStreamBeginCapture",
         form: Some(Form::Call),
         library: "driver",
@@ -117970,8 +118382,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCaptureToGraph__call: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 679u32,
+        wire: 786u32,
+        call: 683u32,
         name: "cuStreamBeginCaptureToGraph",
         form: Some(Form::Call),
         library: "driver",
@@ -117988,12 +118400,12 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuStreamBeginCaptureToGraph__call_91,
+                len: &LEN_cuStreamBeginCaptureToGraph__call_99,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuStreamBeginCaptureToGraph__call_92),
+                len: Some(&LEN_cuStreamBeginCaptureToGraph__call_100),
                 record: Some("CUgraphEdgeData_st"),
                 optional: false,
             },
@@ -118017,8 +118429,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCaptureToGraph_ptsz__call: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 680u32,
+        wire: 787u32,
+        call: 684u32,
         name: "cuStreamBeginCaptureToGraph_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -118035,12 +118447,12 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuStreamBeginCaptureToGraph_ptsz__call_93,
+                len: &LEN_cuStreamBeginCaptureToGraph_ptsz__call_101,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuStreamBeginCaptureToGraph_ptsz__call_94),
+                len: Some(&LEN_cuStreamBeginCaptureToGraph_ptsz__call_102),
                 record: Some("CUgraphEdgeData_st"),
                 optional: false,
             },
@@ -118064,8 +118476,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 681u32,
+        wire: 788u32,
+        call: 685u32,
         name: "cuStreamBeginCapture_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -118088,8 +118500,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 682u32,
+        wire: 789u32,
+        call: 686u32,
         name: "cuStreamBeginCapture_v2",
         form: Some(Form::Call),
         library: "driver",
@@ -118116,8 +118528,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 683u32,
+        wire: 790u32,
+        call: 687u32,
         name: "cuStreamBeginCapture_v2_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -118144,8 +118556,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 684u32,
+        wire: 791u32,
+        call: 688u32,
         name: "cuStreamCopyAttributes",
         form: None,
         library: "driver",
@@ -118172,8 +118584,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 685u32,
+        wire: 792u32,
+        call: 689u32,
         name: "cuStreamCopyAttributes_ptsz",
         form: None,
         library: "driver",
@@ -118200,8 +118612,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 686u32,
+        wire: 793u32,
+        call: 690u32,
         name: "cuStreamCreate",
         form: None,
         library: "driver",
@@ -118228,8 +118640,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 687u32,
+        wire: 794u32,
+        call: 691u32,
         name: "cuStreamCreateWithPriority",
         form: None,
         library: "driver",
@@ -118260,8 +118672,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 688u32,
+        wire: 795u32,
+        call: 692u32,
         name: "cuStreamDestroy",
         form: None,
         library: "driver",
@@ -118284,8 +118696,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 689u32,
+        wire: 796u32,
+        call: 693u32,
         name: "cuStreamDestroy_v2",
         form: None,
         library: "driver",
@@ -118308,8 +118720,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 690u32,
+        wire: 797u32,
+        call: 694u32,
         name: "cuStreamEndCapture",
         form: Some(Form::Call),
         library: "driver",
@@ -118336,8 +118748,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 691u32,
+        wire: 798u32,
+        call: 695u32,
         name: "cuStreamEndCapture_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -118364,8 +118776,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 692u32,
+        wire: 799u32,
+        call: 696u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118399,8 +118811,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 692u32,
+        wire: 800u32,
+        call: 696u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118434,8 +118846,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 692u32,
+        wire: 801u32,
+        call: 696u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118469,8 +118881,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 692u32,
+        wire: 802u32,
+        call: 696u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118504,8 +118916,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 692u32,
+        wire: 803u32,
+        call: 696u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -118539,8 +118951,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 693u32,
+        wire: 804u32,
+        call: 697u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118574,8 +118986,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 693u32,
+        wire: 805u32,
+        call: 697u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118609,8 +119021,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 693u32,
+        wire: 806u32,
+        call: 697u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118644,8 +119056,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 693u32,
+        wire: 807u32,
+        call: 697u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118679,8 +119091,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 693u32,
+        wire: 808u32,
+        call: 697u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -118714,8 +119126,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 694u32,
+        wire: 809u32,
+        call: 698u32,
         name: "cuStreamGetCaptureInfo",
         form: None,
         library: "driver",
@@ -118752,8 +119164,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 695u32,
+        wire: 810u32,
+        call: 699u32,
         name: "cuStreamGetCaptureInfo_ptsz",
         form: None,
         library: "driver",
@@ -118790,8 +119202,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 696u32,
+        wire: 811u32,
+        call: 700u32,
         name: "cuStreamGetCtx",
         form: None,
         library: "driver",
@@ -118818,8 +119230,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 697u32,
+        wire: 812u32,
+        call: 701u32,
         name: "cuStreamGetCtx_ptsz",
         form: None,
         library: "driver",
@@ -118846,8 +119258,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 698u32,
+        wire: 813u32,
+        call: 702u32,
         name: "cuStreamGetCtx_v2",
         form: None,
         library: "driver",
@@ -118878,8 +119290,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 699u32,
+        wire: 814u32,
+        call: 703u32,
         name: "cuStreamGetCtx_v2_ptsz",
         form: None,
         library: "driver",
@@ -118910,8 +119322,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevResource: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 700u32,
+        wire: 815u32,
+        call: 704u32,
         name: "cuStreamGetDevResource",
         form: None,
         library: "driver",
@@ -118945,8 +119357,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevResource_ptsz: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 701u32,
+        wire: 816u32,
+        call: 705u32,
         name: "cuStreamGetDevResource_ptsz",
         form: None,
         library: "driver",
@@ -118980,8 +119392,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 702u32,
+        wire: 817u32,
+        call: 706u32,
         name: "cuStreamGetDevice",
         form: None,
         library: "driver",
@@ -119011,8 +119423,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 703u32,
+        wire: 818u32,
+        call: 707u32,
         name: "cuStreamGetDevice_ptsz",
         form: None,
         library: "driver",
@@ -119042,8 +119454,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 704u32,
+        wire: 819u32,
+        call: 708u32,
         name: "cuStreamGetFlags",
         form: None,
         library: "driver",
@@ -119073,8 +119485,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 705u32,
+        wire: 820u32,
+        call: 709u32,
         name: "cuStreamGetFlags_ptsz",
         form: None,
         library: "driver",
@@ -119104,8 +119516,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 706u32,
+        wire: 821u32,
+        call: 710u32,
         name: "cuStreamGetGreenCtx",
         form: None,
         library: "driver",
@@ -119132,8 +119544,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 707u32,
+        wire: 822u32,
+        call: 711u32,
         name: "cuStreamGetId",
         form: None,
         library: "driver",
@@ -119163,8 +119575,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 708u32,
+        wire: 823u32,
+        call: 712u32,
         name: "cuStreamGetId_ptsz",
         form: None,
         library: "driver",
@@ -119194,8 +119606,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 709u32,
+        wire: 824u32,
+        call: 713u32,
         name: "cuStreamGetPriority",
         form: None,
         library: "driver",
@@ -119225,8 +119637,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 710u32,
+        wire: 825u32,
+        call: 714u32,
         name: "cuStreamGetPriority_ptsz",
         form: None,
         library: "driver",
@@ -119256,8 +119668,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 711u32,
+        wire: 826u32,
+        call: 715u32,
         name: "cuStreamIsCapturing",
         form: Some(Form::Call),
         library: "driver",
@@ -119287,8 +119699,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 712u32,
+        wire: 827u32,
+        call: 716u32,
         name: "cuStreamIsCapturing_ptsz",
         form: Some(Form::Call),
         library: "driver",
@@ -119318,8 +119730,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 713u32,
+        wire: 828u32,
+        call: 717u32,
         name: "cuStreamQuery",
         form: None,
         library: "driver",
@@ -119342,8 +119754,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 714u32,
+        wire: 829u32,
+        call: 718u32,
         name: "cuStreamQuery_ptsz",
         form: None,
         library: "driver",
@@ -119366,8 +119778,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 715u32,
+        wire: 830u32,
+        call: 719u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119401,8 +119813,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 715u32,
+        wire: 831u32,
+        call: 719u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119436,8 +119848,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 715u32,
+        wire: 832u32,
+        call: 719u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119471,8 +119883,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 715u32,
+        wire: 833u32,
+        call: 719u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119506,8 +119918,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 715u32,
+        wire: 834u32,
+        call: 719u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -119541,8 +119953,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 716u32,
+        wire: 835u32,
+        call: 720u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119576,8 +119988,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 716u32,
+        wire: 836u32,
+        call: 720u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119611,8 +120023,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 716u32,
+        wire: 837u32,
+        call: 720u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119646,8 +120058,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 716u32,
+        wire: 838u32,
+        call: 720u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119681,8 +120093,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 716u32,
+        wire: 839u32,
+        call: 720u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -119716,8 +120128,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 717u32,
+        wire: 840u32,
+        call: 721u32,
         name: "cuStreamSynchronize",
         form: None,
         library: "driver",
@@ -119740,8 +120152,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 718u32,
+        wire: 841u32,
+        call: 722u32,
         name: "cuStreamSynchronize_ptsz",
         form: None,
         library: "driver",
@@ -119764,8 +120176,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 719u32,
+        wire: 842u32,
+        call: 723u32,
         name: "cuStreamUpdateCaptureDependencies",
         form: None,
         library: "driver",
@@ -119778,7 +120190,7 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuStreamUpdateCaptureDependencies_95,
+                len: &LEN_cuStreamUpdateCaptureDependencies_103,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -119800,8 +120212,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 720u32,
+        wire: 843u32,
+        call: 724u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "driver",
@@ -119814,7 +120226,7 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuStreamUpdateCaptureDependencies_ptsz_96,
+                len: &LEN_cuStreamUpdateCaptureDependencies_ptsz_104,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -119836,8 +120248,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_v2: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 721u32,
+        wire: 844u32,
+        call: 725u32,
         name: "cuStreamUpdateCaptureDependencies_v2",
         form: None,
         library: "driver",
@@ -119850,12 +120262,12 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuStreamUpdateCaptureDependencies_v2_97,
+                len: &LEN_cuStreamUpdateCaptureDependencies_v2_105,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuStreamUpdateCaptureDependencies_v2_98),
+                len: Some(&LEN_cuStreamUpdateCaptureDependencies_v2_106),
                 record: Some("CUgraphEdgeData_st"),
                 optional: false,
             },
@@ -119879,8 +120291,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_v2_ptsz: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 722u32,
+        wire: 845u32,
+        call: 726u32,
         name: "cuStreamUpdateCaptureDependencies_v2_ptsz",
         form: None,
         library: "driver",
@@ -119893,12 +120305,12 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_99,
+                len: &LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_107,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_100),
+                len: Some(&LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_108),
                 record: Some("CUgraphEdgeData_st"),
                 optional: false,
             },
@@ -119922,8 +120334,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 723u32,
+        wire: 846u32,
+        call: 727u32,
         name: "cuStreamWaitEvent",
         form: None,
         library: "driver",
@@ -119954,8 +120366,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 724u32,
+        wire: 847u32,
+        call: 728u32,
         name: "cuStreamWaitEvent_ptsz",
         form: None,
         library: "driver",
@@ -119986,8 +120398,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 725u32,
+        wire: 848u32,
+        call: 729u32,
         name: "cuStreamWaitValue32",
         form: None,
         library: "driver",
@@ -120022,8 +120434,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 726u32,
+        wire: 849u32,
+        call: 730u32,
         name: "cuStreamWaitValue32_ptsz",
         form: None,
         library: "driver",
@@ -120058,8 +120470,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 727u32,
+        wire: 850u32,
+        call: 731u32,
         name: "cuStreamWaitValue32_v2",
         form: None,
         library: "driver",
@@ -120094,8 +120506,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 728u32,
+        wire: 851u32,
+        call: 732u32,
         name: "cuStreamWaitValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -120130,8 +120542,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 729u32,
+        wire: 852u32,
+        call: 733u32,
         name: "cuStreamWaitValue64",
         form: None,
         library: "driver",
@@ -120166,8 +120578,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 730u32,
+        wire: 853u32,
+        call: 734u32,
         name: "cuStreamWaitValue64_ptsz",
         form: None,
         library: "driver",
@@ -120202,8 +120614,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 731u32,
+        wire: 854u32,
+        call: 735u32,
         name: "cuStreamWaitValue64_v2",
         form: None,
         library: "driver",
@@ -120238,8 +120650,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 732u32,
+        wire: 855u32,
+        call: 736u32,
         name: "cuStreamWaitValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -120274,8 +120686,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 733u32,
+        wire: 856u32,
+        call: 737u32,
         name: "cuStreamWriteValue32",
         form: None,
         library: "driver",
@@ -120310,8 +120722,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 734u32,
+        wire: 857u32,
+        call: 738u32,
         name: "cuStreamWriteValue32_ptsz",
         form: None,
         library: "driver",
@@ -120346,8 +120758,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 735u32,
+        wire: 858u32,
+        call: 739u32,
         name: "cuStreamWriteValue32_v2",
         form: None,
         library: "driver",
@@ -120382,8 +120794,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 736u32,
+        wire: 859u32,
+        call: 740u32,
         name: "cuStreamWriteValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -120418,8 +120830,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 737u32,
+        wire: 860u32,
+        call: 741u32,
         name: "cuStreamWriteValue64",
         form: None,
         library: "driver",
@@ -120454,8 +120866,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 738u32,
+        wire: 861u32,
+        call: 742u32,
         name: "cuStreamWriteValue64_ptsz",
         form: None,
         library: "driver",
@@ -120490,8 +120902,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 739u32,
+        wire: 862u32,
+        call: 743u32,
         name: "cuStreamWriteValue64_v2",
         form: None,
         library: "driver",
@@ -120526,8 +120938,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 740u32,
+        wire: 863u32,
+        call: 744u32,
         name: "cuStreamWriteValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -120562,8 +120974,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectCreate: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 741u32,
+        wire: 864u32,
+        call: 745u32,
         name: "cuSurfObjectCreate",
         form: None,
         library: "driver",
@@ -120596,8 +121008,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 742u32,
+        wire: 865u32,
+        call: 746u32,
         name: "cuSurfObjectDestroy",
         form: None,
         library: "driver",
@@ -120620,8 +121032,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 743u32,
+        wire: 866u32,
+        call: 747u32,
         name: "cuSurfObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -120651,8 +121063,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 744u32,
+        wire: 867u32,
+        call: 748u32,
         name: "cuSurfRefGetArray",
         form: None,
         library: "driver",
@@ -120679,8 +121091,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 745u32,
+        wire: 868u32,
+        call: 749u32,
         name: "cuSurfRefSetArray",
         form: None,
         library: "driver",
@@ -120711,8 +121123,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeIm2col: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 746u32,
+        wire: 869u32,
+        call: 750u32,
         name: "cuTensorMapEncodeIm2col",
         form: None,
         library: "driver",
@@ -120738,28 +121150,28 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_101),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_109),
                 record: None,
                 optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_104),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_112),
                 record: None,
                 optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_107),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_115),
                 record: None,
                 optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_110),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_118),
                 record: None,
                 optional: false,
             },
@@ -120774,7 +121186,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_111),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_119),
                 record: None,
                 optional: false,
             },
@@ -120806,8 +121218,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeIm2colWide: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 747u32,
+        wire: 870u32,
+        call: 751u32,
         name: "cuTensorMapEncodeIm2colWide",
         form: None,
         library: "driver",
@@ -120833,14 +121245,14 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2colWide_112),
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_120),
                 record: None,
                 optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2colWide_115),
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_123),
                 record: None,
                 optional: false,
             },
@@ -120863,7 +121275,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2colWide_116),
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_124),
                 record: None,
                 optional: false,
             },
@@ -120899,8 +121311,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeTiled: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 748u32,
+        wire: 871u32,
+        call: 752u32,
         name: "cuTensorMapEncodeTiled",
         form: None,
         library: "driver",
@@ -120926,28 +121338,28 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeTiled_117),
+                len: Some(&LEN_cuTensorMapEncodeTiled_125),
                 record: None,
                 optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeTiled_120),
+                len: Some(&LEN_cuTensorMapEncodeTiled_128),
                 record: None,
                 optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeTiled_121),
+                len: Some(&LEN_cuTensorMapEncodeTiled_129),
                 record: None,
                 optional: false,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeTiled_122),
+                len: Some(&LEN_cuTensorMapEncodeTiled_130),
                 record: None,
                 optional: false,
             },
@@ -120979,8 +121391,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapReplaceAddress: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 749u32,
+        wire: 872u32,
+        call: 753u32,
         name: "cuTensorMapReplaceAddress",
         form: None,
         library: "driver",
@@ -121007,8 +121419,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectCreate: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 750u32,
+        wire: 873u32,
+        call: 754u32,
         name: "cuTexObjectCreate",
         form: None,
         library: "driver",
@@ -121055,8 +121467,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 751u32,
+        wire: 874u32,
+        call: 755u32,
         name: "cuTexObjectDestroy",
         form: None,
         library: "driver",
@@ -121079,8 +121491,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 752u32,
+        wire: 875u32,
+        call: 756u32,
         name: "cuTexObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -121110,8 +121522,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceViewDesc: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 753u32,
+        wire: 876u32,
+        call: 757u32,
         name: "cuTexObjectGetResourceViewDesc",
         form: None,
         library: "driver",
@@ -121141,8 +121553,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetTextureDesc: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 754u32,
+        wire: 877u32,
+        call: 758u32,
         name: "cuTexObjectGetTextureDesc",
         form: None,
         library: "driver",
@@ -121172,8 +121584,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 755u32,
+        wire: 878u32,
+        call: 759u32,
         name: "cuTexRefCreate",
         form: None,
         library: "driver",
@@ -121196,8 +121608,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 756u32,
+        wire: 879u32,
+        call: 760u32,
         name: "cuTexRefDestroy",
         form: None,
         library: "driver",
@@ -121220,8 +121632,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 757u32,
+        wire: 880u32,
+        call: 761u32,
         name: "cuTexRefGetAddress",
         form: None,
         library: "driver",
@@ -121251,8 +121663,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 758u32,
+        wire: 881u32,
+        call: 762u32,
         name: "cuTexRefGetAddressMode",
         form: None,
         library: "driver",
@@ -121286,8 +121698,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 759u32,
+        wire: 882u32,
+        call: 763u32,
         name: "cuTexRefGetAddress_v2",
         form: None,
         library: "driver",
@@ -121317,8 +121729,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 760u32,
+        wire: 883u32,
+        call: 764u32,
         name: "cuTexRefGetArray",
         form: None,
         library: "driver",
@@ -121345,8 +121757,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 761u32,
+        wire: 884u32,
+        call: 765u32,
         name: "cuTexRefGetBorderColor",
         form: None,
         library: "driver",
@@ -121376,8 +121788,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 762u32,
+        wire: 885u32,
+        call: 766u32,
         name: "cuTexRefGetFilterMode",
         form: None,
         library: "driver",
@@ -121407,8 +121819,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 763u32,
+        wire: 886u32,
+        call: 767u32,
         name: "cuTexRefGetFlags",
         form: None,
         library: "driver",
@@ -121438,8 +121850,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFormat: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 764u32,
+        wire: 887u32,
+        call: 768u32,
         name: "cuTexRefGetFormat",
         form: None,
         library: "driver",
@@ -121476,8 +121888,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 765u32,
+        wire: 888u32,
+        call: 769u32,
         name: "cuTexRefGetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -121507,8 +121919,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 766u32,
+        wire: 889u32,
+        call: 770u32,
         name: "cuTexRefGetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -121538,8 +121950,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 767u32,
+        wire: 890u32,
+        call: 771u32,
         name: "cuTexRefGetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -121569,8 +121981,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 768u32,
+        wire: 891u32,
+        call: 772u32,
         name: "cuTexRefGetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -121607,8 +122019,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 769u32,
+        wire: 892u32,
+        call: 773u32,
         name: "cuTexRefGetMipmappedArray",
         form: None,
         library: "driver",
@@ -121635,8 +122047,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 770u32,
+        wire: 893u32,
+        call: 774u32,
         name: "cuTexRefSetAddress",
         form: None,
         library: "driver",
@@ -121674,8 +122086,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 771u32,
+        wire: 894u32,
+        call: 775u32,
         name: "cuTexRefSetAddress2D",
         form: None,
         library: "driver",
@@ -121713,8 +122125,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 772u32,
+        wire: 895u32,
+        call: 776u32,
         name: "cuTexRefSetAddress2D_v2",
         form: None,
         library: "driver",
@@ -121752,8 +122164,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 773u32,
+        wire: 896u32,
+        call: 777u32,
         name: "cuTexRefSetAddress2D_v3",
         form: None,
         library: "driver",
@@ -121791,8 +122203,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 774u32,
+        wire: 897u32,
+        call: 778u32,
         name: "cuTexRefSetAddressMode",
         form: None,
         library: "driver",
@@ -121823,8 +122235,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 775u32,
+        wire: 898u32,
+        call: 779u32,
         name: "cuTexRefSetAddress_v2",
         form: None,
         library: "driver",
@@ -121862,8 +122274,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 776u32,
+        wire: 899u32,
+        call: 780u32,
         name: "cuTexRefSetArray",
         form: None,
         library: "driver",
@@ -121894,8 +122306,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 777u32,
+        wire: 900u32,
+        call: 781u32,
         name: "cuTexRefSetBorderColor",
         form: None,
         library: "driver",
@@ -121925,8 +122337,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 778u32,
+        wire: 901u32,
+        call: 782u32,
         name: "cuTexRefSetFilterMode",
         form: None,
         library: "driver",
@@ -121953,8 +122365,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 779u32,
+        wire: 902u32,
+        call: 783u32,
         name: "cuTexRefSetFlags",
         form: None,
         library: "driver",
@@ -121981,8 +122393,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 780u32,
+        wire: 903u32,
+        call: 784u32,
         name: "cuTexRefSetFormat",
         form: None,
         library: "driver",
@@ -122013,8 +122425,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 781u32,
+        wire: 904u32,
+        call: 785u32,
         name: "cuTexRefSetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -122041,8 +122453,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 782u32,
+        wire: 905u32,
+        call: 786u32,
         name: "cuTexRefSetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -122069,8 +122481,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 783u32,
+        wire: 906u32,
+        call: 787u32,
         name: "cuTexRefSetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -122097,8 +122509,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 784u32,
+        wire: 907u32,
+        call: 788u32,
         name: "cuTexRefSetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -122129,8 +122541,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 785u32,
+        wire: 908u32,
+        call: 789u32,
         name: "cuTexRefSetMipmappedArray",
         form: None,
         library: "driver",
@@ -122161,8 +122573,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 786u32,
+        wire: 909u32,
+        call: 790u32,
         name: "cuThreadExchangeStreamCaptureMode",
         form: None,
         library: "driver",
@@ -122188,8 +122600,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 787u32,
+        wire: 910u32,
+        call: 791u32,
         name: "cuUserObjectRelease",
         form: None,
         library: "driver",
@@ -122216,8 +122628,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 788u32,
+        wire: 911u32,
+        call: 792u32,
         name: "cuUserObjectRetain",
         form: None,
         library: "driver",
@@ -122247,8 +122659,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclAllGather: CallDesc = CallDesc {
-        wire: 2842u32,
-        call: 2534u32,
+        wire: 2854u32,
+        call: 2538u32,
         name: "ncclAllGather",
         form: None,
         library: "nccl",
@@ -122285,8 +122697,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAllReduce: CallDesc = CallDesc {
-        wire: 2843u32,
-        call: 2535u32,
+        wire: 2855u32,
+        call: 2539u32,
         name: "ncclAllReduce",
         form: None,
         library: "nccl",
@@ -122327,8 +122739,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAlltoAll: CallDesc = CallDesc {
-        wire: 2844u32,
-        call: 2536u32,
+        wire: 2856u32,
+        call: 2540u32,
         name: "ncclAlltoAll",
         form: None,
         library: "nccl",
@@ -122365,8 +122777,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBcast: CallDesc = CallDesc {
-        wire: 2845u32,
-        call: 2537u32,
+        wire: 2857u32,
+        call: 2541u32,
         name: "ncclBcast",
         form: None,
         library: "nccl",
@@ -122406,8 +122818,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBroadcast: CallDesc = CallDesc {
-        wire: 2846u32,
-        call: 2538u32,
+        wire: 2858u32,
+        call: 2542u32,
         name: "ncclBroadcast",
         form: None,
         library: "nccl",
@@ -122448,8 +122860,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2847u32,
-        call: 2539u32,
+        wire: 2859u32,
+        call: 2543u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -122472,8 +122884,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCount: CallDesc = CallDesc {
-        wire: 2848u32,
-        call: 2540u32,
+        wire: 2860u32,
+        call: 2544u32,
         name: "ncclCommCount",
         form: None,
         library: "nccl",
@@ -122503,8 +122915,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCuDevice: CallDesc = CallDesc {
-        wire: 2849u32,
-        call: 2541u32,
+        wire: 2861u32,
+        call: 2545u32,
         name: "ncclCommCuDevice",
         form: None,
         library: "nccl",
@@ -122534,8 +122946,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2850u32,
-        call: 2542u32,
+        wire: 2862u32,
+        call: 2546u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -122558,8 +122970,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2851u32,
-        call: 2543u32,
+        wire: 2863u32,
+        call: 2547u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -122582,8 +122994,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommGetAsyncError: CallDesc = CallDesc {
-        wire: 2852u32,
-        call: 2544u32,
+        wire: 2864u32,
+        call: 2548u32,
         name: "ncclCommGetAsyncError",
         form: None,
         library: "nccl",
@@ -122613,8 +123025,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2853u32,
-        call: 2545u32,
+        wire: 2865u32,
+        call: 2549u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -122646,8 +123058,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu118: CallDesc = CallDesc {
-        wire: 2854u32,
-        call: 2546u32,
+        wire: 2866u32,
+        call: 2550u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122686,8 +123098,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu128: CallDesc = CallDesc {
-        wire: 2855u32,
-        call: 2546u32,
+        wire: 2867u32,
+        call: 2550u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122726,8 +123138,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu131: CallDesc = CallDesc {
-        wire: 2856u32,
-        call: 2546u32,
+        wire: 2868u32,
+        call: 2550u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -122766,8 +123178,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2857u32,
-        call: 2547u32,
+        wire: 2869u32,
+        call: 2551u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -122794,8 +123206,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu118: CallDesc = CallDesc {
-        wire: 2858u32,
-        call: 2548u32,
+        wire: 2870u32,
+        call: 2552u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122837,8 +123249,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu128: CallDesc = CallDesc {
-        wire: 2859u32,
-        call: 2548u32,
+        wire: 2871u32,
+        call: 2552u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122880,8 +123292,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu131: CallDesc = CallDesc {
-        wire: 2860u32,
-        call: 2548u32,
+        wire: 2872u32,
+        call: 2552u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -122923,8 +123335,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommUserRank: CallDesc = CallDesc {
-        wire: 2861u32,
-        call: 2549u32,
+        wire: 2873u32,
+        call: 2553u32,
         name: "ncclCommUserRank",
         form: None,
         library: "nccl",
@@ -122954,8 +123366,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2862u32,
-        call: 2550u32,
+        wire: 2874u32,
+        call: 2554u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -122982,8 +123394,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2863u32,
-        call: 2550u32,
+        wire: 2875u32,
+        call: 2554u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123010,8 +123422,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGather: CallDesc = CallDesc {
-        wire: 2864u32,
-        call: 2551u32,
+        wire: 2876u32,
+        call: 2555u32,
         name: "ncclGather",
         form: None,
         library: "nccl",
@@ -123052,8 +123464,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetUniqueId: CallDesc = CallDesc {
-        wire: 2865u32,
-        call: 2552u32,
+        wire: 2877u32,
+        call: 2556u32,
         name: "ncclGetUniqueId",
         form: None,
         library: "nccl",
@@ -123079,8 +123491,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetVersion: CallDesc = CallDesc {
-        wire: 2866u32,
-        call: 2553u32,
+        wire: 2878u32,
+        call: 2557u32,
         name: "ncclGetVersion",
         form: None,
         library: "nccl",
@@ -123106,8 +123518,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2867u32,
-        call: 2554u32,
+        wire: 2879u32,
+        call: 2558u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -123125,8 +123537,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2868u32,
-        call: 2555u32,
+        wire: 2880u32,
+        call: 2559u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -123144,8 +123556,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRecv: CallDesc = CallDesc {
-        wire: 2869u32,
-        call: 2556u32,
+        wire: 2881u32,
+        call: 2560u32,
         name: "ncclRecv",
         form: None,
         library: "nccl",
@@ -123185,8 +123597,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2870u32,
-        call: 2557u32,
+        wire: 2882u32,
+        call: 2561u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -123213,8 +123625,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduce: CallDesc = CallDesc {
-        wire: 2871u32,
-        call: 2558u32,
+        wire: 2883u32,
+        call: 2562u32,
         name: "ncclReduce",
         form: None,
         library: "nccl",
@@ -123259,8 +123671,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduceScatter: CallDesc = CallDesc {
-        wire: 2872u32,
-        call: 2559u32,
+        wire: 2884u32,
+        call: 2563u32,
         name: "ncclReduceScatter",
         form: None,
         library: "nccl",
@@ -123301,8 +123713,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2873u32,
-        call: 2560u32,
+        wire: 2885u32,
+        call: 2564u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -123320,8 +123732,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclScatter: CallDesc = CallDesc {
-        wire: 2874u32,
-        call: 2561u32,
+        wire: 2886u32,
+        call: 2565u32,
         name: "ncclScatter",
         form: None,
         library: "nccl",
@@ -123362,8 +123774,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclSend: CallDesc = CallDesc {
-        wire: 2875u32,
-        call: 2562u32,
+        wire: 2887u32,
+        call: 2566u32,
         name: "ncclSend",
         form: None,
         library: "nccl",
@@ -123403,8 +123815,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllGather: CallDesc = CallDesc {
-        wire: 2876u32,
-        call: 2563u32,
+        wire: 2888u32,
+        call: 2567u32,
         name: "pncclAllGather",
         form: None,
         library: "nccl",
@@ -123441,8 +123853,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllReduce: CallDesc = CallDesc {
-        wire: 2877u32,
-        call: 2564u32,
+        wire: 2889u32,
+        call: 2568u32,
         name: "pncclAllReduce",
         form: None,
         library: "nccl",
@@ -123483,8 +123895,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAlltoAll: CallDesc = CallDesc {
-        wire: 2878u32,
-        call: 2565u32,
+        wire: 2890u32,
+        call: 2569u32,
         name: "pncclAlltoAll",
         form: None,
         library: "nccl",
@@ -123521,8 +123933,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBcast: CallDesc = CallDesc {
-        wire: 2879u32,
-        call: 2566u32,
+        wire: 2891u32,
+        call: 2570u32,
         name: "pncclBcast",
         form: None,
         library: "nccl",
@@ -123562,8 +123974,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBroadcast: CallDesc = CallDesc {
-        wire: 2880u32,
-        call: 2567u32,
+        wire: 2892u32,
+        call: 2571u32,
         name: "pncclBroadcast",
         form: None,
         library: "nccl",
@@ -123604,8 +124016,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2881u32,
-        call: 2568u32,
+        wire: 2893u32,
+        call: 2572u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -123628,8 +124040,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2882u32,
-        call: 2569u32,
+        wire: 2894u32,
+        call: 2573u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -123652,8 +124064,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2883u32,
-        call: 2570u32,
+        wire: 2895u32,
+        call: 2574u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -123676,8 +124088,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2884u32,
-        call: 2571u32,
+        wire: 2896u32,
+        call: 2575u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -123709,8 +124121,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2885u32,
-        call: 2572u32,
+        wire: 2897u32,
+        call: 2576u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -123737,8 +124149,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2886u32,
-        call: 2573u32,
+        wire: 2898u32,
+        call: 2577u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123765,8 +124177,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2887u32,
-        call: 2573u32,
+        wire: 2899u32,
+        call: 2577u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123793,8 +124205,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu128: CallDesc = CallDesc {
-        wire: 2888u32,
-        call: 2574u32,
+        wire: 2900u32,
+        call: 2578u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -123830,8 +124242,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu131: CallDesc = CallDesc {
-        wire: 2889u32,
-        call: 2574u32,
+        wire: 2901u32,
+        call: 2578u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -123867,8 +124279,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGather: CallDesc = CallDesc {
-        wire: 2890u32,
-        call: 2575u32,
+        wire: 2902u32,
+        call: 2579u32,
         name: "pncclGather",
         form: None,
         library: "nccl",
@@ -123909,8 +124321,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2891u32,
-        call: 2576u32,
+        wire: 2903u32,
+        call: 2580u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -123928,8 +124340,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2892u32,
-        call: 2577u32,
+        wire: 2904u32,
+        call: 2581u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -123947,8 +124359,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRecv: CallDesc = CallDesc {
-        wire: 2893u32,
-        call: 2578u32,
+        wire: 2905u32,
+        call: 2582u32,
         name: "pncclRecv",
         form: None,
         library: "nccl",
@@ -123988,8 +124400,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2894u32,
-        call: 2579u32,
+        wire: 2906u32,
+        call: 2583u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -124016,8 +124428,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduce: CallDesc = CallDesc {
-        wire: 2895u32,
-        call: 2580u32,
+        wire: 2907u32,
+        call: 2584u32,
         name: "pncclReduce",
         form: None,
         library: "nccl",
@@ -124062,8 +124474,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduceScatter: CallDesc = CallDesc {
-        wire: 2896u32,
-        call: 2581u32,
+        wire: 2908u32,
+        call: 2585u32,
         name: "pncclReduceScatter",
         form: None,
         library: "nccl",
@@ -124104,8 +124516,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2897u32,
-        call: 2582u32,
+        wire: 2909u32,
+        call: 2586u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -124123,8 +124535,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclScatter: CallDesc = CallDesc {
-        wire: 2898u32,
-        call: 2583u32,
+        wire: 2910u32,
+        call: 2587u32,
         name: "pncclScatter",
         form: None,
         library: "nccl",
@@ -124165,8 +124577,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclSend: CallDesc = CallDesc {
-        wire: 2899u32,
-        call: 2584u32,
+        wire: 2911u32,
+        call: 2588u32,
         name: "pncclSend",
         form: None,
         library: "nccl",
@@ -124209,8 +124621,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2811u32,
-        call: 2503u32,
+        wire: 2823u32,
+        call: 2507u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -124233,8 +124645,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2812u32,
-        call: 2504u32,
+        wire: 2824u32,
+        call: 2508u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -124257,8 +124669,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2813u32,
-        call: 2505u32,
+        wire: 2825u32,
+        call: 2509u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -124281,8 +124693,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2814u32,
-        call: 2506u32,
+        wire: 2826u32,
+        call: 2510u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -124305,8 +124717,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2815u32,
-        call: 2507u32,
+        wire: 2827u32,
+        call: 2511u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -124329,8 +124741,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2816u32,
-        call: 2508u32,
+        wire: 2828u32,
+        call: 2512u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -124353,8 +124765,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2817u32,
-        call: 2509u32,
+        wire: 2829u32,
+        call: 2513u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -124377,8 +124789,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2818u32,
-        call: 2510u32,
+        wire: 2830u32,
+        call: 2514u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -124401,8 +124813,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2819u32,
-        call: 2511u32,
+        wire: 2831u32,
+        call: 2515u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -124425,8 +124837,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2820u32,
-        call: 2512u32,
+        wire: 2832u32,
+        call: 2516u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -124449,8 +124861,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2821u32,
-        call: 2513u32,
+        wire: 2833u32,
+        call: 2517u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124480,8 +124892,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2822u32,
-        call: 2514u32,
+        wire: 2834u32,
+        call: 2518u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124511,8 +124923,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2823u32,
-        call: 2515u32,
+        wire: 2835u32,
+        call: 2519u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124542,8 +124954,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2824u32,
-        call: 2516u32,
+        wire: 2836u32,
+        call: 2520u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124573,8 +124985,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2825u32,
-        call: 2517u32,
+        wire: 2837u32,
+        call: 2521u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124604,8 +125016,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2826u32,
-        call: 2518u32,
+        wire: 2838u32,
+        call: 2522u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124635,8 +125047,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2827u32,
-        call: 2519u32,
+        wire: 2839u32,
+        call: 2523u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124666,8 +125078,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2828u32,
-        call: 2520u32,
+        wire: 2840u32,
+        call: 2524u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124697,8 +125109,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2829u32,
-        call: 2521u32,
+        wire: 2841u32,
+        call: 2525u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124728,8 +125140,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2830u32,
-        call: 2522u32,
+        wire: 2842u32,
+        call: 2526u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124759,8 +125171,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2831u32,
-        call: 2523u32,
+        wire: 2843u32,
+        call: 2527u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124790,8 +125202,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2832u32,
-        call: 2524u32,
+        wire: 2844u32,
+        call: 2528u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124821,8 +125233,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2833u32,
-        call: 2525u32,
+        wire: 2845u32,
+        call: 2529u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124852,8 +125264,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2834u32,
-        call: 2526u32,
+        wire: 2846u32,
+        call: 2530u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124883,8 +125295,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2835u32,
-        call: 2527u32,
+        wire: 2847u32,
+        call: 2531u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -124914,8 +125326,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2836u32,
-        call: 2528u32,
+        wire: 2848u32,
+        call: 2532u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124945,8 +125357,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2837u32,
-        call: 2529u32,
+        wire: 2849u32,
+        call: 2533u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124976,8 +125388,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2838u32,
-        call: 2530u32,
+        wire: 2850u32,
+        call: 2534u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -125007,8 +125419,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2839u32,
-        call: 2531u32,
+        wire: 2851u32,
+        call: 2535u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -125038,8 +125450,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2840u32,
-        call: 2532u32,
+        wire: 2852u32,
+        call: 2536u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -125069,8 +125481,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2841u32,
-        call: 2533u32,
+        wire: 2853u32,
+        call: 2537u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -125116,8 +125528,8 @@ pub mod nvml {
     static LEN_nvmlSystemGetDriverVersion_8: Len = Len::Param(1u8);
     static LEN_nvmlSystemGetNVMLVersion_9: Len = Len::Param(1u8);
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1637u32,
+        wire: 1954u32,
+        call: 1641u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -125140,8 +125552,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1638u32,
+        wire: 1955u32,
+        call: 1642u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -125171,8 +125583,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1639u32,
+        wire: 1956u32,
+        call: 1643u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -125199,8 +125611,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1640u32,
+        wire: 1957u32,
+        call: 1644u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -125223,8 +125635,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1641u32,
+        wire: 1958u32,
+        call: 1645u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -125247,8 +125659,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1642u32,
+        wire: 1959u32,
+        call: 1646u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -125275,8 +125687,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1643u32,
+        wire: 1960u32,
+        call: 1647u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -125307,8 +125719,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1644u32,
+        wire: 1961u32,
+        call: 1648u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -125346,8 +125758,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1645u32,
+        wire: 1962u32,
+        call: 1649u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -125382,8 +125794,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1646u32,
+        wire: 1963u32,
+        call: 1650u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -125417,8 +125829,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1647u32,
+        wire: 1964u32,
+        call: 1651u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -125448,8 +125860,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1648u32,
+        wire: 1965u32,
+        call: 1652u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -125479,8 +125891,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1649u32,
+        wire: 1966u32,
+        call: 1653u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -125510,8 +125922,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1650u32,
+        wire: 1967u32,
+        call: 1654u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -125545,8 +125957,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1651u32,
+        wire: 1968u32,
+        call: 1655u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -125576,8 +125988,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1652u32,
+        wire: 1969u32,
+        call: 1656u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -125614,8 +126026,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBAR1MemoryInfo: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1653u32,
+        wire: 1970u32,
+        call: 1657u32,
         name: "nvmlDeviceGetBAR1MemoryInfo",
         form: None,
         library: "nvml",
@@ -125645,8 +126057,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1654u32,
+        wire: 1971u32,
+        call: 1658u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -125676,8 +126088,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardPartNumber: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1655u32,
+        wire: 1972u32,
+        call: 1659u32,
         name: "nvmlDeviceGetBoardPartNumber",
         form: None,
         library: "nvml",
@@ -125711,8 +126123,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1656u32,
+        wire: 1973u32,
+        call: 1660u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -125742,8 +126154,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1657u32,
+        wire: 1974u32,
+        call: 1661u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -125773,8 +126185,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1658u32,
+        wire: 1975u32,
+        call: 1662u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -125812,8 +126224,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1659u32,
+        wire: 1976u32,
+        call: 1663u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -125847,8 +126259,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1660u32,
+        wire: 1977u32,
+        call: 1664u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -125878,8 +126290,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1661u32,
+        wire: 1978u32,
+        call: 1665u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -125909,8 +126321,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1662u32,
+        wire: 1979u32,
+        call: 1666u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -125947,8 +126359,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1663u32,
+        wire: 1980u32,
+        call: 1667u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -125978,8 +126390,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1664u32,
+        wire: 1981u32,
+        call: 1668u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -126009,8 +126421,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1665u32,
+        wire: 1982u32,
+        call: 1669u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -126040,8 +126452,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1666u32,
+        wire: 1983u32,
+        call: 1670u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -126071,8 +126483,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1667u32,
+        wire: 1984u32,
+        call: 1671u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -126109,8 +126521,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1668u32,
+        wire: 1985u32,
+        call: 1672u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -126144,8 +126556,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1669u32,
+        wire: 1986u32,
+        call: 1673u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -126175,8 +126587,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1670u32,
+        wire: 1987u32,
+        call: 1674u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -126203,8 +126615,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1671u32,
+        wire: 1988u32,
+        call: 1675u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -126234,8 +126646,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1672u32,
+        wire: 1989u32,
+        call: 1676u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -126265,8 +126677,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1673u32,
+        wire: 1990u32,
+        call: 1677u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -126303,8 +126715,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1674u32,
+        wire: 1991u32,
+        call: 1678u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -126341,8 +126753,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1675u32,
+        wire: 1992u32,
+        call: 1679u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -126379,8 +126791,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1676u32,
+        wire: 1993u32,
+        call: 1680u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -126414,8 +126826,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1677u32,
+        wire: 1994u32,
+        call: 1681u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -126452,8 +126864,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1678u32,
+        wire: 1995u32,
+        call: 1682u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -126483,8 +126895,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1679u32,
+        wire: 1996u32,
+        call: 1683u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -126518,8 +126930,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1680u32,
+        wire: 1997u32,
+        call: 1684u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -126549,8 +126961,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1681u32,
+        wire: 1998u32,
+        call: 1685u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -126584,8 +126996,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFieldValues__cu118: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1682u32,
+        wire: 1999u32,
+        call: 1686u32,
         name: "nvmlDeviceGetFieldValues",
         form: None,
         library: "nvml",
@@ -126619,8 +127031,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFieldValues__cu126: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1682u32,
+        wire: 2000u32,
+        call: 1686u32,
         name: "nvmlDeviceGetFieldValues",
         form: None,
         library: "nvml",
@@ -126654,8 +127066,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1683u32,
+        wire: 2001u32,
+        call: 1687u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -126692,8 +127104,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1684u32,
+        wire: 2002u32,
+        call: 1688u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -126723,8 +127135,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuFabricInfo__cu121: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1685u32,
+        wire: 2003u32,
+        call: 1689u32,
         name: "nvmlDeviceGetGpuFabricInfo",
         form: None,
         library: "nvml",
@@ -126754,8 +127166,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuFabricInfo__cu126: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1685u32,
+        wire: 2004u32,
+        call: 1689u32,
         name: "nvmlDeviceGetGpuFabricInfo",
         form: None,
         library: "nvml",
@@ -126785,8 +127197,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuFabricInfoV__cu126: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1686u32,
+        wire: 2005u32,
+        call: 1690u32,
         name: "nvmlDeviceGetGpuFabricInfoV",
         form: None,
         library: "nvml",
@@ -126816,8 +127228,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuFabricInfoV__cu130: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1686u32,
+        wire: 2006u32,
+        call: 1690u32,
         name: "nvmlDeviceGetGpuFabricInfoV",
         form: None,
         library: "nvml",
@@ -126847,8 +127259,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1687u32,
+        wire: 2007u32,
+        call: 1691u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -126879,8 +127291,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1688u32,
+        wire: 2008u32,
+        call: 1692u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -126910,8 +127322,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1689u32,
+        wire: 2009u32,
+        call: 1693u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -126945,8 +127357,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1690u32,
+        wire: 2010u32,
+        call: 1694u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -126984,8 +127396,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1691u32,
+        wire: 2011u32,
+        call: 1695u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -127015,8 +127427,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1692u32,
+        wire: 2012u32,
+        call: 1696u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -127053,8 +127465,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1693u32,
+        wire: 2013u32,
+        call: 1697u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -127091,8 +127503,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1694u32,
+        wire: 2014u32,
+        call: 1698u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -127119,8 +127531,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1695u32,
+        wire: 2015u32,
+        call: 1699u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -127147,8 +127559,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1696u32,
+        wire: 2016u32,
+        call: 1700u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -127172,8 +127584,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1697u32,
+        wire: 2017u32,
+        call: 1701u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -127197,8 +127609,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1698u32,
+        wire: 2018u32,
+        call: 1702u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -127222,8 +127634,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1699u32,
+        wire: 2019u32,
+        call: 1703u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -127247,8 +127659,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1700u32,
+        wire: 2020u32,
+        call: 1704u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -127278,8 +127690,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1701u32,
+        wire: 2021u32,
+        call: 1705u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -127309,8 +127721,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1702u32,
+        wire: 2022u32,
+        call: 1706u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -127340,8 +127752,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1703u32,
+        wire: 2023u32,
+        call: 1707u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -127371,8 +127783,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomImageVersion: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1704u32,
+        wire: 2024u32,
+        call: 1708u32,
         name: "nvmlDeviceGetInforomImageVersion",
         form: None,
         library: "nvml",
@@ -127406,8 +127818,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1705u32,
+        wire: 2025u32,
+        call: 1709u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -127437,8 +127849,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1706u32,
+        wire: 2026u32,
+        call: 1710u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -127475,8 +127887,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1707u32,
+        wire: 2027u32,
+        call: 1711u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -127513,8 +127925,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1708u32,
+        wire: 2028u32,
+        call: 1712u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -127548,8 +127960,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1709u32,
+        wire: 2029u32,
+        call: 1713u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -127583,8 +127995,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1710u32,
+        wire: 2030u32,
+        call: 1714u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -127614,8 +128026,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1711u32,
+        wire: 2031u32,
+        call: 1715u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -127645,8 +128057,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1712u32,
+        wire: 2032u32,
+        call: 1716u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -127676,8 +128088,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1713u32,
+        wire: 2033u32,
+        call: 1717u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -127714,8 +128126,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1714u32,
+        wire: 2034u32,
+        call: 1718u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -127745,8 +128157,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1715u32,
+        wire: 2035u32,
+        call: 1719u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -127776,8 +128188,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryInfo: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1716u32,
+        wire: 2036u32,
+        call: 1720u32,
         name: "nvmlDeviceGetMemoryInfo",
         form: None,
         library: "nvml",
@@ -127807,8 +128219,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryInfo_v2: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1717u32,
+        wire: 2037u32,
+        call: 1721u32,
         name: "nvmlDeviceGetMemoryInfo_v2",
         form: None,
         library: "nvml",
@@ -127838,8 +128250,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1718u32,
+        wire: 2038u32,
+        call: 1722u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -127870,8 +128282,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1719u32,
+        wire: 2039u32,
+        call: 1723u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -127908,8 +128320,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1720u32,
+        wire: 2040u32,
+        call: 1724u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -127954,8 +128366,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1721u32,
+        wire: 2041u32,
+        call: 1725u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -127992,8 +128404,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1722u32,
+        wire: 2042u32,
+        call: 1726u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -128023,8 +128435,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1723u32,
+        wire: 2043u32,
+        call: 1727u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -128054,8 +128466,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1724u32,
+        wire: 2044u32,
+        call: 1728u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -128085,8 +128497,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetName: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1725u32,
+        wire: 2045u32,
+        call: 1729u32,
         name: "nvmlDeviceGetName",
         form: None,
         library: "nvml",
@@ -128120,8 +128532,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1726u32,
+        wire: 2046u32,
+        call: 1730u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -128151,8 +128563,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1727u32,
+        wire: 2047u32,
+        call: 1731u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -128182,8 +128594,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1728u32,
+        wire: 2048u32,
+        call: 1732u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -128213,8 +128625,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1729u32,
+        wire: 2049u32,
+        call: 1733u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -128252,8 +128664,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1730u32,
+        wire: 2050u32,
+        call: 1734u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -128287,8 +128699,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1731u32,
+        wire: 2051u32,
+        call: 1735u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -128322,8 +128734,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1732u32,
+        wire: 2052u32,
+        call: 1736u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -128357,8 +128769,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1733u32,
+        wire: 2053u32,
+        call: 1737u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -128395,8 +128807,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1734u32,
+        wire: 2054u32,
+        call: 1738u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -128434,8 +128846,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1735u32,
+        wire: 2055u32,
+        call: 1739u32,
         name: "nvmlDeviceGetPciInfo",
         form: None,
         library: "nvml",
@@ -128465,8 +128877,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfoExt: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1736u32,
+        wire: 2056u32,
+        call: 1740u32,
         name: "nvmlDeviceGetPciInfoExt",
         form: None,
         library: "nvml",
@@ -128496,8 +128908,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo_v2: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1737u32,
+        wire: 2057u32,
+        call: 1741u32,
         name: "nvmlDeviceGetPciInfo_v2",
         form: None,
         library: "nvml",
@@ -128527,8 +128939,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPciInfo_v3: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1738u32,
+        wire: 2058u32,
+        call: 1742u32,
         name: "nvmlDeviceGetPciInfo_v3",
         form: None,
         library: "nvml",
@@ -128558,8 +128970,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1739u32,
+        wire: 2059u32,
+        call: 1743u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -128589,8 +129001,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1740u32,
+        wire: 2060u32,
+        call: 1744u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -128620,8 +129032,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1741u32,
+        wire: 2061u32,
+        call: 1745u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -128651,8 +129063,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1742u32,
+        wire: 2062u32,
+        call: 1746u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -128682,8 +129094,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1743u32,
+        wire: 2063u32,
+        call: 1747u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -128713,8 +129125,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1744u32,
+        wire: 2064u32,
+        call: 1748u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -128744,8 +129156,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1745u32,
+        wire: 2065u32,
+        call: 1749u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -128775,8 +129187,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1746u32,
+        wire: 2066u32,
+        call: 1750u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -128813,8 +129225,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1747u32,
+        wire: 2067u32,
+        call: 1751u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -128844,8 +129256,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1748u32,
+        wire: 2068u32,
+        call: 1752u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -128875,8 +129287,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1749u32,
+        wire: 2069u32,
+        call: 1753u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -128906,8 +129318,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1750u32,
+        wire: 2070u32,
+        call: 1754u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -128937,8 +129349,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1751u32,
+        wire: 2071u32,
+        call: 1755u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -128968,8 +129380,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1752u32,
+        wire: 2072u32,
+        call: 1756u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -129020,8 +129432,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1753u32,
+        wire: 2073u32,
+        call: 1757u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -129051,8 +129463,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSerial: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1754u32,
+        wire: 2074u32,
+        call: 1758u32,
         name: "nvmlDeviceGetSerial",
         form: None,
         library: "nvml",
@@ -129086,8 +129498,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1755u32,
+        wire: 2075u32,
+        call: 1759u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -129117,8 +129529,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1756u32,
+        wire: 2076u32,
+        call: 1760u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -129148,8 +129560,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1757u32,
+        wire: 2077u32,
+        call: 1761u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -129179,8 +129591,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1758u32,
+        wire: 2078u32,
+        call: 1762u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -129210,8 +129622,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1759u32,
+        wire: 2079u32,
+        call: 1763u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -129245,8 +129657,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1760u32,
+        wire: 2080u32,
+        call: 1764u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -129280,8 +129692,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1761u32,
+        wire: 2081u32,
+        call: 1765u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -129315,8 +129727,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1762u32,
+        wire: 2082u32,
+        call: 1766u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -129350,8 +129762,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1763u32,
+        wire: 2083u32,
+        call: 1767u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -129389,8 +129801,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1764u32,
+        wire: 2084u32,
+        call: 1768u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -129420,8 +129832,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetUUID: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1765u32,
+        wire: 2085u32,
+        call: 1769u32,
         name: "nvmlDeviceGetUUID",
         form: None,
         library: "nvml",
@@ -129455,8 +129867,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetUtilizationRates: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1766u32,
+        wire: 2086u32,
+        call: 1770u32,
         name: "nvmlDeviceGetUtilizationRates",
         form: None,
         library: "nvml",
@@ -129486,8 +129898,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVbiosVersion: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1767u32,
+        wire: 2087u32,
+        call: 1771u32,
         name: "nvmlDeviceGetVbiosVersion",
         form: None,
         library: "nvml",
@@ -129521,8 +129933,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1768u32,
+        wire: 2088u32,
+        call: 1772u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -129556,8 +129968,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1769u32,
+        wire: 2089u32,
+        call: 1773u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -129587,8 +129999,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1770u32,
+        wire: 2090u32,
+        call: 1774u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -129618,8 +130030,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1771u32,
+        wire: 2091u32,
+        call: 1775u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -129653,8 +130065,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1772u32,
+        wire: 2092u32,
+        call: 1776u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -129685,8 +130097,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1773u32,
+        wire: 2093u32,
+        call: 1777u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -129709,8 +130121,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1774u32,
+        wire: 2094u32,
+        call: 1778u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -129733,8 +130145,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1775u32,
+        wire: 2095u32,
+        call: 1779u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -129757,8 +130169,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1776u32,
+        wire: 2096u32,
+        call: 1780u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -129785,8 +130197,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1777u32,
+        wire: 2097u32,
+        call: 1781u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -129817,8 +130229,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1778u32,
+        wire: 2098u32,
+        call: 1782u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -129849,8 +130261,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1779u32,
+        wire: 2099u32,
+        call: 1783u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -129877,8 +130289,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1780u32,
+        wire: 2100u32,
+        call: 1784u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -129909,8 +130321,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1781u32,
+        wire: 2101u32,
+        call: 1785u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -129937,8 +130349,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1782u32,
+        wire: 2102u32,
+        call: 1786u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -129965,8 +130377,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1783u32,
+        wire: 2103u32,
+        call: 1787u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -129993,8 +130405,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1784u32,
+        wire: 2104u32,
+        call: 1788u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -130017,8 +130429,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1785u32,
+        wire: 2105u32,
+        call: 1789u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -130049,8 +130461,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1786u32,
+        wire: 2106u32,
+        call: 1790u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -130077,8 +130489,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1787u32,
+        wire: 2107u32,
+        call: 1791u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -130108,8 +130520,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1788u32,
+        wire: 2108u32,
+        call: 1792u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -130140,8 +130552,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1789u32,
+        wire: 2109u32,
+        call: 1793u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -130168,8 +130580,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1790u32,
+        wire: 2110u32,
+        call: 1794u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -130200,8 +130612,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1791u32,
+        wire: 2111u32,
+        call: 1795u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -130232,8 +130644,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1792u32,
+        wire: 2112u32,
+        call: 1796u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -130260,8 +130672,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1793u32,
+        wire: 2113u32,
+        call: 1797u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -130292,8 +130704,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1794u32,
+        wire: 2114u32,
+        call: 1798u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -130320,8 +130732,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1795u32,
+        wire: 2115u32,
+        call: 1799u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -130348,8 +130760,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1796u32,
+        wire: 2116u32,
+        call: 1800u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -130380,8 +130792,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1797u32,
+        wire: 2117u32,
+        call: 1801u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -130415,8 +130827,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1798u32,
+        wire: 2118u32,
+        call: 1802u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -130443,8 +130855,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1799u32,
+        wire: 2119u32,
+        call: 1803u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -130471,8 +130883,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1800u32,
+        wire: 2120u32,
+        call: 1804u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -130499,8 +130911,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1801u32,
+        wire: 2121u32,
+        call: 1805u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -130534,8 +130946,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1802u32,
+        wire: 2122u32,
+        call: 1806u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -130566,8 +130978,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1803u32,
+        wire: 2123u32,
+        call: 1807u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -130597,8 +131009,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1804u32,
+        wire: 2124u32,
+        call: 1808u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -130625,8 +131037,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1805u32,
+        wire: 2125u32,
+        call: 1809u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -130649,8 +131061,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1806u32,
+        wire: 2126u32,
+        call: 1810u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -130673,8 +131085,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1807u32,
+        wire: 2127u32,
+        call: 1811u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -130697,8 +131109,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1808u32,
+        wire: 2128u32,
+        call: 1812u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -130724,8 +131136,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1809u32,
+        wire: 2129u32,
+        call: 1813u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -130755,8 +131167,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1810u32,
+        wire: 2130u32,
+        call: 1814u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -130787,8 +131199,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1811u32,
+        wire: 2131u32,
+        call: 1815u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -130818,8 +131230,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1812u32,
+        wire: 2132u32,
+        call: 1816u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -130842,8 +131254,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1813u32,
+        wire: 2133u32,
+        call: 1817u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -130866,8 +131278,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1814u32,
+        wire: 2134u32,
+        call: 1818u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -130894,8 +131306,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1815u32,
+        wire: 2135u32,
+        call: 1819u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -130922,8 +131334,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1816u32,
+        wire: 2136u32,
+        call: 1820u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -130954,8 +131366,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1817u32,
+        wire: 2137u32,
+        call: 1821u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -130993,8 +131405,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1818u32,
+        wire: 2138u32,
+        call: 1822u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -131017,8 +131429,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1819u32,
+        wire: 2139u32,
+        call: 1823u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -131049,8 +131461,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1820u32,
+        wire: 2140u32,
+        call: 1824u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -131084,8 +131496,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1821u32,
+        wire: 2141u32,
+        call: 1825u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -131123,8 +131535,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1822u32,
+        wire: 2142u32,
+        call: 1826u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -131154,8 +131566,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1823u32,
+        wire: 2143u32,
+        call: 1827u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -131181,8 +131593,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1824u32,
+        wire: 2144u32,
+        call: 1828u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -131208,8 +131620,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1825u32,
+        wire: 2145u32,
+        call: 1829u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -131235,8 +131647,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetDriverVersion: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1826u32,
+        wire: 2146u32,
+        call: 1830u32,
         name: "nvmlSystemGetDriverVersion",
         form: None,
         library: "nvml",
@@ -131266,8 +131678,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNVMLVersion: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1827u32,
+        wire: 2147u32,
+        call: 1831u32,
         name: "nvmlSystemGetNVMLVersion",
         form: None,
         library: "nvml",
@@ -131297,8 +131709,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1828u32,
+        wire: 2148u32,
+        call: 1832u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -131324,8 +131736,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1829u32,
+        wire: 2149u32,
+        call: 1833u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -131348,8 +131760,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1830u32,
+        wire: 2150u32,
+        call: 1834u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -131372,8 +131784,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1831u32,
+        wire: 2151u32,
+        call: 1835u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -131399,8 +131811,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1832u32,
+        wire: 2152u32,
+        call: 1836u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -131434,8 +131846,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1833u32,
+        wire: 2153u32,
+        call: 1837u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -131462,8 +131874,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1834u32,
+        wire: 2154u32,
+        call: 1838u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -131497,8 +131909,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1835u32,
+        wire: 2155u32,
+        call: 1839u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -131525,8 +131937,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1836u32,
+        wire: 2156u32,
+        call: 1840u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -131549,8 +131961,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1837u32,
+        wire: 2157u32,
+        call: 1841u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -131580,8 +131992,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1838u32,
+        wire: 2158u32,
+        call: 1842u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -131611,8 +132023,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1839u32,
+        wire: 2159u32,
+        call: 1843u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -131642,8 +132054,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1840u32,
+        wire: 2160u32,
+        call: 1844u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -131673,8 +132085,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1841u32,
+        wire: 2161u32,
+        call: 1845u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -131704,8 +132116,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1842u32,
+        wire: 2162u32,
+        call: 1846u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -131735,8 +132147,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1843u32,
+        wire: 2163u32,
+        call: 1847u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -131766,8 +132178,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1844u32,
+        wire: 2164u32,
+        call: 1848u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -131797,8 +132209,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1845u32,
+        wire: 2165u32,
+        call: 1849u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -131825,8 +132237,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1846u32,
+        wire: 2166u32,
+        call: 1850u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -131860,8 +132272,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1847u32,
+        wire: 2167u32,
+        call: 1851u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -131898,8 +132310,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1848u32,
+        wire: 2168u32,
+        call: 1852u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -131929,8 +132341,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1849u32,
+        wire: 2169u32,
+        call: 1853u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -131960,8 +132372,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1850u32,
+        wire: 2170u32,
+        call: 1854u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -131991,8 +132403,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1851u32,
+        wire: 2171u32,
+        call: 1855u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -132022,8 +132434,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1852u32,
+        wire: 2172u32,
+        call: 1856u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -132053,8 +132465,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1853u32,
+        wire: 2173u32,
+        call: 1857u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -132088,8 +132500,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1854u32,
+        wire: 2174u32,
+        call: 1858u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -132119,8 +132531,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1855u32,
+        wire: 2175u32,
+        call: 1859u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -132150,8 +132562,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1856u32,
+        wire: 2176u32,
+        call: 1860u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -132196,8 +132608,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2806u32,
-        call: 2498u32,
+        wire: 2818u32,
+        call: 2502u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -132223,8 +132635,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2807u32,
-        call: 2499u32,
+        wire: 2819u32,
+        call: 2503u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -132250,8 +132662,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2808u32,
-        call: 2500u32,
+        wire: 2820u32,
+        call: 2504u32,
         name: "nvrtcGetSupportedArchs",
         form: Some(Form::Call),
         library: "nvrtc",
@@ -132277,8 +132689,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2809u32,
-        call: 2501u32,
+        wire: 2821u32,
+        call: 2505u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -132301,8 +132713,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2810u32,
-        call: 2502u32,
+        wire: 2822u32,
+        call: 2506u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -399,49 +399,21 @@ pub unsafe fn cuMemcpyHtoDAsync_v2_ptsz(
 }
 
 /// cuMemcpy, cuMemcpyAsync and their per-thread forms: on unified addresses, each side is
-/// the program's memory or the GPU's as the interval map says; the copy goes as the copy of
-/// that direction (chunked, pinned destinations landing in the background).
+/// the program's memory or the GPU's as the interval map says, and the copy goes in that
+/// direction's wire form, as cudaMemcpy's with cudaMemcpyDefault.
 fn unified(ctx: &Ctx, dst: u64, src: u64, n: u64, stream: Option<u64>) -> u32 {
-    let Some(direction) = memory::direction(chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDefault, dst, src) else {
-        return INVALID_VALUE;
-    };
-    let per_thread = ctx.per_thread();
-    if direction == (true, true)
-        && let Ok(conn) = connection()
-    {
-        // Either side may be memory the server mirrors (managed, pinned handed to the GPU):
-        // brought up to date first, and what the copy changes comes back at the next wait.
-        crate::mirror::prepare(&conn, [dst, src]);
-    }
-    let (d, s) = (dst as *mut c_void, src as *mut c_void);
-    // SAFETY (block): the caller's addresses, each side host memory or device memory as the
-    // interval map says, `n` bytes as cuMemcpy's contract requires.
-    unsafe {
-        match (direction, stream) {
-            ((true, false), None) if per_thread => cuMemcpyHtoD_v2_ptds(dst, s, n as usize),
-            ((true, false), None) => cuMemcpyHtoD_v2(dst, s, n as usize),
-            ((true, false), Some(st)) if per_thread => cuMemcpyHtoDAsync_v2_ptsz(dst, s, n as usize, st as _),
-            ((true, false), Some(st)) => cuMemcpyHtoDAsync_v2(dst, s, n as usize, st as _),
-            ((false, true), None) if per_thread => cuMemcpyDtoH_v2_ptds(d, src, n as usize),
-            ((false, true), None) => cuMemcpyDtoH_v2(d, src, n as usize),
-            ((false, true), Some(st)) if per_thread => cuMemcpyDtoHAsync_v2_ptsz(d, src, n as usize, st as _),
-            ((false, true), Some(st)) => cuMemcpyDtoHAsync_v2(d, src, n as usize, st as _),
-            ((true, true), None) => {
-                let desc = if per_thread { &calls::cuMemcpyDtoD_v2_ptds } else { &calls::cuMemcpyDtoD_v2 };
-                crate::runtime::call(desc, &[dst, src, n]) as u32
-            }
-            ((true, true), Some(st)) => {
-                let desc = if per_thread { &calls::cuMemcpyDtoDAsync_v2_ptsz } else { &calls::cuMemcpyDtoDAsync_v2 };
-                crate::runtime::call(desc, &[dst, src, n, st]) as u32
-            }
-            ((false, false), _) => driver(ctx.name, || {
-                // Both sides are the program's: ordered after the copies still landing.
-                state::wait_deferred();
-                std::ptr::copy(s as *const u8, d as *mut u8, n as usize);
-                Ok(SUCCESS)
-            }),
-        }
-    }
+    driver(ctx.name, || {
+        let direction = memory::direction(chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDefault, dst, src)
+            .ok_or(INVALID_VALUE)?;
+        let conn = connection()?;
+        let forms = memory::CopyForms { h2d: ctx.form(Form::H2d), d2h: ctx.form(Form::D2h), d2d: ctx.form(Form::D2d) };
+        let tail: &[u64] = match &stream {
+            Some(s) => std::slice::from_ref(s),
+            None => &[],
+        };
+        // SAFETY: host sides are the caller's buffers of `n` bytes (cuMemcpy's contract).
+        Ok(unsafe { memory::copy(&conn, &forms, dst, src, n, direction, tail, stream.is_some()) } as u32)
+    })
 }
 
 pub unsafe fn memcpy_unified(ctx: &Ctx, dst: u64, src: u64, ByteCount: usize) -> u32 {

@@ -239,8 +239,14 @@ pub unsafe fn copy(
     if count == 0 {
         return 0;
     }
+    // The runtime's copies pass their kind after the count (its value is the form's); the
+    // driver's unified copies (cuMemcpy) have none.
+    let with_kind = forms.d2d.params.len() > 3 + tail.len();
     let args = |d: u64, s: u64, n: u64, kind: u64| -> Vec<u64> {
-        let mut a = vec![d, s, n, kind];
+        let mut a = vec![d, s, n];
+        if with_kind {
+            a.push(kind);
+        }
         a.extend_from_slice(tail);
         a
     };
