@@ -91,7 +91,8 @@ fn redirect(fd: RawFd) -> Result<RawFd, String> {
 
 /// Read what the pipe holds now into `pending`.
 fn drain(c: &Capture, pending: &mut Pending) {
-    let mut chunk = [0u8; 64 << 10];
+    // Not zeroed: this runs before every reply, and the pipe is usually empty.
+    let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 64 << 10];
     loop {
         // SAFETY: reads into a buffer of this frame, at most its length.
         let n = unsafe { libc::read(c.read, chunk.as_mut_ptr().cast(), chunk.len()) };
@@ -101,7 +102,8 @@ fn drain(c: &Capture, pending: &mut Pending) {
             }
             return;
         }
-        pending.bytes.extend_from_slice(&chunk[..n as usize]);
+        // SAFETY: read() initialized the first `n` bytes.
+        pending.bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(chunk.as_ptr().cast::<u8>(), n as usize) });
         if pending.bytes.len() > LIMIT {
             let over = pending.bytes.len() - LIMIT;
             pending.bytes.drain(..over);
