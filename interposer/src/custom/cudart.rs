@@ -556,11 +556,6 @@ pub unsafe fn get_pointer_attributes(ctx: &Ctx, attributes: *mut c_void, ptr: *m
 
 // ---- Copies ----
 
-/// The three forms of a copy export, from its context.
-fn copy_forms(ctx: &Ctx) -> CopyForms {
-    CopyForms { h2d: ctx.form(Form::H2d), d2h: ctx.form(Form::D2h), d2d: ctx.form(Form::D2d) }
-}
-
 fn memcpy(forms: &CopyForms, dst: u64, src: u64, count: u64, kind: u32, tail: &[u64], asynchronous: bool) -> u32 {
     runtime("cudaMemcpy", || {
         let direction = memory::direction(kind, dst, src).ok_or(INVALID_MEMCPY_DIRECTION)?;
@@ -585,7 +580,7 @@ fn memcpy(forms: &CopyForms, dst: u64, src: u64, count: u64, kind: u32, tail: &[
 
 /// cudaMemcpy and cudaMemcpy_ptds.
 pub unsafe fn memcpy_sync(ctx: &Ctx, dst: *mut c_void, src: *mut c_void, count: usize, kind: u32) -> u32 {
-    memcpy(&copy_forms(ctx), dst as u64, src as u64, count as u64, kind, &[], false)
+    memcpy(&CopyForms::of(ctx), dst as u64, src as u64, count as u64, kind, &[], false)
 }
 
 /// cudaMemcpyAsync and cudaMemcpyAsync_ptsz (whose NULL stream is the thread's own).
@@ -598,7 +593,7 @@ pub unsafe fn memcpy_async(
     stream: *mut c_void,
 ) -> u32 {
     let stream = if ctx.per_thread() { per_thread(stream) } else { stream };
-    memcpy(&copy_forms(ctx), dst as u64, src as u64, count as u64, kind, &[stream as u64], true)
+    memcpy(&CopyForms::of(ctx), dst as u64, src as u64, count as u64, kind, &[stream as u64], true)
 }
 
 // ---- Host callbacks: run on the client, in stream order ----

@@ -406,7 +406,7 @@ fn unified(ctx: &Ctx, dst: u64, src: u64, n: u64, stream: Option<u64>) -> u32 {
         let direction = memory::direction(chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDefault, dst, src)
             .ok_or(INVALID_VALUE)?;
         let conn = connection()?;
-        let forms = memory::CopyForms { h2d: ctx.form(Form::H2d), d2h: ctx.form(Form::D2h), d2d: ctx.form(Form::D2d) };
+        let forms = memory::CopyForms::of(ctx);
         let tail: &[u64] = match &stream {
             Some(s) => std::slice::from_ref(s),
             None => &[],

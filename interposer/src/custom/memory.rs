@@ -199,6 +199,14 @@ pub struct CopyForms {
     pub d2d: &'static CallDesc,
 }
 
+impl CopyForms {
+    /// The forms of a hand-written copy export, from its context.
+    pub fn of(ctx: &chidori_cuda::desc::Ctx) -> CopyForms {
+        use chidori_cuda::desc::Form;
+        CopyForms { h2d: ctx.form(Form::H2d), d2h: ctx.form(Form::D2h), d2d: ctx.form(Form::D2d) }
+    }
+}
+
 /// Where a copy goes, given a cudaMemcpyKind (Default: decided by the interval map).
 ///
 /// The program's pinned memory is host memory whatever the kind says (a GPU maps it at its
