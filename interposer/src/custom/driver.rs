@@ -329,9 +329,13 @@ fn copy(
 ) -> u32 {
     driver(name, || {
         let conn = connection()?;
-        if desc.name.starts_with("cuMemcpyHtoD") {
-            // The GPU reads the source when the stream reaches the copy: after every host
-            // callback enqueued before it, which may write the source (as the runtime's).
+        // A source of host bytes (host to device): the GPU reads it when the stream reaches
+        // the copy, after every host callback enqueued before it, which may write it (as
+        // for the runtime's copies).
+        if matches!(
+            desc.params.get(1),
+            Some(chidori_protocol::desc::Wire::Buf { dir: chidori_protocol::desc::Dir::In, .. })
+        ) {
             conn.wait_callbacks(tail.first().copied().unwrap_or(0));
         }
         let chunks: Vec<Vec<u64>> = (0..n.max(1))
