@@ -157,8 +157,8 @@ pub fn next_handle_name() -> u64 {
     NAME_TAG | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether `handle` is a name this client made (not a handle the library returned: those
-/// are user-space addresses, below the tag).
+/// Whether `handle` is a name this client made (not a handle the library returned: the
+/// worker names those with ids under another tag).
 pub fn is_client_name(handle: u64) -> bool {
     handle & 0xffff_0000_0000_0000 == NAME_TAG
 }

@@ -229,11 +229,14 @@ impl FieldIs {
 
 /// A handle inside a record (8 bytes at `offset`), of `kind`; where `when` is set, the field
 /// is a handle only while that other field holds one of its values (a union's member).
+/// `written`: the call writes it (an error node), so what the client sent there is not
+/// checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FieldHandle {
     pub offset: u32,
     pub kind: HandleKind,
     pub when: Option<FieldIs>,
+    pub written: bool,
 }
 
 /// What the worker checks in an input record of one type at one CUDA version: its handles
@@ -267,7 +270,7 @@ impl RecordChecks {
                 }
             }
             for h in self.handles {
-                if h.when.is_some_and(|w| !w.holds(record)) {
+                if h.written || h.when.is_some_and(|w| !w.holds(record)) {
                     continue;
                 }
                 let start = h.offset as usize;
@@ -285,6 +288,27 @@ impl RecordChecks {
             }
         }
         Ok(())
+    }
+
+    /// Map the handles of records that come back (whole records, back to back) in place
+    /// with `to_client(kind, value)`; a partial record at the end is left as it is.
+    pub fn map_handles(&self, bytes: &mut [u8], mut to_client: impl FnMut(HandleKind, u64) -> u64) {
+        let size = self.size as usize;
+        if size == 0 {
+            return;
+        }
+        for record in bytes.chunks_exact_mut(size) {
+            for h in self.handles {
+                if h.when.is_some_and(|w| !w.holds(record)) {
+                    continue;
+                }
+                let start = h.offset as usize;
+                let Some(field) = record.get_mut(start..start + 8).and_then(|f| f.first_chunk_mut::<8>()) else {
+                    continue;
+                };
+                *field = to_client(h.kind, u64::from_le_bytes(*field)).to_le_bytes();
+            }
+        }
     }
 }
 
@@ -434,7 +458,7 @@ mod tests {
         static ARRAY: FieldIs = FieldIs { offset: 0, size: 4, values: &[0] };
         static CHECKS: RecordChecks = RecordChecks {
             size: 16,
-            handles: &[FieldHandle { offset: 8, kind: 3, when: Some(ARRAY) }],
+            handles: &[FieldHandle { offset: 8, kind: 3, when: Some(ARRAY), written: false }],
             allow: &[FieldIs { offset: 0, size: 4, values: &[0, 2] }],
         };
         let record = |ty: u32, value: u64| {
@@ -455,6 +479,11 @@ mod tests {
         let mut two = [record(0, 0x77), record(2, 5)].concat();
         CHECKS.apply(&mut two, resolve).unwrap();
         assert!(CHECKS.apply(&mut two[..20], resolve).is_err(), "a torn record");
+        // Records that come back: handles named for the client, whatever the type field
+        // allows, and a torn record at the end left alone.
+        let mut back = [record(0, 0x99), record(1, 0x99), record(0, 0x99)].concat();
+        CHECKS.map_handles(&mut back[..40], |kind, v| if kind == 3 { v + 1 } else { v });
+        assert_eq!(back, [record(0, 0x9a), record(1, 0x99), record(0, 0x99)].concat());
     }
 
     #[test]

@@ -1,17 +1,28 @@
-//! The session's typed handle tables. Handles a client sees are the server's own values
-//! (so nested structures pass untouched), but every handle a call passes in is checked
-//! against the table of its kind: a wrong, stale or foreign value is an error reply, never
-//! a dereference.
+//! The session's typed handle tables. A handle the client sees is never the server's own
+//! value (a library's pointer would tell the client where the worker's heap lies): it is a
+//! name, either one the client chose itself (handles it creates without waiting) or an id
+//! the worker gave when the library handed the handle out. Every handle a call passes in is
+//! looked up by its kind: a wrong, stale or foreign value is an error reply, never a
+//! dereference.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use chidori_cuda::handles::{ACCEPTS, KINDS};
 use chidori_protocol::desc::HandleKind;
 
+/// The tag in the top 16 bits of every id the worker gives. The client's own names carry
+/// another (`0xc1d0`, interposer/src/runtime.rs), and a user-space pointer has none.
+pub const ID_TAG: u64 = 0xc1d1_0000_0000_0000;
+const TAG_MASK: u64 = 0xffff_0000_0000_0000;
+
 pub struct Handles {
-    tables: Vec<HashSet<u64>>,
-    /// Handles the client named itself: (kind, the client's name) → the library's handle.
-    named: HashMap<(HandleKind, u64), u64>,
+    /// (kind, the client's value) → the library's handle.
+    names: HashMap<(HandleKind, u64), u64>,
+    /// (kind, the library's handle) → the client's value for it, so that a handle the
+    /// library hands out again (the current context, a node of a capture) keeps its name.
+    values: HashMap<(HandleKind, u64), u64>,
+    /// The next id's counter (ids are unique across kinds).
+    next: u64,
     stream_kind: Option<HandleKind>,
 }
 
@@ -24,70 +35,90 @@ impl Default for Handles {
 impl Handles {
     pub fn new() -> Handles {
         let stream_kind = KINDS.iter().position(|k| *k == "CUstream_st").map(|i| i as HandleKind);
-        Handles { tables: vec![HashSet::new(); KINDS.len()], named: HashMap::new(), stream_kind }
+        Handles { names: HashMap::new(), values: HashMap::new(), next: 1, stream_kind }
     }
 
-    /// Whether `value` may be passed as a handle of `kind`. NULL is left to the library
-    /// (it means "default" for some handles and is an error it reports for others); the
-    /// stream sentinels cudaStreamLegacy (1) and cudaStreamPerThread (2) are always valid.
+    /// Values that stand for themselves: NULL (the library decides what it means: "default"
+    /// for some handles, an error it reports for others) and the stream sentinels
+    /// cudaStreamLegacy (1) and cudaStreamPerThread (2).
+    fn is_literal(&self, kind: HandleKind, value: u64) -> bool {
+        value == 0 || (Some(kind) == self.stream_kind && (value == 1 || value == 2))
+    }
+
+    /// Whether `value` may be passed as a handle of `kind`.
     pub fn check(&self, kind: HandleKind, value: u64) -> bool {
-        if value == 0 {
-            return true;
-        }
-        if Some(kind) == self.stream_kind && (value == 1 || value == 2) {
-            return true;
-        }
-        self.owns(kind, value) || ACCEPTS.iter().any(|&(k, other)| k == kind && self.owns(other, value))
+        self.resolve(kind, value).is_some()
     }
 
-    /// Whether `value` is a live handle of `kind` itself (not of a kind it accepts).
+    /// Whether `value` names a live handle of `kind` itself (not of a kind it accepts).
     pub fn owns(&self, kind: HandleKind, value: u64) -> bool {
-        self.tables.get(usize::from(kind)).is_some_and(|t| t.contains(&value))
+        self.names.contains_key(&(kind, value))
     }
 
-    /// The library's handle for `value` passed as a `kind`: a name the client gave, or a
-    /// live handle of the kind (or of a kind it accepts). None: not a handle of this session.
+    /// The library's handle for `value` passed as a `kind`: a handle of the kind, or of a
+    /// kind it accepts, or a literal. None: not a handle of this session.
     pub fn resolve(&self, kind: HandleKind, value: u64) -> Option<u64> {
-        if let Some(real) = self.named.get(&(kind, value)) {
+        if self.is_literal(kind, value) {
+            return Some(value);
+        }
+        if let Some(real) = self.names.get(&(kind, value)) {
             return Some(*real);
         }
-        self.check(kind, value).then_some(value)
+        ACCEPTS.iter().filter(|&&(k, _)| k == kind).find_map(|&(_, other)| self.names.get(&(other, value)).copied())
     }
 
-    /// Whether `name` is free to name a new handle of `kind`.
+    /// Whether `name` is free to name a new handle of `kind` (never one of the worker's ids).
     pub fn name_free(&self, kind: HandleKind, name: u64) -> bool {
-        name != 0 && !self.named.contains_key(&(kind, name))
+        name != 0 && name & TAG_MASK != ID_TAG && !self.names.contains_key(&(kind, name))
     }
 
     /// Record the client's `name` for the library's handle `real`.
     pub fn insert_named(&mut self, kind: HandleKind, name: u64, real: u64) {
-        self.named.insert((kind, name), real);
+        self.names.insert((kind, name), real);
+        if real != 0 {
+            self.values.insert((kind, real), name);
+        }
     }
 
-    pub fn insert(&mut self, kind: HandleKind, value: u64) {
-        if value != 0
-            && let Some(t) = self.tables.get_mut(usize::from(kind))
-        {
-            t.insert(value);
+    /// The client's value for the library's handle `real` of `kind`, handed out now: its
+    /// name if it has one, else a new id. Literals stay what they are.
+    pub fn insert(&mut self, kind: HandleKind, real: u64) -> u64 {
+        if self.is_literal(kind, real) {
+            return real;
         }
+        if let Some(&value) = self.values.get(&(kind, real)) {
+            return value;
+        }
+        let id = ID_TAG | (self.next & !TAG_MASK);
+        self.next += 1;
+        self.names.insert((kind, id), real);
+        self.values.insert((kind, real), id);
+        id
+    }
+
+    /// The client's value for the library's handle `real` of `kind`, if it has one.
+    pub fn known(&self, kind: HandleKind, real: u64) -> Option<u64> {
+        if self.is_literal(kind, real) {
+            return Some(real);
+        }
+        self.values.get(&(kind, real)).copied()
     }
 
     pub fn remove(&mut self, kind: HandleKind, value: u64) {
-        if self.named.remove(&(kind, value)).is_some() {
-            return;
-        }
-        if let Some(t) = self.tables.get_mut(usize::from(kind)) {
-            t.remove(&value);
+        if let Some(real) = self.names.remove(&(kind, value))
+            && self.values.get(&(kind, real)) == Some(&value)
+        {
+            self.values.remove(&(kind, real));
         }
     }
 
-    /// The `n`-th live handle of `kind` (modulo their number), for fuzzing.
+    /// The `n`-th live handle of `kind` as the client names it (modulo their number), for
+    /// fuzzing.
     pub fn pick(&self, kind: HandleKind, n: u64) -> Option<u64> {
-        let table = self.tables.get(usize::from(kind))?;
-        if table.is_empty() {
+        let mut live: Vec<u64> = self.names.keys().filter(|(k, _)| *k == kind).map(|(_, v)| *v).collect();
+        if live.is_empty() {
             return None;
         }
-        let mut live: Vec<u64> = table.iter().copied().collect();
         live.sort_unstable();
         live.get((n % live.len() as u64) as usize).copied()
     }
@@ -102,32 +133,54 @@ impl Handles {
 mod tests {
     use super::*;
 
+    fn kind(name: &str) -> HandleKind {
+        KINDS.iter().position(|k| *k == name).unwrap() as HandleKind
+    }
+
     #[test]
-    fn only_created_handles_pass() {
+    fn only_handed_out_handles_pass() {
         let mut h = Handles::new();
-        let stream = KINDS.iter().position(|k| *k == "CUstream_st").unwrap() as HandleKind;
+        let stream = kind("CUstream_st");
         assert!(h.check(stream, 0) && h.check(stream, 1) && h.check(stream, 2));
         assert!(!h.check(stream, 0xdead_beef));
-        h.insert(stream, 0xdead_beef);
-        assert!(h.check(stream, 0xdead_beef));
-        h.remove(stream, 0xdead_beef);
-        assert!(!h.check(stream, 0xdead_beef));
+        let id = h.insert(stream, 0xdead_beef);
+        assert_eq!(id & TAG_MASK, ID_TAG, "the client sees an id, not the library's pointer");
+        assert!(!h.check(stream, 0xdead_beef), "the library's value itself is no handle of the client");
+        assert_eq!(h.resolve(stream, id), Some(0xdead_beef));
+        h.remove(stream, id);
+        assert!(!h.check(stream, id));
         let other = if stream == 0 { 1 } else { 0 };
-        h.insert(other, 0x1234);
-        assert!(!h.check(stream, 0x1234), "a handle of another kind is foreign");
+        let foreign = h.insert(other, 0x1234);
+        assert!(!h.check(stream, foreign), "a handle of another kind is foreign");
+    }
+
+    #[test]
+    fn a_handle_handed_out_twice_keeps_its_id() {
+        let mut h = Handles::new();
+        let ctx = kind("CUctx_st");
+        let first = h.insert(ctx, 0x7f00_0000_1000);
+        assert_eq!(h.insert(ctx, 0x7f00_0000_1000), first, "the current context asked twice");
+        assert_ne!(h.insert(ctx, 0x7f00_0000_2000), first);
+        assert_eq!(h.known(ctx, 0x7f00_0000_1000), Some(first));
+        assert_eq!(h.known(ctx, 0x7f00_0000_3000), None, "known: no id is made");
+        h.remove(ctx, first);
+        assert_eq!(h.known(ctx, 0x7f00_0000_1000), None);
+        let again = h.insert(ctx, 0x7f00_0000_1000);
+        assert_ne!(again, first, "a destroyed handle's id is not given again");
+        assert_eq!(h.insert(kind("CUstream_st"), 1), 1, "the legacy stream stands for itself");
+        assert_eq!(h.insert(ctx, 0), 0);
     }
 
     #[test]
     fn a_cublas_handle_passes_where_cublaslt_takes_one() {
-        let pos = |name: &str| KINDS.iter().position(|k| *k == name).unwrap() as HandleKind;
-        let (blas, lt) = (pos("cublasContext"), pos("cublasLtContext"));
+        let (blas, lt) = (kind("cublasContext"), kind("cublasLtContext"));
         let mut h = Handles::new();
-        h.insert(blas, 0x5000);
-        assert!(h.check(lt, 0x5000), "torch casts its cuBLAS handle to a cuBLASLt handle");
-        h.insert(lt, 0x6000);
-        assert!(!h.check(blas, 0x6000), "the alias is one-way");
-        h.remove(blas, 0x5000);
-        assert!(!h.check(lt, 0x5000), "a destroyed cuBLAS handle is stale for cuBLASLt too");
+        let b = h.insert(blas, 0x5000);
+        assert_eq!(h.resolve(lt, b), Some(0x5000), "torch casts its cuBLAS handle to a cuBLASLt handle");
+        let l = h.insert(lt, 0x6000);
+        assert!(!h.check(blas, l), "the alias is one-way");
+        h.remove(blas, b);
+        assert!(!h.check(lt, b), "a destroyed cuBLAS handle is stale for cuBLASLt too");
     }
 
     #[test]
@@ -137,8 +190,10 @@ mod tests {
         assert!(h.name_free(kind, 0xc1d0_0000_0000_0001));
         h.insert_named(kind, 0xc1d0_0000_0000_0001, 0x7f00_1234);
         assert!(!h.name_free(kind, 0xc1d0_0000_0000_0001), "a name is used once");
+        assert!(!h.name_free(kind, ID_TAG | 77), "the worker's ids are not the client's to take");
         assert_eq!(h.resolve(kind, 0xc1d0_0000_0000_0001), Some(0x7f00_1234));
         assert_eq!(h.resolve(kind, 0x7f00_1234), None, "the library's value itself is not a handle the client has");
+        assert_eq!(h.insert(kind, 0x7f00_1234), 0xc1d0_0000_0000_0001, "handed back under the client's name");
         h.remove(kind, 0xc1d0_0000_0000_0001);
         assert_eq!(h.resolve(kind, 0xc1d0_0000_0000_0001), None);
     }

@@ -65,7 +65,7 @@ struct Content {
     keeper: crate::content::Keeper,
 }
 
-/// A module loaded in this session.
+/// A module loaded in this session, its handles as the client knows them.
 #[derive(Clone)]
 struct Loaded {
     library: u64,
@@ -82,8 +82,9 @@ struct Session {
     next_callback: AtomicU64,
     module_cache: Option<ModuleCache>,
     modules: Mutex<HashMap<[u8; 32], Loaded>>,
+    /// The libraries of loaded modules, by the client's names (their globals may be asked).
     libraries: Mutex<std::collections::HashSet<u64>>,
-    /// Parameter layouts of every function this session may launch.
+    /// Parameter layouts of every function this session may launch, by the client's name.
     layouts: Mutex<HashMap<u64, ParamLayout>>,
     /// Memory kept for a library handle until the handle is destroyed: the host scalars of
     /// a cuDNN variant pack (its data pointers point at them).
@@ -564,8 +565,9 @@ impl codec::Tables for SessionTables<'_> {
         // context, and so is it asked here.
         use chidori_cuda::handles::kind::{CUfunc_st, CUkern_st};
         if kind == CUfunc_st && !handles.owns(kind, value) && handles.owns(CUkern_st, value) {
+            let kernel = handles.resolve(CUkern_st, value)?;
             drop(handles);
-            return self.session.backend.kernel_function(value).ok();
+            return self.session.backend.kernel_function(kernel).ok();
         }
         handles.resolve(kind, value)
     }
@@ -907,19 +909,28 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     };
     let ok = desc.ret != Ret::Status || ret == desc.codes.success as u64;
-    if ok {
-        let mut handles = session.handles.lock().unwrap_or_else(|p| p.into_inner());
+    // A new handle reaches the client as its name: the client's own, or an id given now;
+    // never the library's pointer. After a failure only a handle the client knows (the node
+    // an instantiation failed at) goes back.
+    {
+        let mut handles = lock(&session.handles);
         for (i, wire) in desc.params.iter().enumerate() {
-            if let (Wire::OutHandle { kind, named }, Some(b)) = (wire, &buffers[i]) {
-                let real = u64::from_le_bytes(b.bytes()[..8].try_into().expect("8 bytes"));
-                if *named {
-                    handles.insert_named(*kind, args[i], real);
-                } else {
-                    handles.insert(*kind, real);
-                }
+            if let (Wire::OutHandle { kind, named }, Some(b)) = (wire, buffers[i].as_mut()) {
+                let Some(word) = b.bytes_mut().first_chunk_mut::<8>() else { continue };
+                let real = u64::from_le_bytes(*word);
+                let value = match (ok, named) {
+                    (false, _) => handles.known(*kind, real).unwrap_or(0),
+                    (true, true) => {
+                        handles.insert_named(*kind, args[i], real);
+                        args[i]
+                    }
+                    (true, false) => handles.insert(*kind, real),
+                };
+                *word = value.to_le_bytes();
             }
         }
-        drop(handles);
+    }
+    if ok {
         match effect {
             Effect::Alloc { out, size, origin } => {
                 let word = |i: usize| {
@@ -983,10 +994,27 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
             );
         let Some(b) = buffers[i].as_ref().filter(|_| is_out[i]) else { continue };
-        out_lens[i] = match &translations[i] {
+        let handle_checks = match *wire {
+            Wire::Buf { record: Some(r), .. } => {
+                desc.versions.last().and_then(|v| chidori_cuda::checks::record(v, r)).filter(|c| !c.handles.is_empty())
+            }
+            _ => None,
+        };
+        let client = match &translations[i] {
             Some(t) => {
                 let mut client = vec![0u8; t.client.size as usize];
                 translate(t.server, t.client, b.bytes(), &mut client);
+                Some(client)
+            }
+            None => handle_checks.map(|_| b.bytes().to_vec()),
+        };
+        out_lens[i] = match client {
+            Some(mut client) => {
+                // Handles in a record that comes back reach the client as its names.
+                if let Some(checks) = handle_checks {
+                    let mut handles = lock(&session.handles);
+                    checks.map_handles(&mut client, |kind, real| handles.insert(kind, real));
+                }
                 let len = client.len() as u64;
                 translated[i] = Some(client);
                 len
@@ -1182,9 +1210,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub const LAUNCH_ERROR_RUNTIME: u32 = u32::MAX;
 pub const LAUNCH_ERROR_DRIVER: u32 = u32::MAX - 1;
 
-fn kind_index(name: &str) -> Option<HandleKind> {
-    chidori_cuda::handles::KINDS.iter().position(|k| *k == name).map(|i| i as HandleKind)
-}
+/// Launch attributes whose value starts with an event.
+const EVENT_ATTRIBUTES: [u32; 2] = {
+    use chidori_cuda::consts::CUlaunchAttributeID_enum as a;
+    [a::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, a::CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT]
+};
 
 /// The parameter layout of a function this session may launch: one from a loaded module,
 /// or one from cuModuleGetFunction (asked of the driver once).
@@ -1192,22 +1222,20 @@ fn layout_of(session: &Session, function: u64) -> Option<ParamLayout> {
     if let Some(l) = lock(&session.layouts).get(&function) {
         return Some(l.clone());
     }
+    use chidori_cuda::handles::kind::{CUfunc_st, CUkern_st};
     let handles = lock(&session.handles);
-    let kernel = kind_index("CUkern_st").is_some_and(|k| handles.owns(k, function));
-    let known = kernel || kind_index("CUfunc_st").is_some_and(|k| handles.check(k, function));
+    let kernel = handles.owns(CUkern_st, function);
+    let real = handles.resolve(if kernel { CUkern_st } else { CUfunc_st }, function).filter(|&r| r != 0);
     drop(handles);
-    if !known || function == 0 {
-        return None;
-    }
     // A kernel handle launches as itself; its layout is its function's in this context.
-    let target = if kernel { session.backend.kernel_function(function).ok()? } else { function };
+    let target = if kernel { session.backend.kernel_function(real?).ok()? } else { real? };
     let params = Arc::new(session.backend.function_params(target).ok()?);
     lock(&session.layouts).insert(function, params.clone());
     Some(params)
 }
 
 fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
-    let l: Launch = messages::decode(frame, "launch").map_err(|e| Fatal(e.to_string()))?;
+    let mut l: Launch = messages::decode(frame, "launch").map_err(|e| Fatal(e.to_string()))?;
     let error_call = match l.api {
         Api::Runtime => LAUNCH_ERROR_RUNTIME,
         Api::Driver => LAUNCH_ERROR_DRIVER,
@@ -1221,10 +1249,27 @@ fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         // cudaErrorInvalidResourceHandle / CUDA_ERROR_INVALID_HANDLE.
         return fail(400, format!("launch of {:#x}, which is no function of this session", l.function));
     };
-    if let Some(stream) = kind_index("CUstream_st")
-        && !lock(&session.handles).check(stream, l.stream)
+    // The library's handles for the client's: the function (or kernel), the stream, and
+    // the events some launch attributes name.
     {
-        return fail(400, format!("launch on {:#x}, which is no stream of this session", l.stream));
+        use chidori_cuda::handles::kind::{CUevent_st, CUfunc_st, CUkern_st, CUstream_st};
+        let handles = lock(&session.handles);
+        let Some(function) = handles.resolve(CUfunc_st, l.function).or_else(|| handles.resolve(CUkern_st, l.function))
+        else {
+            return fail(400, format!("launch of {:#x}, which is no function of this session", l.function));
+        };
+        let Some(stream) = handles.resolve(CUstream_st, l.stream) else {
+            return fail(400, format!("launch on {:#x}, which is no stream of this session", l.stream));
+        };
+        for (id, value) in l.attributes.iter_mut().filter(|(id, _)| EVENT_ATTRIBUTES.contains(id)) {
+            let Some(word) = value.first_chunk_mut::<8>() else { continue };
+            let event = u64::from_le_bytes(*word);
+            let Some(real) = handles.resolve(CUevent_st, event).filter(|&e| e != 0) else {
+                return fail(400, format!("launch attribute {id}: {event:#x} is no event of this session"));
+            };
+            *word = real.to_le_bytes();
+        }
+        (l.function, l.stream) = (function, stream);
     }
     // The kernel reads every parameter the layout names: pad a short buffer with zeros.
     let needed = layout.iter().map(|(o, s)| (*o + *s) as usize).max().unwrap_or(0);
@@ -1289,16 +1334,18 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             reply
         }
         Service::Global { module, name } => {
-            if !lock(&session.libraries).contains(&module) {
-                ServiceReply::Error { status: 400, message: format!("{module:#x} is no module of this session") }
-            } else {
-                match session.backend.global(module, &name) {
+            let real = lock(&session.handles).resolve(chidori_cuda::handles::kind::CUlib_st, module);
+            match real.filter(|&r| r != 0 && lock(&session.libraries).contains(&module)) {
+                None => {
+                    ServiceReply::Error { status: 400, message: format!("{module:#x} is no module of this session") }
+                }
+                Some(real) => match session.backend.global(real, &name) {
                     Ok((address, size)) => {
                         lock(&session.memory).insert(address, size, Origin::Global);
                         ServiceReply::Global { address, size }
                     }
                     Err((status, message)) => ServiceReply::Error { status, message },
-                }
+                },
             }
         }
         Service::Compile(request) => match session.backend.compile(&request) {
@@ -1308,13 +1355,14 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         Service::FunctionName { handle, kernel } => {
             let kind =
                 if kernel { chidori_cuda::handles::kind::CUkern_st } else { chidori_cuda::handles::kind::CUfunc_st };
-            if handle == 0 || !lock(&session.handles).check(kind, handle) {
-                ServiceReply::Error { status: 400, message: format!("{handle:#x} is no function of this session") }
-            } else {
-                match session.backend.function_name(handle, kernel) {
+            match lock(&session.handles).resolve(kind, handle).filter(|&r| r != 0) {
+                None => {
+                    ServiceReply::Error { status: 400, message: format!("{handle:#x} is no function of this session") }
+                }
+                Some(real) => match session.backend.function_name(real, kernel) {
                     Ok(name) => ServiceReply::Name(name),
                     Err((status, message)) => ServiceReply::Error { status, message },
-                }
+                },
             }
         }
         Service::GraphList(query) => graph_list(session, query),
@@ -1425,18 +1473,12 @@ fn graph_list(session: &Session, query: GraphList) -> ServiceReply {
     match session.backend.graph_list(&query) {
         Ok(list) => {
             let mut handles = lock(&session.handles);
-            for &node in list.nodes.iter().chain(&list.peers) {
-                handles.insert(CUgraphNode_st, node);
-            }
-            if let Some((_, _, graph)) = list.capture {
-                handles.insert(CUgraph_st, graph);
-            }
-            ServiceReply::Nodes {
-                nodes: list.nodes,
-                peers: list.peers,
-                edge_data: list.edge_data,
-                capture: list.capture,
-            }
+            let mut named = |nodes: Vec<u64>| -> Vec<u64> {
+                nodes.into_iter().map(|node| handles.insert(CUgraphNode_st, node)).collect()
+            };
+            let (nodes, peers) = (named(list.nodes), named(list.peers));
+            let capture = list.capture.map(|(status, id, graph)| (status, id, handles.insert(CUgraph_st, graph)));
+            ServiceReply::Nodes { nodes, peers, edge_data: list.edge_data, capture }
         }
         Err((status, message)) => ServiceReply::Error { status, message },
     }
@@ -1446,7 +1488,7 @@ fn graph_list(session: &Session, query: GraphList) -> ServiceReply {
 /// parameters, a host function of the client, a conditional node's body graphs, a memory
 /// allocation's pool and access descriptors.
 fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> ServiceReply {
-    use chidori_cuda::handles::kind::{CUgraph_st, CUgraphExec_st, CUgraphNode_st};
+    use chidori_cuda::handles::kind::{CUfunc_st, CUgraph_st, CUgraphExec_st, CUgraphNode_st, CUkern_st};
     let handles = lock(&session.handles);
     match &mut request.target {
         NodeTarget::Add { graph, dependencies, edge_data } => {
@@ -1474,9 +1516,14 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
     let mut params = Vec::new();
     let mut layout: ParamLayout = Arc::new(Vec::new());
     let mut host = None;
-    match &request.params {
+    match &mut request.params {
         NodeParams::Kernel { function, .. } => {
             let Some(l) = layout_of(session, *function) else { return foreign("function", *function) };
+            let handles = lock(&session.handles);
+            let real = handles.resolve(CUfunc_st, *function).or_else(|| handles.resolve(CUkern_st, *function));
+            drop(handles);
+            let Some(real) = real else { return foreign("function", *function) };
+            *function = real;
             // The kernel reads every parameter the layout names: pad a short buffer.
             let needed = l.iter().map(|(o, s)| (*o + *s) as usize).max().unwrap_or(0);
             params = vec![0u8; needed.max(frame.bulk.len())];
@@ -1491,10 +1538,8 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
     match unsafe { session.backend.graph_node(&request, &mut params, &layout, host) } {
         Ok(made) => {
             let mut handles = lock(&session.handles);
-            handles.insert(CUgraphNode_st, made.node);
-            for &g in &made.graphs {
-                handles.insert(CUgraph_st, g);
-            }
+            let node = handles.insert(CUgraphNode_st, made.node);
+            let graphs: Vec<u64> = made.graphs.iter().map(|&g| handles.insert(CUgraph_st, g)).collect();
             drop(handles);
             // The address a graph allocation node reserves is the session's memory: kernels,
             // copies and memsets of the graph name it (not counted against the quota: the
@@ -1502,7 +1547,7 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
             if let (NodeParams::MemAlloc { bytesize, .. }, true) = (&request.params, made.address != 0) {
                 lock(&session.memory).insert(made.address, *bytesize, Origin::Reserved);
             }
-            ServiceReply::Node { node: made.node, graphs: made.graphs, address: made.address }
+            ServiceReply::Node { node, graphs, address: made.address }
         }
         Err((status, message)) => ServiceReply::Error { status, message },
     }
@@ -1535,7 +1580,16 @@ fn module_reply(m: &Loaded) -> ServiceReply {
 
 fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
     match session.backend.load_module(image) {
-        Ok((library, module, kernels)) => {
+        Ok((library, module, mut kernels)) => {
+            // The client knows the module, its library and its kernels by the session's names.
+            use chidori_cuda::handles::kind::{CUfunc_st, CUlib_st, CUmod_st};
+            let mut handles = lock(&session.handles);
+            for k in &mut kernels {
+                k.handle = handles.insert(CUfunc_st, k.handle);
+            }
+            let module = handles.insert(CUmod_st, module);
+            let library = handles.insert(CUlib_st, library);
+            drop(handles);
             let loaded = Loaded { library, module, kernels };
             {
                 let mut layouts = lock(&session.layouts);
@@ -1543,17 +1597,6 @@ fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
                     layouts.insert(k.handle, Arc::new(k.params.clone()));
                 }
             }
-            let mut handles = lock(&session.handles);
-            if let Some(kind) = kind_index("CUfunc_st") {
-                for k in &loaded.kernels {
-                    handles.insert(kind, k.handle);
-                }
-            }
-            if let Some(kind) = kind_index("CUmod_st") {
-                handles.insert(kind, module);
-            }
-            handles.insert(chidori_cuda::handles::kind::CUlib_st, library);
-            drop(handles);
             lock(&session.libraries).insert(library);
             tracing::debug!("module {} loaded: {} kernels", cache::hex(&hash), loaded.kernels.len());
             let reply = module_reply(&loaded);

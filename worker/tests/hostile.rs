@@ -207,6 +207,28 @@ fn device_addresses_must_be_the_sessions_own() {
     let _ = DEVICE_LEN;
 }
 
+/// A handle reaches the client as a session id, never the library's pointer; the id works
+/// where the handle is taken, a value next to it does not, and a destroyed one is stale.
+#[test]
+fn handles_reach_the_client_as_session_ids() {
+    let harness = fuzz::emulated_harness();
+    let create = newest("cudaStreamCreate", None);
+    assert_eq!(ret_of(&harness, create, vec![0], vec![8], &[]), 0);
+    let reply = harness.last_reply().unwrap();
+    let stream = u64::from_le_bytes(reply.bulk[..8].try_into().unwrap());
+    assert_eq!(stream >> 48, 0xc1d1, "{stream:#x} is a session id");
+    let sync = newest("cudaStreamSynchronize", None);
+    assert_eq!(ret_of(&harness, sync, vec![stream], vec![0], &[]), 0);
+    assert_eq!(ret_of(&harness, sync, vec![stream + 1], vec![0], &[]), sync.codes.invalid_handle);
+    assert_eq!(ret_of(&harness, sync, vec![1], vec![0], &[]), 0, "the legacy stream is no handle to map");
+    let destroy = newest("cudaStreamDestroy", None);
+    assert_eq!(ret_of(&harness, destroy, vec![stream], vec![0], &[]), 0);
+    assert_eq!(ret_of(&harness, sync, vec![stream], vec![0], &[]), sync.codes.invalid_handle, "stale");
+    assert_eq!(ret_of(&harness, create, vec![0], vec![8], &[]), 0);
+    let again = u64::from_le_bytes(harness.last_reply().unwrap().bulk[..8].try_into().unwrap());
+    assert_ne!(again, stream, "an id is never given twice");
+}
+
 #[test]
 fn allocations_beyond_the_quota_are_out_of_memory() {
     let harness = Harness::new(fuzz::emulated_harness_backend(), Some(1 << 20));

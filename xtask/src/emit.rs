@@ -354,7 +354,8 @@ impl<'a> Emitter<'a> {
                         Ok(quote!(FieldIs { offset: #offset, size: #size, values: &[#(#values),*] }))
                     };
                     let mut handles = Vec::new();
-                    for (path, h) in &spec.handles {
+                    let fields = spec.handles.iter().map(|f| (f, false)).chain(spec.written.iter().map(|f| (f, true)));
+                    for ((path, h), written) in fields {
                         let (kind, when) = crate::spec::parse_record_handle(h).with_context(|| at(path))?;
                         let (offset, ty) = field_at(env, name, path).with_context(|| at(path))?;
                         match env.kind(&ty) {
@@ -373,7 +374,7 @@ impl<'a> Emitter<'a> {
                             None => quote!(None),
                         };
                         let offset = offset as u32;
-                        handles.push(quote!(FieldHandle { offset: #offset, kind: #k, when: #when }));
+                        handles.push(quote!(FieldHandle { offset: #offset, kind: #k, when: #when, written: #written }));
                     }
                     let allow =
                         spec.allow.iter().map(|(path, values)| field_is(path, values)).collect::<Result<Vec<_>>>()?;

@@ -52,6 +52,7 @@
 //!
 //! [record.cudaResourceDesc]        # what the worker checks in every input record of a type
 //! handles = { "res.array.array" = "cudaArray if resType == cudaResourceTypeArray" }
+//! written = { errNode_out = "CUgraphNode_st" }  # handles the call writes (named on the way back)
 //! allow = { resType = ["cudaResourceTypeArray", "cudaResourceTypeLinear"] }
 //!
 //! [undeclared]                    # why real exports no header declares answer NOT_SUPPORTED
@@ -151,6 +152,10 @@ pub struct RecordSpec {
     /// Field path (`res.array.array`) → `KIND` or `KIND if FIELD == VALUE | VALUE ...`.
     #[serde(default)]
     pub handles: BTreeMap<String, String>,
+    /// Handle fields the call writes (an error node): not checked in what the client sends,
+    /// named for the client in what comes back. Same syntax as `handles`.
+    #[serde(default)]
+    pub written: BTreeMap<String, String>,
     /// Field path → the enumerators it may hold; the worker refuses a record with another.
     #[serde(default)]
     pub allow: BTreeMap<String, Vec<String>>,

@@ -21,6 +21,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 40u32,
@@ -30,6 +31,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -60,11 +62,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 152u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -74,11 +78,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 64u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -109,6 +115,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -118,6 +125,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -148,6 +156,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -157,6 +166,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -176,6 +186,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -185,6 +196,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -245,11 +257,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 64u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -271,11 +285,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 72u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[],
@@ -295,6 +311,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -304,6 +321,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -334,6 +352,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -353,6 +378,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 40u32,
@@ -362,6 +388,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -392,11 +419,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 152u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -406,11 +435,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 64u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -441,6 +472,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -450,6 +482,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -480,6 +513,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -489,6 +523,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -508,6 +543,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -517,6 +553,29 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
+        "CUgraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -554,6 +613,28 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.1",
+        "cudaGraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
         "cudaGraphInstantiateParams_st",
         RecordChecks {
             size: 32u32,
@@ -562,6 +643,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -592,11 +680,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 64u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -618,11 +708,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 72u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[],
@@ -642,6 +734,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -651,6 +744,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -681,6 +775,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -700,6 +801,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 40u32,
@@ -709,6 +811,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -739,11 +842,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 152u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -753,11 +858,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 64u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -788,6 +895,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -797,6 +905,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -827,6 +936,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -836,6 +946,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -855,6 +966,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -864,6 +976,29 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
+        "CUgraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -901,6 +1036,28 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.6",
+        "cudaGraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
         "cudaGraphInstantiateParams_st",
         RecordChecks {
             size: 32u32,
@@ -909,6 +1066,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -939,11 +1103,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 64u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -965,11 +1131,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 72u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[],
@@ -989,6 +1157,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -998,6 +1167,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -1028,6 +1198,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1047,6 +1224,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 40u32,
@@ -1056,6 +1234,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -1086,11 +1265,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 152u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -1100,11 +1281,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 64u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -1135,6 +1318,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -1144,6 +1328,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -1174,6 +1359,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -1183,6 +1369,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -1202,6 +1389,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -1211,6 +1399,29 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
+        "CUgraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1248,6 +1459,28 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.8",
+        "cudaGraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
         "cudaGraphInstantiateParams_st",
         RecordChecks {
             size: 32u32,
@@ -1256,6 +1489,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1286,11 +1526,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 64u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -1312,11 +1554,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 72u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[],
@@ -1336,6 +1580,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -1345,6 +1590,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -1380,6 +1626,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1399,6 +1652,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 40u32,
@@ -1408,6 +1662,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -1438,11 +1693,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 152u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -1452,11 +1709,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 64u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -1487,6 +1746,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -1496,6 +1756,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -1526,6 +1787,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -1535,6 +1797,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -1554,6 +1817,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -1563,6 +1827,29 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
+        "CUgraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1600,6 +1887,28 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.0",
+        "cudaGraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
         "cudaGraphInstantiateParams_st",
         RecordChecks {
             size: 32u32,
@@ -1608,6 +1917,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1638,11 +1954,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 64u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -1664,11 +1982,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 72u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[],
@@ -1688,6 +2008,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -1697,6 +2018,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -1732,6 +2054,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1751,6 +2080,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 40u32,
@@ -1760,6 +2090,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -1790,11 +2121,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 152u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -1804,11 +2137,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 64u32,
                     kind: 2u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -1839,6 +2174,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 56u32,
@@ -1848,6 +2184,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[3u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[
@@ -1878,6 +2215,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -1887,6 +2225,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
@@ -1906,6 +2245,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -1915,6 +2255,29 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "CUgraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1952,6 +2315,28 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.1",
+        "cudaGraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
         "cudaGraphInstantiateParams_st",
         RecordChecks {
             size: 32u32,
@@ -1960,6 +2345,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 8u32,
                     kind: 21u16,
                     when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 11u16,
+                    when: None,
+                    written: true,
                 },
             ],
             allow: &[],
@@ -1990,11 +2382,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 64u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[
@@ -2016,11 +2410,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 72u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
                     kind: 44u16,
                     when: None,
+                    written: false,
                 },
             ],
             allow: &[],
@@ -2040,6 +2436,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[0u64],
                     }),
+                    written: false,
                 },
                 FieldHandle {
                     offset: 8u32,
@@ -2049,6 +2446,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                         size: 4u8,
                         values: &[1u64],
                     }),
+                    written: false,
                 },
             ],
             allow: &[],
