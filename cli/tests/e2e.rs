@@ -2040,6 +2040,47 @@ fn modules_the_last_run_loaded_go_with_the_first_load() {
     assert_eq!(off, first);
 }
 
+/// A `__managed__` variable as nvcc's code uses it: `__cudaInitModule` points the host's
+/// pointer at the variable (its device address, with its contents), the host's writes reach
+/// the server before the GPU works on it, and the GPU's come back at the synchronization.
+#[test]
+fn managed_variables_are_one_memory_for_the_host_and_the_gpu() {
+    let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
+    let bytes: Vec<String> = std::fs::read(path).unwrap().iter().map(|b| b.to_string()).collect();
+    let source = format!(
+        "#include <stdio.h>\n#include <cuda_runtime_api.h>\n\
+         typedef struct {{ int magic; int version; const void *data; void *filename_or_fatbins; }} wrapper_t;\n\
+         extern void **__cudaRegisterFatBinary(void *);\n\
+         extern void __cudaRegisterFatBinaryEnd(void **);\n\
+         extern void __cudaRegisterManagedVar(void **, void **, char *, const char *, int, size_t, int, int);\n\
+         extern char __cudaInitModule(void **);\n\
+         static const unsigned char fb[] __attribute__((aligned(16))) = {{{}}};\n\
+         static wrapper_t w = {{0x466243b1, 1, fb, 0}};\n\
+         static int *counter;\n\
+         int main(void) {{\n\
+           void **h = __cudaRegisterFatBinary(&w);\n\
+           __cudaRegisterManagedVar(h, (void **)&counter, \"counter\", \"counter\", 0, sizeof(int), 0, 0);\n\
+           __cudaRegisterFatBinaryEnd(h);\n\
+           if (__cudaInitModule(h) != 1 || !counter) {{ printf(\"init failed\\n\"); return 1; }}\n\
+           if (*counter != 0) {{ printf(\"initial %d\\n\", *counter); return 2; }}\n\
+           *counter = 42;\n\
+           /* The GPU sets the upper two bytes: the host's 42 must have reached it first. */\n\
+           if (cudaMemset((char *)counter + 2, 7, 2) || cudaDeviceSynchronize()) return 3;\n\
+           if (*counter != 0x0707002a) {{ printf(\"after the GPU %#x\\n\", *counter); return 4; }}\n\
+           int *again = counter;\n\
+           if (__cudaInitModule(h) != 1 || counter != again || *counter != 0x0707002a) return 5;\n\
+           printf(\"OK %p\\n\", (void *)counter);\n\
+           return 0;\n\
+         }}\n",
+        bytes.join(",")
+    );
+    let server = server();
+    let exe = program("managed_variable", &source);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.starts_with("OK 0x7e"), "the variable is at its device address: {stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// A profile of two GPUs: the H200's, and a copy with another UUID, name and PCI bus.
 fn two_gpu_profile(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(profile()).unwrap();

@@ -109,18 +109,19 @@ impl Tracker {
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
 /// A launch or call handed the GPU a mirrored range since the last pull.
 static PULL: AtomicBool = AtomicBool::new(false);
-/// The program registered memory of its own (cudaHostRegister): such ranges lie outside
-/// the arena.
-static REGISTERED: AtomicBool = AtomicBool::new(false);
+/// The program has pinned or managed memory outside the arena: memory it registered
+/// (cudaHostRegister), `__managed__` variables (at their device addresses), allocations
+/// made when the arena could not be reserved.
+static OUTSIDE_ARENA: AtomicBool = AtomicBool::new(false);
 
-pub fn note_registered() {
-    REGISTERED.store(true, Ordering::Relaxed);
+pub fn note_outside_arena() {
+    OUTSIDE_ARENA.store(true, Ordering::Relaxed);
 }
 
 /// A cheap first test: could `addr` be the program's pinned memory?
 #[inline]
 fn maybe_pinned(addr: u64) -> bool {
-    in_arena(addr) || (REGISTERED.load(Ordering::Relaxed) && addr >= (64 << 10))
+    in_arena(addr) || (OUTSIDE_ARENA.load(Ordering::Relaxed) && addr >= (64 << 10))
 }
 
 /// The pinned (or registered, or managed) range containing `addr`, if any.

@@ -437,6 +437,32 @@ pub fn resolve(conn: &Conn, kernel: &registry::Kernel) -> Result<Function, u32> 
     Ok(kernel.resolved.get_or_init(|| f).clone())
 }
 
+/// `__cudaInitModule`: the module's `__managed__` variables become the program's memory at
+/// their device addresses (managed memory the server mirrors by the variables themselves),
+/// with their contents, and the host's pointer to each points there.
+pub fn init_managed(module: *const registry::Module) -> Result<(), u32> {
+    let variables = registry::managed_variables(module);
+    if variables.is_empty() {
+        return Ok(());
+    }
+    let conn = crate::conn::get().map_err(|_| NO_DEVICE)?;
+    for &(host_pointer, var) in &variables {
+        let address = variable_address(&conn, var)?;
+        if let Err(why) = crate::custom::memory::managed_variable(address, var.size as u64) {
+            let message = format!("__managed__ variable {}: {why}", var.name.to_string_lossy());
+            crate::log::once_owned(&message, || tracing::warn!("{message}"));
+            return Err(NO_DEVICE);
+        }
+        // SAFETY: nvcc registers the address of the host's pointer to the variable, a
+        // pointer-sized static of the program.
+        unsafe { std::ptr::write_unaligned(host_pointer as *mut u64, address) };
+    }
+    // The server's mirrors are the variables; the first pull brings their contents.
+    crate::mirror::prepare_managed(&conn);
+    crate::mirror::pull(&conn);
+    Ok(())
+}
+
 /// The device address of a registered variable.
 pub fn variable_address(conn: &Conn, var: &registry::Variable) -> Result<u64, u32> {
     if let Some(a) = var.address.get() {

@@ -154,6 +154,14 @@ pub fn variable_by_host_var(host_var: usize) -> Option<&'static Variable> {
     with(|r| r.variables.get(&host_var).copied())
 }
 
+/// The `__managed__` variables of `module`: (the address of the host's pointer to the
+/// variable, the variable).
+pub fn managed_variables(module: *const Module) -> Vec<(usize, &'static Variable)> {
+    with(|r| {
+        r.variables.iter().filter(|(_, v)| v.managed && std::ptr::eq(v.module, module)).map(|(&h, &v)| (h, v)).collect()
+    })
+}
+
 /// A `cudaKernel_t` handed out by `__cudaGetKernel`, checked against the registry.
 pub fn kernel_by_handle(handle: usize) -> Option<&'static Kernel> {
     // SAFETY: only addresses of leaked kernel records are in the set.

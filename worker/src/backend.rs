@@ -65,6 +65,22 @@ pub trait Backend: Send + Sync + 'static {
     fn map_host(&self, base: u64, len: u64) -> Result<(), String>;
     /// Undo [`Backend::map_host`] before the worker unmaps the memory.
     fn unmap_host(&self, base: u64);
+    /// Whether `[addr, addr + len)` is device memory this process may also read and write
+    /// from the CPU, in one allocation: managed memory (a module's `__managed__` variable).
+    /// The client's copy of such memory is mirrored by the memory itself.
+    fn host_accessible(&self, _addr: u64, _len: u64) -> bool {
+        false
+    }
+    /// Read host-accessible memory ([`Backend::host_accessible`]) at `addr` into `out`.
+    fn read_host_accessible(&self, addr: u64, out: &mut [u8]) -> Result<(), String> {
+        let _ = out;
+        Err(format!("{addr:#x} is no memory the worker may read"))
+    }
+    /// Write `bytes` into host-accessible memory at `addr`.
+    fn write_host_accessible(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        let _ = bytes;
+        Err(format!("{addr:#x} is no memory the worker may write"))
+    }
     /// The name of a function (`kernel`: a CUkernel) of this session. Err: (driver status,
     /// message).
     fn function_name(&self, handle: u64, kernel: bool) -> Result<String, (i64, String)>;

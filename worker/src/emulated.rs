@@ -71,6 +71,10 @@ struct State {
     peers: HashSet<i32>,
     /// Tensor descriptors set (or filled by cudnnGetRNNWeightParams): data type, dims, strides.
     tensors: HashMap<u64, (u32, Vec<i32>, Vec<i32>)>,
+    /// The variables of each loaded library's images (name, initial bytes), and those
+    /// asked for, by (library, name): their memory is an allocation.
+    variables: HashMap<u64, Vec<(String, Vec<u8>)>>,
+    globals: HashMap<(u64, String), (u64, u64)>,
     next_handle: u64,
 }
 
@@ -333,6 +337,34 @@ fn kernel_section_names(image: &[u8]) -> Vec<String> {
         at = start;
     }
     names
+}
+
+/// The data symbols of the ELF images (cubins) inside a module image: name and initial
+/// bytes (zeros where the image has none), each at most 64 MiB.
+fn data_symbols(image: &[u8]) -> Vec<(String, Vec<u8>)> {
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+    const MAX: u64 = 64 << 20;
+    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut at = 0;
+    while let Some(found) = image.get(at..).and_then(|rest| rest.windows(4).position(|w| w == b"\x7fELF")) {
+        let start = at + found;
+        at = start + 4;
+        let Ok(file) = object::File::parse(&image[start..]) else { continue };
+        for symbol in file.symbols().filter(|s| s.kind() == SymbolKind::Data && s.size() > 0 && s.size() <= MAX) {
+            let Ok(name) = symbol.name() else { continue };
+            if out.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            let mut init = vec![0u8; symbol.size() as usize];
+            let data = symbol.section_index().and_then(|i| file.section_by_index(i).ok()).and_then(|s| s.data().ok());
+            let (offset, n) = (symbol.address() as usize, init.len());
+            if let Some(bytes) = data.and_then(|d| d.get(offset..offset.checked_add(n)?)) {
+                init.copy_from_slice(bytes);
+            }
+            out.push((name.to_owned(), init));
+        }
+    }
+    out
 }
 
 /// # Safety
@@ -852,15 +884,58 @@ impl Backend for Emulated {
         if names.is_empty() {
             return Err((NOT_SUPPORTED, "the emulated backend loads only uncompressed cubins with kernels".into()));
         }
+        let variables = data_symbols(image);
         let mut s = self.state();
         let (library, module) = (s.handle(), s.handle());
         let kernels =
             names.into_iter().map(|name| KernelInfo { name, handle: s.handle(), params: Vec::new() }).collect();
+        s.variables.insert(library, variables);
         Ok((library, module, kernels))
     }
 
-    fn global(&self, _library: u64, _name: &str) -> Result<(u64, u64), (i64, String)> {
-        Err((NOT_SUPPORTED, "the emulated backend has no modules".into()))
+    fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)> {
+        let key = (library, name.to_owned());
+        let init = {
+            let s = self.state();
+            if let Some(&known) = s.globals.get(&key) {
+                return Ok(known);
+            }
+            let Some(variables) = s.variables.get(&library) else {
+                return Err((INVALID_HANDLE as i64, format!("{library:#x} is no library of the emulated backend")));
+            };
+            match variables.iter().find(|(n, _)| n == name) {
+                Some((_, init)) => init.clone(),
+                // CUDA_ERROR_NOT_FOUND.
+                None => return Err((500, format!("no variable {name} in the library"))),
+            }
+        };
+        let size = init.len() as u64;
+        let address = self.alloc(size).map_err(|status| (status as i64, format!("{size} bytes for {name}")))?;
+        let mut s = self.state();
+        if let Some(bytes) = s.find(address, size) {
+            bytes.copy_from_slice(&init);
+        }
+        s.globals.insert(key, (address, size));
+        Ok((address, size))
+    }
+
+    fn host_accessible(&self, addr: u64, len: u64) -> bool {
+        // The emulated device's memory is the worker's own.
+        len > 0 && self.state().find(addr, len).is_some()
+    }
+
+    fn read_host_accessible(&self, addr: u64, out: &mut [u8]) -> Result<(), String> {
+        let mut s = self.state();
+        let bytes = s.find(addr, out.len() as u64).ok_or_else(|| format!("{addr:#x} is no emulated memory"))?;
+        out.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn write_host_accessible(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        let mut s = self.state();
+        let target = s.find(addr, bytes.len() as u64).ok_or_else(|| format!("{addr:#x} is no emulated memory"))?;
+        target.copy_from_slice(bytes);
+        Ok(())
     }
 
     fn function_params(&self, _function: u64) -> Result<Vec<(u32, u32)>, (i64, String)> {
@@ -955,5 +1030,14 @@ mod tests {
         assert_eq!(super::kernel_section_names(&image), ["_Z5otherPf", "_Z4kerniPf3S24cd"]);
         assert!(super::kernel_section_names(b"no sections .text. here .text.x").is_empty());
         assert_eq!(super::kernel_section_names(b".text.k\0.text.k\0"), ["k"]);
+    }
+
+    #[test]
+    fn variables_are_the_cubins_data_symbols() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/fatbin/k_multi.fatbin");
+        let image = std::fs::read(path).unwrap();
+        let symbols = super::data_symbols(&image);
+        assert!(symbols.iter().any(|(n, init)| n == "counter" && init == &[0; 4]), "{symbols:?}");
+        assert!(super::data_symbols(b"\x7fELF but no header").is_empty());
     }
 }

@@ -46,6 +46,8 @@ struct ModuleApi {
     library_get_kernel_count: unsafe extern "C" fn(*mut u32, u64) -> CuResult,
     library_enumerate_kernels: unsafe extern "C" fn(*mut u64, u32, u64) -> CuResult,
     library_get_global: unsafe extern "C" fn(*mut u64, *mut usize, u64, *const i8) -> CuResult,
+    library_get_managed: unsafe extern "C" fn(*mut u64, *mut usize, u64, *const i8) -> CuResult,
+    pointer_get_attribute: unsafe extern "C" fn(*mut c_void, u32, u64) -> CuResult,
     kernel_get_function: unsafe extern "C" fn(*mut u64, u64) -> CuResult,
     kernel_get_name: unsafe extern "C" fn(*mut *const i8, u64) -> CuResult,
     func_get_param_info: unsafe extern "C" fn(u64, usize, *mut usize, *mut usize) -> CuResult,
@@ -260,6 +262,8 @@ impl Real {
             library_get_kernel_count: fn_ptr!(driver, "cuLibraryGetKernelCount", _),
             library_enumerate_kernels: fn_ptr!(driver, "cuLibraryEnumerateKernels", _),
             library_get_global: fn_ptr!(driver, "cuLibraryGetGlobal", _),
+            library_get_managed: fn_ptr!(driver, "cuLibraryGetManaged", _),
+            pointer_get_attribute: fn_ptr!(driver, "cuPointerGetAttribute", _),
             kernel_get_function: fn_ptr!(driver, "cuKernelGetFunction", _),
             kernel_get_name: fn_ptr!(driver, "cuKernelGetName", _),
             func_get_param_info: fn_ptr!(driver, "cuFuncGetParamInfo", _),
@@ -447,11 +451,55 @@ impl Backend for Real {
         let name = std::ffi::CString::new(name).map_err(|_| (1, "bad symbol name".to_owned()))?;
         let (mut address, mut size) = (0u64, 0usize);
         // SAFETY: out-pointers are locals; name is NUL-terminated.
-        let rc = unsafe { (self.module_api.library_get_global)(&mut address, &mut size, library, name.as_ptr()) };
+        let mut rc = unsafe { (self.module_api.library_get_global)(&mut address, &mut size, library, name.as_ptr()) };
+        if rc as u32 == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_FOUND {
+            // A `__managed__` variable is the library's managed memory, not a global.
+            // SAFETY: as above.
+            rc = unsafe { (self.module_api.library_get_managed)(&mut address, &mut size, library, name.as_ptr()) };
+        }
         if rc != 0 {
             return Err((i64::from(rc), format!("cuLibraryGetGlobal failed with status {rc}")));
         }
         Ok((address, size as u64))
+    }
+
+    fn host_accessible(&self, addr: u64, len: u64) -> bool {
+        use chidori_cuda::consts::CUpointer_attribute_enum as a;
+        let attribute = |attribute: u32| {
+            let mut value = 0u64;
+            // SAFETY: an 8-byte out-value (each of these attributes is at most 8 bytes);
+            // the driver answers an error for an address it does not know.
+            let rc = unsafe { (self.module_api.pointer_get_attribute)((&raw mut value).cast(), attribute, addr) };
+            (rc == 0).then_some(value)
+        };
+        let managed = attribute(a::CU_POINTER_ATTRIBUTE_IS_MANAGED).is_some_and(|v| v != 0);
+        let start = attribute(a::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR);
+        let size = attribute(a::CU_POINTER_ATTRIBUTE_RANGE_SIZE);
+        match (managed, start, size) {
+            (true, Some(start), Some(size)) => {
+                len > 0 && addr >= start && addr.checked_add(len).is_some_and(|end| end <= start.saturating_add(size))
+            }
+            _ => false,
+        }
+    }
+
+    fn read_host_accessible(&self, addr: u64, out: &mut [u8]) -> Result<(), String> {
+        if !self.host_accessible(addr, out.len() as u64) {
+            return Err(format!("{addr:#x} ({} bytes) is no managed memory of this process", out.len()));
+        }
+        // SAFETY: managed memory of one live allocation, readable from the CPU (checked
+        // just now; the worker's session is the only user of its own allocations).
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn write_host_accessible(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        if !self.host_accessible(addr, bytes.len() as u64) {
+            return Err(format!("{addr:#x} ({} bytes) is no managed memory of this process", bytes.len()));
+        }
+        // SAFETY: as in read_host_accessible, writable likewise.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+        Ok(())
     }
 
     fn function_params(&self, function: u64) -> Result<Vec<(u32, u32)>, (i64, String)> {

@@ -1292,7 +1292,15 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let reply = match request {
         // Sent without waiting: only a failure is answered, as the next runtime call's status.
         Service::MirrorWrite { base, len, runs } => {
-            let result = lock(&session.mirrors).write(&*session.backend, base, len, &runs, &frame.bulk);
+            // The session's own memory that the worker can reach from the CPU (a managed
+            // variable) is mirrored by itself; other session memory is the GPU's alone.
+            let own = lock(&session.memory).contains(base, len);
+            let direct = own && session.backend.host_accessible(base, len);
+            let result = if own && !direct {
+                Err(format!("{base:#x} is device memory, not memory of the client's"))
+            } else {
+                lock(&session.mirrors).write(&*session.backend, base, len, &runs, &frame.bulk, direct)
+            };
             return match result {
                 Ok(()) => Ok(()),
                 Err(e) => {
@@ -1310,7 +1318,9 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             lock(&session.mirrors).remove(&*session.backend, base);
             return Ok(());
         }
-        Service::MirrorPull { bases } => ServiceReply::MirrorRuns { runs: lock(&session.mirrors).pull(&bases) },
+        Service::MirrorPull { bases } => {
+            ServiceReply::MirrorRuns { runs: lock(&session.mirrors).pull(&*session.backend, &bases) }
+        }
         Service::GraphLoop(request) => graph_loop(session, frame, request),
         Service::LoadModule { hash } => {
             let known = lock(&session.modules).get(&hash).cloned();

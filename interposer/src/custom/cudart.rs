@@ -170,13 +170,15 @@ pub unsafe fn __cudaRegisterHostVar(
     let _ = (fatCubinHandle, deviceName, hostVar, size);
 }
 
-/// Loading a module for managed variables needs the server; 0 means failure to nvcc code.
+/// nvcc's code calls this before the host first touches a `__managed__` variable of the
+/// module: load the module and point the host's pointer of each such variable at the
+/// program's copy (see [`crate::modules::init_managed`]). 1: done; 0: failed.
 ///
 /// # Safety
-/// Any value is accepted.
+/// `fatCubinHandle` is a handle from `__cudaRegisterFatBinary` (anything else finds no
+/// variables).
 pub unsafe fn __cudaInitModule(fatCubinHandle: *mut c_void) -> i8 {
-    let _ = fatCubinHandle;
-    0
+    crate::guard::ffi("__cudaInitModule", 0, || i8::from(crate::modules::init_managed(fatCubinHandle.cast()).is_ok()))
 }
 
 struct LaunchConfig {
@@ -480,7 +482,7 @@ pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: u32) -> u32
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }
         state::add(ptr as u64, size as u64, Memory::Registered { flags });
-        crate::mirror::note_registered();
+        crate::mirror::note_outside_arena();
         Ok(SUCCESS)
     })
 }

@@ -248,7 +248,7 @@ pub unsafe fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, Flags: u32) 
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }
         state::add(p as u64, bytesize as u64, Memory::Registered { flags: Flags });
-        crate::mirror::note_registered();
+        crate::mirror::note_outside_arena();
         Ok(SUCCESS)
     })
 }
