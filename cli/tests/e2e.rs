@@ -2081,6 +2081,38 @@ fn managed_variables_are_one_memory_for_the_host_and_the_gpu() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// The same through the driver, as a runtime linked into the program reaches a `__managed__`
+/// variable: `cuLibraryGetManaged`'s address is the program's memory, with the variable's
+/// contents, one memory with the GPU's.
+#[test]
+fn managed_variables_asked_of_the_driver_are_program_memory() {
+    let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
+    let bytes: Vec<String> = std::fs::read(path).unwrap().iter().map(|b| b.to_string()).collect();
+    let source = format!(
+        "#include <stdio.h>\n#include <cuda.h>\n\
+         static const unsigned char fb[] __attribute__((aligned(16))) = {{{}}};\n\
+         int main(void) {{\n\
+           CUdevice dev; CUcontext ctx; CUlibrary lib; CUdeviceptr p = 0; size_t n = 0;\n\
+           if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 1;\n\
+           if (cuLibraryLoadData(&lib, fb, 0, 0, 0, 0, 0, 0)) return 2;\n\
+           if (cuLibraryGetManaged(&p, &n, lib, \"counter\") || !p || n != 4) {{ printf(\"get %zu\\n\", n); return 3; }}\n\
+           int *counter = (int *)p;\n\
+           if (*counter != 0) return 4;\n\
+           *counter = 42;\n\
+           if (cuMemsetD8(p + 2, 7, 2) || cuCtxSynchronize()) return 5;\n\
+           if (*counter != 0x0707002a) {{ printf(\"after the GPU %#x\\n\", *counter); return 6; }}\n\
+           printf(\"OK\\n\");\n\
+           return 0;\n\
+         }}\n",
+        bytes.join(",")
+    );
+    let server = server();
+    let exe = program_with("managed_variable_driver", &source, &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "OK", "{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// A profile of two GPUs: the H200's, and a copy with another UUID, name and PCI bus.
 fn two_gpu_profile(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(profile()).unwrap();

@@ -4236,7 +4236,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetKernelCount(
         ) as u32
     }
 }
-///`cuLibraryGetManaged` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLibraryGetManaged` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryGetManaged(
     dptr: *mut c_void,
@@ -4245,15 +4245,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetManaged(
     name: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuLibraryGetManaged,
-            &[
-                (dptr) as usize as u64,
-                (bytes) as usize as u64,
-                (library) as usize as u64,
-                (name) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLibraryGetManaged",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuLibraryGetManaged__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::library_get_managed(&CTX, dptr, bytes, library, name)
     }
 }
 ///`cuLibraryGetModule` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -514,6 +514,23 @@ impl Backend for Emulated {
                 ("driver", "cuMemcpyDtoD_v2" | "cuMemcpyDtoDAsync_v2") => self.copy(a[0], true, a[1], true, a[2]),
                 ("cudart", "cudaMemset" | "cudaMemsetAsync") => self.memset(a[0], a[1] as u8, a[2], 1),
                 ("driver", "cuMemsetD8_v2" | "cuMemsetD8Async") => self.memset(a[0], a[1] as u8, a[2], 1),
+                ("driver", "cuLibraryGetGlobal" | "cuLibraryGetManaged") => {
+                    // (CUdeviceptr *, size_t *, CUlibrary, const char *name): the decoder
+                    // passes a NUL-terminated name and 8-byte buffers for the outputs.
+                    let name = std::ffi::CStr::from_ptr(a[3] as *const std::ffi::c_char);
+                    match self.global(a[2], &name.to_string_lossy()) {
+                        Ok((address, size)) => {
+                            if a[0] != 0 {
+                                put_u64(a[0], address);
+                            }
+                            if a[1] != 0 {
+                                put_u64(a[1], size);
+                            }
+                            SUCCESS
+                        }
+                        Err((status, _)) => status as u64,
+                    }
+                }
                 ("driver", "cuMemsetD32_v2" | "cuMemsetD32Async") => self.memset32(a[0], a[1] as u32, a[2]),
                 ("cudart", "cudaStreamCreate" | "cudaStreamCreateWithFlags" | "cudaStreamCreateWithPriority")
                 | ("driver", "cuStreamCreate" | "cuStreamCreateWithPriority") => {

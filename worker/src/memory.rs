@@ -144,7 +144,7 @@ pub fn effect(name: &str) -> Effect {
         }
         "cudaMalloc3D" => alloc(Size::Pitched3D { extent: 1 }),
         "cuMemAddressReserve" => Effect::Alloc { out: 0, size: Size::Param(1), origin: Origin::Reserved },
-        "cuModuleGetGlobal" | "cuModuleGetGlobal_v2" | "cuLibraryGetGlobal" => {
+        "cuModuleGetGlobal" | "cuModuleGetGlobal_v2" | "cuLibraryGetGlobal" | "cuLibraryGetManaged" => {
             Effect::Alloc { out: 0, size: Size::Out(1), origin: Origin::Global }
         }
         "cudaFree" | "cudaFreeAsync" | "cuMemFree" | "cuMemFree_v2" | "cuMemFreeAsync" | "cuMemAddressFree" => {

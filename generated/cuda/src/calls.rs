@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 2794066135197671577u64;
+pub const SCHEMA_HASH: u64 = 7630594173888184586u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2595usize] = [
@@ -5795,7 +5795,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuLibraryGetGlobal,
     &driver::cuLibraryGetKernel,
     &driver::cuLibraryGetKernelCount,
-    &driver::cuLibraryGetManaged,
+    &driver::cuLibraryGetManaged__call,
     &driver::cuLibraryGetModule,
     &driver::cuLogsCurrent,
     &driver::cuLogsUnregisterCallback,
@@ -111454,11 +111454,11 @@ pub mod driver {
         },
         only_waits: false,
     };
-    pub static cuLibraryGetManaged: CallDesc = CallDesc {
+    pub static cuLibraryGetManaged__call: CallDesc = CallDesc {
         wire: 592u32,
         call: 502u32,
         name: "cuLibraryGetManaged",
-        form: None,
+        form: Some(Form::Call),
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,

@@ -844,6 +844,44 @@ fn record_device(dptr: *mut c_void, len: u64) {
     }
 }
 
+/// cuLibraryGetManaged: a `__managed__` variable, which the program (a runtime linked into
+/// it) then reads and writes at the address given: the client's copy lives there
+/// ([`memory::managed_variable`]), with the variable's contents.
+pub unsafe fn library_get_managed(
+    ctx: &Ctx,
+    dptr: *mut c_void,
+    bytes: *mut c_void,
+    library: *mut c_void,
+    name: *mut c_void,
+) -> u32 {
+    driver(ctx.name, || {
+        let conn = connection()?;
+        // The size is needed even where the program does not ask for it.
+        let mut size = 0u64;
+        let size_out = if bytes.is_null() { (&raw mut size).cast::<c_void>() } else { bytes };
+        let args = [dptr as u64, size_out as u64, library as u64, name as u64];
+        // SAFETY: the caller's out-pointers (or a local), a library handle and its C string.
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
+        if s != SUCCESS || dptr.is_null() {
+            return Ok(s);
+        }
+        // SAFETY: the server just wrote the address and size there.
+        let (base, len) =
+            unsafe { (std::ptr::read_unaligned(dptr as *const u64), std::ptr::read_unaligned(size_out as *const u64)) };
+        if let Err(why) = memory::managed_variable(base, len) {
+            // SAFETY: the caller's C string, read for the message only.
+            let name =
+                if name.is_null() { "?".into() } else { unsafe { CStr::from_ptr(name.cast()) }.to_string_lossy() };
+            let message = format!("__managed__ variable {name}: {why}");
+            crate::log::once_owned(&message, || tracing::warn!("{message}"));
+            return Ok(chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        crate::mirror::prepare_managed(&conn);
+        crate::mirror::pull(&conn);
+        Ok(s)
+    })
+}
+
 /// The stream a `_ptsz` entry point means (NULL there is the thread's own).
 fn stream_arg(ctx: &Ctx, stream: *mut c_void) -> u64 {
     if ctx.per_thread() && stream.is_null() { 2 } else { stream as u64 }
