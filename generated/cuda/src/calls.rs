@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 2794066135197671577u64;
+pub const SCHEMA_HASH: u64 = 9813651173654007264u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2595usize] = [
+pub static FUNCTIONS: [&str; 2826usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -1496,70 +1496,125 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cusolverSpGetStream",
     "cusolverSpSetStream",
     "cusparseAxpby",
+    "cusparseBlockedEllGet",
     "cusparseBsrSetStridedBatch",
+    "cusparseCaxpyi",
     "cusparseCbsr2csr",
     "cusparseCbsric02",
+    "cusparseCbsric02_analysis",
     "cusparseCbsric02_bufferSize",
+    "cusparseCbsric02_bufferSizeExt",
     "cusparseCbsrilu02",
     "cusparseCbsrilu02_analysis",
     "cusparseCbsrilu02_bufferSize",
+    "cusparseCbsrilu02_bufferSizeExt",
+    "cusparseCbsrilu02_numericBoost",
     "cusparseCbsrmm",
     "cusparseCbsrmv",
     "cusparseCbsrsm2_analysis",
     "cusparseCbsrsm2_bufferSize",
+    "cusparseCbsrsm2_bufferSizeExt",
     "cusparseCbsrsm2_solve",
     "cusparseCbsrsv2_analysis",
     "cusparseCbsrsv2_bufferSize",
+    "cusparseCbsrsv2_bufferSizeExt",
     "cusparseCbsrsv2_solve",
     "cusparseCbsrxmv",
+    "cusparseCcsc2dense",
     "cusparseCcsr2bsr",
+    "cusparseCcsr2csr_compress",
     "cusparseCcsr2csru",
+    "cusparseCcsr2dense",
     "cusparseCcsr2gebsr",
     "cusparseCcsr2gebsr_bufferSize",
+    "cusparseCcsr2gebsr_bufferSizeExt",
+    "cusparseCcsrcolor",
     "cusparseCcsrgeam2",
     "cusparseCcsrgeam2_bufferSizeExt",
     "cusparseCcsrgemm2",
     "cusparseCcsrgemm2_bufferSizeExt",
+    "cusparseCcsric02",
     "cusparseCcsric02_analysis",
     "cusparseCcsric02_bufferSize",
+    "cusparseCcsric02_bufferSizeExt",
+    "cusparseCcsrilu02",
     "cusparseCcsrilu02_analysis",
     "cusparseCcsrilu02_bufferSize",
+    "cusparseCcsrilu02_bufferSizeExt",
+    "cusparseCcsrilu02_numericBoost",
     "cusparseCcsrsm2_analysis",
+    "cusparseCcsrsm2_bufferSizeExt",
     "cusparseCcsrsm2_solve",
     "cusparseCcsrsv2_analysis",
     "cusparseCcsrsv2_bufferSize",
+    "cusparseCcsrsv2_bufferSizeExt",
     "cusparseCcsrsv2_solve",
     "cusparseCcsru2csr",
     "cusparseCcsru2csr_bufferSizeExt",
+    "cusparseCdense2csc",
+    "cusparseCdense2csr",
     "cusparseCgebsr2csr",
+    "cusparseCgebsr2gebsc",
     "cusparseCgebsr2gebsc_bufferSize",
+    "cusparseCgebsr2gebsc_bufferSizeExt",
     "cusparseCgebsr2gebsr",
     "cusparseCgebsr2gebsr_bufferSize",
+    "cusparseCgebsr2gebsr_bufferSizeExt",
+    "cusparseCgemmi",
+    "cusparseCgemvi",
+    "cusparseCgemvi_bufferSize",
+    "cusparseCgpsvInterleavedBatch",
+    "cusparseCgpsvInterleavedBatch_bufferSizeExt",
+    "cusparseCgthr",
+    "cusparseCgthrz",
     "cusparseCgtsv2",
+    "cusparseCgtsv2StridedBatch",
+    "cusparseCgtsv2StridedBatch_bufferSizeExt",
+    "cusparseCgtsv2_bufferSizeExt",
     "cusparseCgtsv2_nopivot",
+    "cusparseCgtsv2_nopivot_bufferSizeExt",
+    "cusparseCgtsvInterleavedBatch",
+    "cusparseCgtsvInterleavedBatch_bufferSizeExt",
+    "cusparseCnnz",
+    "cusparseCnnz_compress",
+    "cusparseConstBlockedEllGet",
+    "cusparseConstCooGet",
+    "cusparseConstCscGet",
+    "cusparseConstCsrGet",
+    "cusparseConstDnMatGet",
     "cusparseConstDnMatGetValues",
+    "cusparseConstDnVecGet",
     "cusparseConstDnVecGetValues",
     "cusparseConstSpMatGetValues",
+    "cusparseConstSpVecGet",
     "cusparseConstSpVecGetValues",
     "cusparseConstrainedGeMM",
     "cusparseConstrainedGeMM_bufferSize",
+    "cusparseCooAoSGet",
+    "cusparseCooGet",
     "cusparseCooSetPointers",
     "cusparseCooSetStridedBatch",
     "cusparseCopyMatDescr",
     "cusparseCreate",
+    "cusparseCreateBlockedEll",
     "cusparseCreateBsr",
     "cusparseCreateBsric02Info",
     "cusparseCreateBsrilu02Info",
     "cusparseCreateBsrsm2Info",
     "cusparseCreateBsrsv2Info",
     "cusparseCreateColorInfo",
+    "cusparseCreateConstBlockedEll",
     "cusparseCreateConstBsr",
     "cusparseCreateConstCoo",
+    "cusparseCreateConstCsc",
     "cusparseCreateConstCsr",
     "cusparseCreateConstDnMat",
     "cusparseCreateConstDnVec",
+    "cusparseCreateConstSlicedEll",
+    "cusparseCreateConstSpVec",
     "cusparseCreateCoo",
     "cusparseCreateCooAoS",
+    "cusparseCreateCsc",
     "cusparseCreateCsr",
     "cusparseCreateCsrgemm2Info",
     "cusparseCreateCsric02Info",
@@ -1572,42 +1627,73 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cusparseCreateIdentityPermutation",
     "cusparseCreateMatDescr",
     "cusparseCreatePruneInfo",
+    "cusparseCreateSlicedEll",
+    "cusparseCreateSpVec",
+    "cusparseCscGet",
+    "cusparseCscSetPointers",
+    "cusparseCsctr",
+    "cusparseCsr2cscEx2",
+    "cusparseCsr2cscEx2_bufferSize",
+    "cusparseCsrGet",
     "cusparseCsrSetPointers",
     "cusparseCsrSetStridedBatch",
+    "cusparseCsrmvEx",
+    "cusparseCsrmvEx_bufferSize",
+    "cusparseDaxpyi",
     "cusparseDbsr2csr",
     "cusparseDbsric02",
+    "cusparseDbsric02_analysis",
     "cusparseDbsric02_bufferSize",
+    "cusparseDbsric02_bufferSizeExt",
     "cusparseDbsrilu02",
     "cusparseDbsrilu02_analysis",
     "cusparseDbsrilu02_bufferSize",
+    "cusparseDbsrilu02_bufferSizeExt",
+    "cusparseDbsrilu02_numericBoost",
     "cusparseDbsrmm",
     "cusparseDbsrmv",
     "cusparseDbsrsm2_analysis",
     "cusparseDbsrsm2_bufferSize",
+    "cusparseDbsrsm2_bufferSizeExt",
     "cusparseDbsrsm2_solve",
     "cusparseDbsrsv2_analysis",
     "cusparseDbsrsv2_bufferSize",
+    "cusparseDbsrsv2_bufferSizeExt",
     "cusparseDbsrsv2_solve",
     "cusparseDbsrxmv",
+    "cusparseDcsc2dense",
     "cusparseDcsr2bsr",
+    "cusparseDcsr2csr_compress",
     "cusparseDcsr2csru",
+    "cusparseDcsr2dense",
     "cusparseDcsr2gebsr",
     "cusparseDcsr2gebsr_bufferSize",
+    "cusparseDcsr2gebsr_bufferSizeExt",
+    "cusparseDcsrcolor",
     "cusparseDcsrgeam2",
     "cusparseDcsrgeam2_bufferSizeExt",
     "cusparseDcsrgemm2",
     "cusparseDcsrgemm2_bufferSizeExt",
+    "cusparseDcsric02",
     "cusparseDcsric02_analysis",
     "cusparseDcsric02_bufferSize",
+    "cusparseDcsric02_bufferSizeExt",
+    "cusparseDcsrilu02",
     "cusparseDcsrilu02_analysis",
     "cusparseDcsrilu02_bufferSize",
+    "cusparseDcsrilu02_bufferSizeExt",
+    "cusparseDcsrilu02_numericBoost",
     "cusparseDcsrsm2_analysis",
+    "cusparseDcsrsm2_bufferSizeExt",
     "cusparseDcsrsm2_solve",
     "cusparseDcsrsv2_analysis",
     "cusparseDcsrsv2_bufferSize",
+    "cusparseDcsrsv2_bufferSizeExt",
     "cusparseDcsrsv2_solve",
     "cusparseDcsru2csr",
     "cusparseDcsru2csr_bufferSizeExt",
+    "cusparseDdense2csc",
+    "cusparseDdense2csr",
     "cusparseDenseToSparse_analysis",
     "cusparseDenseToSparse_bufferSize",
     "cusparseDenseToSparse_convert",
@@ -1630,66 +1716,124 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cusparseDestroySpMat",
     "cusparseDestroySpVec",
     "cusparseDgebsr2csr",
+    "cusparseDgebsr2gebsc",
     "cusparseDgebsr2gebsc_bufferSize",
+    "cusparseDgebsr2gebsc_bufferSizeExt",
     "cusparseDgebsr2gebsr",
     "cusparseDgebsr2gebsr_bufferSize",
+    "cusparseDgebsr2gebsr_bufferSizeExt",
+    "cusparseDgemmi",
+    "cusparseDgemvi",
+    "cusparseDgemvi_bufferSize",
+    "cusparseDgpsvInterleavedBatch",
+    "cusparseDgpsvInterleavedBatch_bufferSizeExt",
+    "cusparseDgthr",
+    "cusparseDgthrz",
+    "cusparseDgtsv2",
+    "cusparseDgtsv2StridedBatch",
+    "cusparseDgtsv2StridedBatch_bufferSizeExt",
+    "cusparseDgtsv2_bufferSizeExt",
+    "cusparseDgtsv2_nopivot",
+    "cusparseDgtsv2_nopivot_bufferSizeExt",
+    "cusparseDgtsvInterleavedBatch",
+    "cusparseDgtsvInterleavedBatch_bufferSizeExt",
+    "cusparseDnMatGet",
+    "cusparseDnMatGetStridedBatch",
     "cusparseDnMatGetValues",
     "cusparseDnMatSetStridedBatch",
     "cusparseDnMatSetValues",
+    "cusparseDnVecGet",
     "cusparseDnVecGetValues",
     "cusparseDnVecSetValues",
+    "cusparseDnnz",
+    "cusparseDnnz_compress",
+    "cusparseDpruneCsr2csr",
     "cusparseDpruneCsr2csrByPercentage",
     "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
+    "cusparseDpruneCsr2csrNnz",
     "cusparseDpruneCsr2csrNnzByPercentage",
+    "cusparseDpruneCsr2csr_bufferSizeExt",
+    "cusparseDpruneDense2csr",
+    "cusparseDpruneDense2csrByPercentage",
+    "cusparseDpruneDense2csrByPercentage_bufferSizeExt",
+    "cusparseDpruneDense2csrNnz",
+    "cusparseDpruneDense2csrNnzByPercentage",
+    "cusparseDpruneDense2csr_bufferSizeExt",
+    "cusparseDroti",
+    "cusparseDsctr",
     "cusparseGather",
+    "cusparseGetColorAlgs",
     "cusparseGetMatDiagType",
     "cusparseGetMatFillMode",
     "cusparseGetMatIndexBase",
     "cusparseGetMatType",
+    "cusparseGetPointerMode",
     "cusparseGetProperty",
     "cusparseGetStream",
     "cusparseGetVersion",
     "cusparseLoggerForceDisable",
     "cusparseLoggerSetLevel",
     "cusparseLoggerSetMask",
+    "cusparseRot",
     "cusparseSDDMM",
     "cusparseSDDMM_bufferSize",
     "cusparseSDDMM_preprocess",
+    "cusparseSaxpyi",
     "cusparseSbsr2csr",
     "cusparseSbsric02",
+    "cusparseSbsric02_analysis",
     "cusparseSbsric02_bufferSize",
+    "cusparseSbsric02_bufferSizeExt",
     "cusparseSbsrilu02",
     "cusparseSbsrilu02_analysis",
     "cusparseSbsrilu02_bufferSize",
+    "cusparseSbsrilu02_bufferSizeExt",
+    "cusparseSbsrilu02_numericBoost",
     "cusparseSbsrmm",
     "cusparseSbsrmv",
     "cusparseSbsrsm2_analysis",
     "cusparseSbsrsm2_bufferSize",
+    "cusparseSbsrsm2_bufferSizeExt",
     "cusparseSbsrsm2_solve",
     "cusparseSbsrsv2_analysis",
     "cusparseSbsrsv2_bufferSize",
+    "cusparseSbsrsv2_bufferSizeExt",
     "cusparseSbsrsv2_solve",
     "cusparseSbsrxmv",
     "cusparseScatter",
+    "cusparseScsc2dense",
     "cusparseScsr2bsr",
+    "cusparseScsr2csr_compress",
     "cusparseScsr2csru",
+    "cusparseScsr2dense",
     "cusparseScsr2gebsr",
     "cusparseScsr2gebsr_bufferSize",
+    "cusparseScsr2gebsr_bufferSizeExt",
+    "cusparseScsrcolor",
     "cusparseScsrgeam2",
     "cusparseScsrgeam2_bufferSizeExt",
     "cusparseScsrgemm2",
     "cusparseScsrgemm2_bufferSizeExt",
+    "cusparseScsric02",
     "cusparseScsric02_analysis",
     "cusparseScsric02_bufferSize",
+    "cusparseScsric02_bufferSizeExt",
+    "cusparseScsrilu02",
     "cusparseScsrilu02_analysis",
     "cusparseScsrilu02_bufferSize",
+    "cusparseScsrilu02_bufferSizeExt",
+    "cusparseScsrilu02_numericBoost",
     "cusparseScsrsm2_analysis",
+    "cusparseScsrsm2_bufferSizeExt",
     "cusparseScsrsm2_solve",
     "cusparseScsrsv2_analysis",
     "cusparseScsrsv2_bufferSize",
+    "cusparseScsrsv2_bufferSizeExt",
     "cusparseScsrsv2_solve",
     "cusparseScsru2csr",
     "cusparseScsru2csr_bufferSizeExt",
+    "cusparseSdense2csc",
+    "cusparseSdense2csr",
     "cusparseSetColorAlgs",
     "cusparseSetMatDiagType",
     "cusparseSetMatFillMode",
@@ -1698,18 +1842,43 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cusparseSetPointerMode",
     "cusparseSetStream",
     "cusparseSgebsr2csr",
+    "cusparseSgebsr2gebsc",
     "cusparseSgebsr2gebsc_bufferSize",
+    "cusparseSgebsr2gebsc_bufferSizeExt",
     "cusparseSgebsr2gebsr",
     "cusparseSgebsr2gebsr_bufferSize",
+    "cusparseSgebsr2gebsr_bufferSizeExt",
+    "cusparseSgemmi",
+    "cusparseSgemvi",
+    "cusparseSgemvi_bufferSize",
+    "cusparseSgpsvInterleavedBatch",
+    "cusparseSgpsvInterleavedBatch_bufferSizeExt",
+    "cusparseSgthr",
+    "cusparseSgthrz",
+    "cusparseSgtsv2",
+    "cusparseSgtsv2StridedBatch",
+    "cusparseSgtsv2StridedBatch_bufferSizeExt",
+    "cusparseSgtsv2_bufferSizeExt",
+    "cusparseSgtsv2_nopivot",
+    "cusparseSgtsv2_nopivot_bufferSizeExt",
+    "cusparseSgtsvInterleavedBatch",
+    "cusparseSgtsvInterleavedBatch_bufferSizeExt",
+    "cusparseSnnz",
+    "cusparseSnnz_compress",
     "cusparseSpGEMM_compute",
     "cusparseSpGEMM_copy",
     "cusparseSpGEMM_createDescr",
     "cusparseSpGEMM_destroyDescr",
+    "cusparseSpGEMM_estimateMemory",
+    "cusparseSpGEMM_getNumProducts",
     "cusparseSpGEMM_workEstimation",
     "cusparseSpGEMMreuse_compute",
+    "cusparseSpGEMMreuse_copy",
+    "cusparseSpGEMMreuse_nnz",
     "cusparseSpGEMMreuse_workEstimation",
     "cusparseSpMM",
     "cusparseSpMMOp",
+    "cusparseSpMMOp_createPlan",
     "cusparseSpMMOp_destroyPlan",
     "cusparseSpMM_bufferSize",
     "cusparseSpMM_preprocess",
@@ -1717,7 +1886,10 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cusparseSpMV_bufferSize",
     "cusparseSpMV_preprocess",
     "cusparseSpMatGetAttribute",
+    "cusparseSpMatGetFormat",
+    "cusparseSpMatGetIndexBase",
     "cusparseSpMatGetSize",
+    "cusparseSpMatGetStridedBatch",
     "cusparseSpMatGetValues",
     "cusparseSpMatSetAttribute",
     "cusparseSpMatSetStridedBatch",
@@ -1727,18 +1899,35 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cusparseSpSM_createDescr",
     "cusparseSpSM_destroyDescr",
     "cusparseSpSM_solve",
+    "cusparseSpSM_updateMatrix",
     "cusparseSpSV_analysis",
     "cusparseSpSV_bufferSize",
     "cusparseSpSV_createDescr",
     "cusparseSpSV_destroyDescr",
     "cusparseSpSV_solve",
+    "cusparseSpSV_updateMatrix",
+    "cusparseSpVV",
+    "cusparseSpVV_bufferSize",
+    "cusparseSpVecGet",
+    "cusparseSpVecGetIndexBase",
     "cusparseSpVecGetValues",
     "cusparseSpVecSetValues",
     "cusparseSparseToDense",
     "cusparseSparseToDense_bufferSize",
+    "cusparseSpruneCsr2csr",
     "cusparseSpruneCsr2csrByPercentage",
     "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
+    "cusparseSpruneCsr2csrNnz",
     "cusparseSpruneCsr2csrNnzByPercentage",
+    "cusparseSpruneCsr2csr_bufferSizeExt",
+    "cusparseSpruneDense2csr",
+    "cusparseSpruneDense2csrByPercentage",
+    "cusparseSpruneDense2csrByPercentage_bufferSizeExt",
+    "cusparseSpruneDense2csrNnz",
+    "cusparseSpruneDense2csrNnzByPercentage",
+    "cusparseSpruneDense2csr_bufferSizeExt",
+    "cusparseSroti",
+    "cusparseSsctr",
     "cusparseXbsric02_zeroPivot",
     "cusparseXbsrilu02_zeroPivot",
     "cusparseXbsrsm2_zeroPivot",
@@ -1747,6 +1936,8 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cusparseXcoosortByColumn",
     "cusparseXcoosortByRow",
     "cusparseXcoosort_bufferSizeExt",
+    "cusparseXcscsort",
+    "cusparseXcscsort_bufferSizeExt",
     "cusparseXcsr2bsrNnz",
     "cusparseXcsr2coo",
     "cusparseXcsr2gebsrNnz",
@@ -1760,46 +1951,86 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "cusparseXcsrsv2_zeroPivot",
     "cusparseXgebsr2csr",
     "cusparseXgebsr2gebsrNnz",
+    "cusparseZaxpyi",
     "cusparseZbsr2csr",
     "cusparseZbsric02",
+    "cusparseZbsric02_analysis",
     "cusparseZbsric02_bufferSize",
+    "cusparseZbsric02_bufferSizeExt",
     "cusparseZbsrilu02",
     "cusparseZbsrilu02_analysis",
     "cusparseZbsrilu02_bufferSize",
+    "cusparseZbsrilu02_bufferSizeExt",
+    "cusparseZbsrilu02_numericBoost",
     "cusparseZbsrmm",
     "cusparseZbsrmv",
     "cusparseZbsrsm2_analysis",
     "cusparseZbsrsm2_bufferSize",
+    "cusparseZbsrsm2_bufferSizeExt",
     "cusparseZbsrsm2_solve",
     "cusparseZbsrsv2_analysis",
     "cusparseZbsrsv2_bufferSize",
+    "cusparseZbsrsv2_bufferSizeExt",
     "cusparseZbsrsv2_solve",
     "cusparseZbsrxmv",
+    "cusparseZcsc2dense",
     "cusparseZcsr2bsr",
+    "cusparseZcsr2csr_compress",
     "cusparseZcsr2csru",
+    "cusparseZcsr2dense",
     "cusparseZcsr2gebsr",
     "cusparseZcsr2gebsr_bufferSize",
+    "cusparseZcsr2gebsr_bufferSizeExt",
+    "cusparseZcsrcolor",
     "cusparseZcsrgeam2",
     "cusparseZcsrgeam2_bufferSizeExt",
     "cusparseZcsrgemm2",
     "cusparseZcsrgemm2_bufferSizeExt",
+    "cusparseZcsric02",
     "cusparseZcsric02_analysis",
     "cusparseZcsric02_bufferSize",
+    "cusparseZcsric02_bufferSizeExt",
+    "cusparseZcsrilu02",
     "cusparseZcsrilu02_analysis",
     "cusparseZcsrilu02_bufferSize",
+    "cusparseZcsrilu02_bufferSizeExt",
+    "cusparseZcsrilu02_numericBoost",
     "cusparseZcsrsm2_analysis",
+    "cusparseZcsrsm2_bufferSizeExt",
     "cusparseZcsrsm2_solve",
     "cusparseZcsrsv2_analysis",
     "cusparseZcsrsv2_bufferSize",
+    "cusparseZcsrsv2_bufferSizeExt",
     "cusparseZcsrsv2_solve",
     "cusparseZcsru2csr",
     "cusparseZcsru2csr_bufferSizeExt",
+    "cusparseZdense2csc",
+    "cusparseZdense2csr",
     "cusparseZgebsr2csr",
+    "cusparseZgebsr2gebsc",
     "cusparseZgebsr2gebsc_bufferSize",
+    "cusparseZgebsr2gebsc_bufferSizeExt",
     "cusparseZgebsr2gebsr",
     "cusparseZgebsr2gebsr_bufferSize",
+    "cusparseZgebsr2gebsr_bufferSizeExt",
+    "cusparseZgemmi",
+    "cusparseZgemvi",
+    "cusparseZgemvi_bufferSize",
+    "cusparseZgpsvInterleavedBatch",
+    "cusparseZgpsvInterleavedBatch_bufferSizeExt",
+    "cusparseZgthr",
+    "cusparseZgthrz",
     "cusparseZgtsv2",
+    "cusparseZgtsv2StridedBatch",
+    "cusparseZgtsv2StridedBatch_bufferSizeExt",
+    "cusparseZgtsv2_bufferSizeExt",
     "cusparseZgtsv2_nopivot",
+    "cusparseZgtsv2_nopivot_bufferSizeExt",
+    "cusparseZgtsvInterleavedBatch",
+    "cusparseZgtsvInterleavedBatch_bufferSizeExt",
+    "cusparseZnnz",
+    "cusparseZnnz_compress",
+    "cusparseZsctr",
     "cusparseLtDestroy",
     "cusparseLtGetProperty",
     "cusparseLtMatDescriptorDestroy",
@@ -2604,7 +2835,7 @@ pub static FUNCTIONS: [&str; 2595usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2595usize] = [
+pub static LIBRARY_OF: [&str; 2826usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -4093,6 +4324,237 @@ pub static LIBRARY_OF: [&str; 2595usize] = [
     "cusolver",
     "cusolver",
     "cusolver",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
     "cusparse",
     "cusparse",
     "cusparse",
@@ -7446,70 +7908,125 @@ pub static VARIANTS: &[&CallDesc] = &[
     &curand::curandSetQuasiRandomGeneratorDimensions,
     &curand::curandSetStream,
     &cusparse::cusparseAxpby,
+    &cusparse::cusparseBlockedEllGet,
     &cusparse::cusparseBsrSetStridedBatch,
+    &cusparse::cusparseCaxpyi,
     &cusparse::cusparseCbsr2csr,
     &cusparse::cusparseCbsric02,
+    &cusparse::cusparseCbsric02_analysis,
     &cusparse::cusparseCbsric02_bufferSize,
+    &cusparse::cusparseCbsric02_bufferSizeExt,
     &cusparse::cusparseCbsrilu02,
     &cusparse::cusparseCbsrilu02_analysis,
     &cusparse::cusparseCbsrilu02_bufferSize,
+    &cusparse::cusparseCbsrilu02_bufferSizeExt,
+    &cusparse::cusparseCbsrilu02_numericBoost,
     &cusparse::cusparseCbsrmm,
     &cusparse::cusparseCbsrmv,
     &cusparse::cusparseCbsrsm2_analysis,
     &cusparse::cusparseCbsrsm2_bufferSize,
+    &cusparse::cusparseCbsrsm2_bufferSizeExt,
     &cusparse::cusparseCbsrsm2_solve,
     &cusparse::cusparseCbsrsv2_analysis,
     &cusparse::cusparseCbsrsv2_bufferSize,
+    &cusparse::cusparseCbsrsv2_bufferSizeExt,
     &cusparse::cusparseCbsrsv2_solve,
     &cusparse::cusparseCbsrxmv,
+    &cusparse::cusparseCcsc2dense,
     &cusparse::cusparseCcsr2bsr,
+    &cusparse::cusparseCcsr2csr_compress,
     &cusparse::cusparseCcsr2csru,
+    &cusparse::cusparseCcsr2dense,
     &cusparse::cusparseCcsr2gebsr,
     &cusparse::cusparseCcsr2gebsr_bufferSize,
+    &cusparse::cusparseCcsr2gebsr_bufferSizeExt,
+    &cusparse::cusparseCcsrcolor,
     &cusparse::cusparseCcsrgeam2,
     &cusparse::cusparseCcsrgeam2_bufferSizeExt,
     &cusparse::cusparseCcsrgemm2,
     &cusparse::cusparseCcsrgemm2_bufferSizeExt,
+    &cusparse::cusparseCcsric02,
     &cusparse::cusparseCcsric02_analysis,
     &cusparse::cusparseCcsric02_bufferSize,
+    &cusparse::cusparseCcsric02_bufferSizeExt,
+    &cusparse::cusparseCcsrilu02,
     &cusparse::cusparseCcsrilu02_analysis,
     &cusparse::cusparseCcsrilu02_bufferSize,
+    &cusparse::cusparseCcsrilu02_bufferSizeExt,
+    &cusparse::cusparseCcsrilu02_numericBoost,
     &cusparse::cusparseCcsrsm2_analysis,
+    &cusparse::cusparseCcsrsm2_bufferSizeExt,
     &cusparse::cusparseCcsrsm2_solve,
     &cusparse::cusparseCcsrsv2_analysis,
     &cusparse::cusparseCcsrsv2_bufferSize,
+    &cusparse::cusparseCcsrsv2_bufferSizeExt,
     &cusparse::cusparseCcsrsv2_solve,
     &cusparse::cusparseCcsru2csr,
     &cusparse::cusparseCcsru2csr_bufferSizeExt,
+    &cusparse::cusparseCdense2csc,
+    &cusparse::cusparseCdense2csr,
     &cusparse::cusparseCgebsr2csr,
+    &cusparse::cusparseCgebsr2gebsc,
     &cusparse::cusparseCgebsr2gebsc_bufferSize,
+    &cusparse::cusparseCgebsr2gebsc_bufferSizeExt,
     &cusparse::cusparseCgebsr2gebsr,
     &cusparse::cusparseCgebsr2gebsr_bufferSize,
+    &cusparse::cusparseCgebsr2gebsr_bufferSizeExt,
+    &cusparse::cusparseCgemmi,
+    &cusparse::cusparseCgemvi,
+    &cusparse::cusparseCgemvi_bufferSize,
+    &cusparse::cusparseCgpsvInterleavedBatch,
+    &cusparse::cusparseCgpsvInterleavedBatch_bufferSizeExt,
+    &cusparse::cusparseCgthr,
+    &cusparse::cusparseCgthrz,
     &cusparse::cusparseCgtsv2,
+    &cusparse::cusparseCgtsv2StridedBatch,
+    &cusparse::cusparseCgtsv2StridedBatch_bufferSizeExt,
+    &cusparse::cusparseCgtsv2_bufferSizeExt,
     &cusparse::cusparseCgtsv2_nopivot,
+    &cusparse::cusparseCgtsv2_nopivot_bufferSizeExt,
+    &cusparse::cusparseCgtsvInterleavedBatch,
+    &cusparse::cusparseCgtsvInterleavedBatch_bufferSizeExt,
+    &cusparse::cusparseCnnz,
+    &cusparse::cusparseCnnz_compress,
+    &cusparse::cusparseConstBlockedEllGet,
+    &cusparse::cusparseConstCooGet,
+    &cusparse::cusparseConstCscGet,
+    &cusparse::cusparseConstCsrGet,
+    &cusparse::cusparseConstDnMatGet,
     &cusparse::cusparseConstDnMatGetValues,
+    &cusparse::cusparseConstDnVecGet,
     &cusparse::cusparseConstDnVecGetValues,
     &cusparse::cusparseConstSpMatGetValues,
+    &cusparse::cusparseConstSpVecGet,
     &cusparse::cusparseConstSpVecGetValues,
     &cusparse::cusparseConstrainedGeMM,
     &cusparse::cusparseConstrainedGeMM_bufferSize,
+    &cusparse::cusparseCooAoSGet,
+    &cusparse::cusparseCooGet,
     &cusparse::cusparseCooSetPointers,
     &cusparse::cusparseCooSetStridedBatch,
     &cusparse::cusparseCopyMatDescr,
     &cusparse::cusparseCreate__call,
+    &cusparse::cusparseCreateBlockedEll,
     &cusparse::cusparseCreateBsr,
     &cusparse::cusparseCreateBsric02Info,
     &cusparse::cusparseCreateBsrilu02Info,
     &cusparse::cusparseCreateBsrsm2Info,
     &cusparse::cusparseCreateBsrsv2Info,
     &cusparse::cusparseCreateColorInfo,
+    &cusparse::cusparseCreateConstBlockedEll,
     &cusparse::cusparseCreateConstBsr,
     &cusparse::cusparseCreateConstCoo,
+    &cusparse::cusparseCreateConstCsc,
     &cusparse::cusparseCreateConstCsr,
     &cusparse::cusparseCreateConstDnMat,
     &cusparse::cusparseCreateConstDnVec,
+    &cusparse::cusparseCreateConstSlicedEll,
+    &cusparse::cusparseCreateConstSpVec,
     &cusparse::cusparseCreateCoo,
     &cusparse::cusparseCreateCooAoS,
+    &cusparse::cusparseCreateCsc,
     &cusparse::cusparseCreateCsr,
     &cusparse::cusparseCreateCsrgemm2Info,
     &cusparse::cusparseCreateCsric02Info,
@@ -7522,42 +8039,73 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseCreateIdentityPermutation,
     &cusparse::cusparseCreateMatDescr,
     &cusparse::cusparseCreatePruneInfo,
+    &cusparse::cusparseCreateSlicedEll,
+    &cusparse::cusparseCreateSpVec,
+    &cusparse::cusparseCscGet,
+    &cusparse::cusparseCscSetPointers,
+    &cusparse::cusparseCsctr,
+    &cusparse::cusparseCsr2cscEx2,
+    &cusparse::cusparseCsr2cscEx2_bufferSize,
+    &cusparse::cusparseCsrGet,
     &cusparse::cusparseCsrSetPointers,
     &cusparse::cusparseCsrSetStridedBatch,
+    &cusparse::cusparseCsrmvEx,
+    &cusparse::cusparseCsrmvEx_bufferSize,
+    &cusparse::cusparseDaxpyi,
     &cusparse::cusparseDbsr2csr,
     &cusparse::cusparseDbsric02,
+    &cusparse::cusparseDbsric02_analysis,
     &cusparse::cusparseDbsric02_bufferSize,
+    &cusparse::cusparseDbsric02_bufferSizeExt,
     &cusparse::cusparseDbsrilu02,
     &cusparse::cusparseDbsrilu02_analysis,
     &cusparse::cusparseDbsrilu02_bufferSize,
+    &cusparse::cusparseDbsrilu02_bufferSizeExt,
+    &cusparse::cusparseDbsrilu02_numericBoost,
     &cusparse::cusparseDbsrmm,
     &cusparse::cusparseDbsrmv,
     &cusparse::cusparseDbsrsm2_analysis,
     &cusparse::cusparseDbsrsm2_bufferSize,
+    &cusparse::cusparseDbsrsm2_bufferSizeExt,
     &cusparse::cusparseDbsrsm2_solve,
     &cusparse::cusparseDbsrsv2_analysis,
     &cusparse::cusparseDbsrsv2_bufferSize,
+    &cusparse::cusparseDbsrsv2_bufferSizeExt,
     &cusparse::cusparseDbsrsv2_solve,
     &cusparse::cusparseDbsrxmv,
+    &cusparse::cusparseDcsc2dense,
     &cusparse::cusparseDcsr2bsr,
+    &cusparse::cusparseDcsr2csr_compress,
     &cusparse::cusparseDcsr2csru,
+    &cusparse::cusparseDcsr2dense,
     &cusparse::cusparseDcsr2gebsr,
     &cusparse::cusparseDcsr2gebsr_bufferSize,
+    &cusparse::cusparseDcsr2gebsr_bufferSizeExt,
+    &cusparse::cusparseDcsrcolor,
     &cusparse::cusparseDcsrgeam2,
     &cusparse::cusparseDcsrgeam2_bufferSizeExt,
     &cusparse::cusparseDcsrgemm2,
     &cusparse::cusparseDcsrgemm2_bufferSizeExt,
+    &cusparse::cusparseDcsric02,
     &cusparse::cusparseDcsric02_analysis,
     &cusparse::cusparseDcsric02_bufferSize,
+    &cusparse::cusparseDcsric02_bufferSizeExt,
+    &cusparse::cusparseDcsrilu02,
     &cusparse::cusparseDcsrilu02_analysis,
     &cusparse::cusparseDcsrilu02_bufferSize,
+    &cusparse::cusparseDcsrilu02_bufferSizeExt,
+    &cusparse::cusparseDcsrilu02_numericBoost,
     &cusparse::cusparseDcsrsm2_analysis,
+    &cusparse::cusparseDcsrsm2_bufferSizeExt,
     &cusparse::cusparseDcsrsm2_solve,
     &cusparse::cusparseDcsrsv2_analysis,
     &cusparse::cusparseDcsrsv2_bufferSize,
+    &cusparse::cusparseDcsrsv2_bufferSizeExt,
     &cusparse::cusparseDcsrsv2_solve,
     &cusparse::cusparseDcsru2csr,
     &cusparse::cusparseDcsru2csr_bufferSizeExt,
+    &cusparse::cusparseDdense2csc,
+    &cusparse::cusparseDdense2csr,
     &cusparse::cusparseDenseToSparse_analysis,
     &cusparse::cusparseDenseToSparse_bufferSize,
     &cusparse::cusparseDenseToSparse_convert,
@@ -7580,66 +8128,124 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseDestroySpMat,
     &cusparse::cusparseDestroySpVec,
     &cusparse::cusparseDgebsr2csr,
+    &cusparse::cusparseDgebsr2gebsc,
     &cusparse::cusparseDgebsr2gebsc_bufferSize,
+    &cusparse::cusparseDgebsr2gebsc_bufferSizeExt,
     &cusparse::cusparseDgebsr2gebsr,
     &cusparse::cusparseDgebsr2gebsr_bufferSize,
+    &cusparse::cusparseDgebsr2gebsr_bufferSizeExt,
+    &cusparse::cusparseDgemmi,
+    &cusparse::cusparseDgemvi,
+    &cusparse::cusparseDgemvi_bufferSize,
+    &cusparse::cusparseDgpsvInterleavedBatch,
+    &cusparse::cusparseDgpsvInterleavedBatch_bufferSizeExt,
+    &cusparse::cusparseDgthr,
+    &cusparse::cusparseDgthrz,
+    &cusparse::cusparseDgtsv2,
+    &cusparse::cusparseDgtsv2StridedBatch,
+    &cusparse::cusparseDgtsv2StridedBatch_bufferSizeExt,
+    &cusparse::cusparseDgtsv2_bufferSizeExt,
+    &cusparse::cusparseDgtsv2_nopivot,
+    &cusparse::cusparseDgtsv2_nopivot_bufferSizeExt,
+    &cusparse::cusparseDgtsvInterleavedBatch,
+    &cusparse::cusparseDgtsvInterleavedBatch_bufferSizeExt,
+    &cusparse::cusparseDnMatGet,
+    &cusparse::cusparseDnMatGetStridedBatch,
     &cusparse::cusparseDnMatGetValues,
     &cusparse::cusparseDnMatSetStridedBatch,
     &cusparse::cusparseDnMatSetValues,
+    &cusparse::cusparseDnVecGet,
     &cusparse::cusparseDnVecGetValues,
     &cusparse::cusparseDnVecSetValues,
+    &cusparse::cusparseDnnz,
+    &cusparse::cusparseDnnz_compress,
+    &cusparse::cusparseDpruneCsr2csr,
     &cusparse::cusparseDpruneCsr2csrByPercentage,
     &cusparse::cusparseDpruneCsr2csrByPercentage_bufferSizeExt,
+    &cusparse::cusparseDpruneCsr2csrNnz,
     &cusparse::cusparseDpruneCsr2csrNnzByPercentage,
+    &cusparse::cusparseDpruneCsr2csr_bufferSizeExt,
+    &cusparse::cusparseDpruneDense2csr,
+    &cusparse::cusparseDpruneDense2csrByPercentage,
+    &cusparse::cusparseDpruneDense2csrByPercentage_bufferSizeExt,
+    &cusparse::cusparseDpruneDense2csrNnz,
+    &cusparse::cusparseDpruneDense2csrNnzByPercentage,
+    &cusparse::cusparseDpruneDense2csr_bufferSizeExt,
+    &cusparse::cusparseDroti,
+    &cusparse::cusparseDsctr,
     &cusparse::cusparseGather,
+    &cusparse::cusparseGetColorAlgs,
     &cusparse::cusparseGetMatDiagType,
     &cusparse::cusparseGetMatFillMode,
     &cusparse::cusparseGetMatIndexBase,
     &cusparse::cusparseGetMatType,
+    &cusparse::cusparseGetPointerMode,
     &cusparse::cusparseGetProperty,
     &cusparse::cusparseGetStream,
     &cusparse::cusparseGetVersion,
     &cusparse::cusparseLoggerForceDisable,
     &cusparse::cusparseLoggerSetLevel,
     &cusparse::cusparseLoggerSetMask,
+    &cusparse::cusparseRot,
     &cusparse::cusparseSDDMM,
     &cusparse::cusparseSDDMM_bufferSize,
     &cusparse::cusparseSDDMM_preprocess,
+    &cusparse::cusparseSaxpyi,
     &cusparse::cusparseSbsr2csr,
     &cusparse::cusparseSbsric02,
+    &cusparse::cusparseSbsric02_analysis,
     &cusparse::cusparseSbsric02_bufferSize,
+    &cusparse::cusparseSbsric02_bufferSizeExt,
     &cusparse::cusparseSbsrilu02,
     &cusparse::cusparseSbsrilu02_analysis,
     &cusparse::cusparseSbsrilu02_bufferSize,
+    &cusparse::cusparseSbsrilu02_bufferSizeExt,
+    &cusparse::cusparseSbsrilu02_numericBoost,
     &cusparse::cusparseSbsrmm,
     &cusparse::cusparseSbsrmv,
     &cusparse::cusparseSbsrsm2_analysis,
     &cusparse::cusparseSbsrsm2_bufferSize,
+    &cusparse::cusparseSbsrsm2_bufferSizeExt,
     &cusparse::cusparseSbsrsm2_solve,
     &cusparse::cusparseSbsrsv2_analysis,
     &cusparse::cusparseSbsrsv2_bufferSize,
+    &cusparse::cusparseSbsrsv2_bufferSizeExt,
     &cusparse::cusparseSbsrsv2_solve,
     &cusparse::cusparseSbsrxmv,
     &cusparse::cusparseScatter,
+    &cusparse::cusparseScsc2dense,
     &cusparse::cusparseScsr2bsr,
+    &cusparse::cusparseScsr2csr_compress,
     &cusparse::cusparseScsr2csru,
+    &cusparse::cusparseScsr2dense,
     &cusparse::cusparseScsr2gebsr,
     &cusparse::cusparseScsr2gebsr_bufferSize,
+    &cusparse::cusparseScsr2gebsr_bufferSizeExt,
+    &cusparse::cusparseScsrcolor,
     &cusparse::cusparseScsrgeam2,
     &cusparse::cusparseScsrgeam2_bufferSizeExt,
     &cusparse::cusparseScsrgemm2,
     &cusparse::cusparseScsrgemm2_bufferSizeExt,
+    &cusparse::cusparseScsric02,
     &cusparse::cusparseScsric02_analysis,
     &cusparse::cusparseScsric02_bufferSize,
+    &cusparse::cusparseScsric02_bufferSizeExt,
+    &cusparse::cusparseScsrilu02,
     &cusparse::cusparseScsrilu02_analysis,
     &cusparse::cusparseScsrilu02_bufferSize,
+    &cusparse::cusparseScsrilu02_bufferSizeExt,
+    &cusparse::cusparseScsrilu02_numericBoost,
     &cusparse::cusparseScsrsm2_analysis,
+    &cusparse::cusparseScsrsm2_bufferSizeExt,
     &cusparse::cusparseScsrsm2_solve,
     &cusparse::cusparseScsrsv2_analysis,
     &cusparse::cusparseScsrsv2_bufferSize,
+    &cusparse::cusparseScsrsv2_bufferSizeExt,
     &cusparse::cusparseScsrsv2_solve,
     &cusparse::cusparseScsru2csr,
     &cusparse::cusparseScsru2csr_bufferSizeExt,
+    &cusparse::cusparseSdense2csc,
+    &cusparse::cusparseSdense2csr,
     &cusparse::cusparseSetColorAlgs,
     &cusparse::cusparseSetMatDiagType,
     &cusparse::cusparseSetMatFillMode,
@@ -7648,18 +8254,43 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseSetPointerMode__call,
     &cusparse::cusparseSetStream,
     &cusparse::cusparseSgebsr2csr,
+    &cusparse::cusparseSgebsr2gebsc,
     &cusparse::cusparseSgebsr2gebsc_bufferSize,
+    &cusparse::cusparseSgebsr2gebsc_bufferSizeExt,
     &cusparse::cusparseSgebsr2gebsr,
     &cusparse::cusparseSgebsr2gebsr_bufferSize,
+    &cusparse::cusparseSgebsr2gebsr_bufferSizeExt,
+    &cusparse::cusparseSgemmi,
+    &cusparse::cusparseSgemvi,
+    &cusparse::cusparseSgemvi_bufferSize,
+    &cusparse::cusparseSgpsvInterleavedBatch,
+    &cusparse::cusparseSgpsvInterleavedBatch_bufferSizeExt,
+    &cusparse::cusparseSgthr,
+    &cusparse::cusparseSgthrz,
+    &cusparse::cusparseSgtsv2,
+    &cusparse::cusparseSgtsv2StridedBatch,
+    &cusparse::cusparseSgtsv2StridedBatch_bufferSizeExt,
+    &cusparse::cusparseSgtsv2_bufferSizeExt,
+    &cusparse::cusparseSgtsv2_nopivot,
+    &cusparse::cusparseSgtsv2_nopivot_bufferSizeExt,
+    &cusparse::cusparseSgtsvInterleavedBatch,
+    &cusparse::cusparseSgtsvInterleavedBatch_bufferSizeExt,
+    &cusparse::cusparseSnnz,
+    &cusparse::cusparseSnnz_compress,
     &cusparse::cusparseSpGEMM_compute,
     &cusparse::cusparseSpGEMM_copy,
     &cusparse::cusparseSpGEMM_createDescr,
     &cusparse::cusparseSpGEMM_destroyDescr,
+    &cusparse::cusparseSpGEMM_estimateMemory,
+    &cusparse::cusparseSpGEMM_getNumProducts,
     &cusparse::cusparseSpGEMM_workEstimation,
     &cusparse::cusparseSpGEMMreuse_compute,
+    &cusparse::cusparseSpGEMMreuse_copy,
+    &cusparse::cusparseSpGEMMreuse_nnz,
     &cusparse::cusparseSpGEMMreuse_workEstimation,
     &cusparse::cusparseSpMM,
     &cusparse::cusparseSpMMOp,
+    &cusparse::cusparseSpMMOp_createPlan,
     &cusparse::cusparseSpMMOp_destroyPlan,
     &cusparse::cusparseSpMM_bufferSize,
     &cusparse::cusparseSpMM_preprocess,
@@ -7667,7 +8298,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseSpMV_bufferSize,
     &cusparse::cusparseSpMV_preprocess,
     &cusparse::cusparseSpMatGetAttribute,
+    &cusparse::cusparseSpMatGetFormat,
+    &cusparse::cusparseSpMatGetIndexBase,
     &cusparse::cusparseSpMatGetSize,
+    &cusparse::cusparseSpMatGetStridedBatch,
     &cusparse::cusparseSpMatGetValues,
     &cusparse::cusparseSpMatSetAttribute,
     &cusparse::cusparseSpMatSetStridedBatch,
@@ -7677,18 +8311,35 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseSpSM_createDescr,
     &cusparse::cusparseSpSM_destroyDescr,
     &cusparse::cusparseSpSM_solve,
+    &cusparse::cusparseSpSM_updateMatrix,
     &cusparse::cusparseSpSV_analysis,
     &cusparse::cusparseSpSV_bufferSize,
     &cusparse::cusparseSpSV_createDescr,
     &cusparse::cusparseSpSV_destroyDescr,
     &cusparse::cusparseSpSV_solve,
+    &cusparse::cusparseSpSV_updateMatrix,
+    &cusparse::cusparseSpVV,
+    &cusparse::cusparseSpVV_bufferSize,
+    &cusparse::cusparseSpVecGet,
+    &cusparse::cusparseSpVecGetIndexBase,
     &cusparse::cusparseSpVecGetValues,
     &cusparse::cusparseSpVecSetValues,
     &cusparse::cusparseSparseToDense,
     &cusparse::cusparseSparseToDense_bufferSize,
+    &cusparse::cusparseSpruneCsr2csr,
     &cusparse::cusparseSpruneCsr2csrByPercentage,
     &cusparse::cusparseSpruneCsr2csrByPercentage_bufferSizeExt,
+    &cusparse::cusparseSpruneCsr2csrNnz,
     &cusparse::cusparseSpruneCsr2csrNnzByPercentage,
+    &cusparse::cusparseSpruneCsr2csr_bufferSizeExt,
+    &cusparse::cusparseSpruneDense2csr,
+    &cusparse::cusparseSpruneDense2csrByPercentage,
+    &cusparse::cusparseSpruneDense2csrByPercentage_bufferSizeExt,
+    &cusparse::cusparseSpruneDense2csrNnz,
+    &cusparse::cusparseSpruneDense2csrNnzByPercentage,
+    &cusparse::cusparseSpruneDense2csr_bufferSizeExt,
+    &cusparse::cusparseSroti,
+    &cusparse::cusparseSsctr,
     &cusparse::cusparseXbsric02_zeroPivot,
     &cusparse::cusparseXbsrilu02_zeroPivot,
     &cusparse::cusparseXbsrsm2_zeroPivot,
@@ -7697,6 +8348,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseXcoosortByColumn,
     &cusparse::cusparseXcoosortByRow,
     &cusparse::cusparseXcoosort_bufferSizeExt,
+    &cusparse::cusparseXcscsort,
+    &cusparse::cusparseXcscsort_bufferSizeExt,
     &cusparse::cusparseXcsr2bsrNnz,
     &cusparse::cusparseXcsr2coo,
     &cusparse::cusparseXcsr2gebsrNnz,
@@ -7710,46 +8363,86 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseXcsrsv2_zeroPivot,
     &cusparse::cusparseXgebsr2csr,
     &cusparse::cusparseXgebsr2gebsrNnz,
+    &cusparse::cusparseZaxpyi,
     &cusparse::cusparseZbsr2csr,
     &cusparse::cusparseZbsric02,
+    &cusparse::cusparseZbsric02_analysis,
     &cusparse::cusparseZbsric02_bufferSize,
+    &cusparse::cusparseZbsric02_bufferSizeExt,
     &cusparse::cusparseZbsrilu02,
     &cusparse::cusparseZbsrilu02_analysis,
     &cusparse::cusparseZbsrilu02_bufferSize,
+    &cusparse::cusparseZbsrilu02_bufferSizeExt,
+    &cusparse::cusparseZbsrilu02_numericBoost,
     &cusparse::cusparseZbsrmm,
     &cusparse::cusparseZbsrmv,
     &cusparse::cusparseZbsrsm2_analysis,
     &cusparse::cusparseZbsrsm2_bufferSize,
+    &cusparse::cusparseZbsrsm2_bufferSizeExt,
     &cusparse::cusparseZbsrsm2_solve,
     &cusparse::cusparseZbsrsv2_analysis,
     &cusparse::cusparseZbsrsv2_bufferSize,
+    &cusparse::cusparseZbsrsv2_bufferSizeExt,
     &cusparse::cusparseZbsrsv2_solve,
     &cusparse::cusparseZbsrxmv,
+    &cusparse::cusparseZcsc2dense,
     &cusparse::cusparseZcsr2bsr,
+    &cusparse::cusparseZcsr2csr_compress,
     &cusparse::cusparseZcsr2csru,
+    &cusparse::cusparseZcsr2dense,
     &cusparse::cusparseZcsr2gebsr,
     &cusparse::cusparseZcsr2gebsr_bufferSize,
+    &cusparse::cusparseZcsr2gebsr_bufferSizeExt,
+    &cusparse::cusparseZcsrcolor,
     &cusparse::cusparseZcsrgeam2,
     &cusparse::cusparseZcsrgeam2_bufferSizeExt,
     &cusparse::cusparseZcsrgemm2,
     &cusparse::cusparseZcsrgemm2_bufferSizeExt,
+    &cusparse::cusparseZcsric02,
     &cusparse::cusparseZcsric02_analysis,
     &cusparse::cusparseZcsric02_bufferSize,
+    &cusparse::cusparseZcsric02_bufferSizeExt,
+    &cusparse::cusparseZcsrilu02,
     &cusparse::cusparseZcsrilu02_analysis,
     &cusparse::cusparseZcsrilu02_bufferSize,
+    &cusparse::cusparseZcsrilu02_bufferSizeExt,
+    &cusparse::cusparseZcsrilu02_numericBoost,
     &cusparse::cusparseZcsrsm2_analysis,
+    &cusparse::cusparseZcsrsm2_bufferSizeExt,
     &cusparse::cusparseZcsrsm2_solve,
     &cusparse::cusparseZcsrsv2_analysis,
     &cusparse::cusparseZcsrsv2_bufferSize,
+    &cusparse::cusparseZcsrsv2_bufferSizeExt,
     &cusparse::cusparseZcsrsv2_solve,
     &cusparse::cusparseZcsru2csr,
     &cusparse::cusparseZcsru2csr_bufferSizeExt,
+    &cusparse::cusparseZdense2csc,
+    &cusparse::cusparseZdense2csr,
     &cusparse::cusparseZgebsr2csr,
+    &cusparse::cusparseZgebsr2gebsc,
     &cusparse::cusparseZgebsr2gebsc_bufferSize,
+    &cusparse::cusparseZgebsr2gebsc_bufferSizeExt,
     &cusparse::cusparseZgebsr2gebsr,
     &cusparse::cusparseZgebsr2gebsr_bufferSize,
+    &cusparse::cusparseZgebsr2gebsr_bufferSizeExt,
+    &cusparse::cusparseZgemmi,
+    &cusparse::cusparseZgemvi,
+    &cusparse::cusparseZgemvi_bufferSize,
+    &cusparse::cusparseZgpsvInterleavedBatch,
+    &cusparse::cusparseZgpsvInterleavedBatch_bufferSizeExt,
+    &cusparse::cusparseZgthr,
+    &cusparse::cusparseZgthrz,
     &cusparse::cusparseZgtsv2,
+    &cusparse::cusparseZgtsv2StridedBatch,
+    &cusparse::cusparseZgtsv2StridedBatch_bufferSizeExt,
+    &cusparse::cusparseZgtsv2_bufferSizeExt,
     &cusparse::cusparseZgtsv2_nopivot,
+    &cusparse::cusparseZgtsv2_nopivot_bufferSizeExt,
+    &cusparse::cusparseZgtsvInterleavedBatch,
+    &cusparse::cusparseZgtsvInterleavedBatch_bufferSizeExt,
+    &cusparse::cusparseZnnz,
+    &cusparse::cusparseZnnz_compress,
+    &cusparse::cusparseZsctr,
     &cusolver::cusolverDnCgebrd_bufferSize,
     &cusolver::cusolverDnCgeqrf,
     &cusolver::cusolverDnCgeqrf_bufferSize,
@@ -74564,8 +75257,8 @@ pub mod cufft {
 pub mod cupti {
     use chidori_protocol::desc::*;
     pub static cuptiGetVersion: CallDesc = CallDesc {
-        wire: 2923u32,
-        call: 2594u32,
+        wire: 3154u32,
+        call: 2825u32,
         name: "cuptiGetVersion",
         form: None,
         library: "cupti",
@@ -75344,8 +76037,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2231u32,
+        wire: 2778u32,
+        call: 2462u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75383,8 +76076,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2232u32,
+        wire: 2779u32,
+        call: 2463u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -75427,8 +76120,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2233u32,
+        wire: 2780u32,
+        call: 2464u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75471,8 +76164,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2234u32,
+        wire: 2781u32,
+        call: 2465u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -75534,8 +76227,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2235u32,
+        wire: 2782u32,
+        call: 2466u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75573,8 +76266,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2236u32,
+        wire: 2783u32,
+        call: 2467u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -75662,8 +76355,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2237u32,
+        wire: 2784u32,
+        call: 2468u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75745,8 +76438,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2238u32,
+        wire: 2785u32,
+        call: 2469u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -75811,8 +76504,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2239u32,
+        wire: 2786u32,
+        call: 2470u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -75877,8 +76570,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2240u32,
+        wire: 2787u32,
+        call: 2471u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75944,8 +76637,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2241u32,
+        wire: 2788u32,
+        call: 2472u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76011,8 +76704,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2242u32,
+        wire: 2789u32,
+        call: 2473u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -76051,8 +76744,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2243u32,
+        wire: 2790u32,
+        call: 2474u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76095,8 +76788,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2244u32,
+        wire: 2791u32,
+        call: 2475u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -76143,8 +76836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2245u32,
+        wire: 2792u32,
+        call: 2476u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -76191,8 +76884,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2246u32,
+        wire: 2793u32,
+        call: 2477u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76240,8 +76933,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2247u32,
+        wire: 2794u32,
+        call: 2478u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -76292,8 +76985,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2248u32,
+        wire: 2795u32,
+        call: 2479u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -76348,8 +77041,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2249u32,
+        wire: 2796u32,
+        call: 2480u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -76405,8 +77098,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2250u32,
+        wire: 2797u32,
+        call: 2481u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76458,8 +77151,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2251u32,
+        wire: 2798u32,
+        call: 2482u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -76515,8 +77208,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2252u32,
+        wire: 2799u32,
+        call: 2483u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76573,8 +77266,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2253u32,
+        wire: 2800u32,
+        call: 2484u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -76634,8 +77327,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2254u32,
+        wire: 2801u32,
+        call: 2485u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -76696,8 +77389,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2255u32,
+        wire: 2802u32,
+        call: 2486u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -76742,8 +77435,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2256u32,
+        wire: 2803u32,
+        call: 2487u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -76785,8 +77478,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2257u32,
+        wire: 2804u32,
+        call: 2488u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -76829,8 +77522,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2258u32,
+        wire: 2805u32,
+        call: 2489u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -76872,8 +77565,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2259u32,
+        wire: 2806u32,
+        call: 2490u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -76914,8 +77607,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2260u32,
+        wire: 2807u32,
+        call: 2491u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76958,8 +77651,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2261u32,
+        wire: 2808u32,
+        call: 2492u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -77001,8 +77694,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2262u32,
+        wire: 2809u32,
+        call: 2493u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -77045,8 +77738,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2263u32,
+        wire: 2810u32,
+        call: 2494u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -77092,8 +77785,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2264u32,
+        wire: 2811u32,
+        call: 2495u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -77143,8 +77836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2265u32,
+        wire: 2812u32,
+        call: 2496u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -77167,8 +77860,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2266u32,
+        wire: 2813u32,
+        call: 2497u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77191,8 +77884,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2267u32,
+        wire: 2814u32,
+        call: 2498u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -77215,8 +77908,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2268u32,
+        wire: 2815u32,
+        call: 2499u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -77239,8 +77932,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2269u32,
+        wire: 2816u32,
+        call: 2500u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -77283,8 +77976,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2270u32,
+        wire: 2817u32,
+        call: 2501u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77323,8 +78016,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2271u32,
+        wire: 2818u32,
+        call: 2502u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -77367,8 +78060,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2272u32,
+        wire: 2819u32,
+        call: 2503u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -77412,8 +78105,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2273u32,
+        wire: 2820u32,
+        call: 2504u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -77464,8 +78157,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2274u32,
+        wire: 2821u32,
+        call: 2505u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77517,8 +78210,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2275u32,
+        wire: 2822u32,
+        call: 2506u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -77565,8 +78258,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2276u32,
+        wire: 2823u32,
+        call: 2507u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77614,8 +78307,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2277u32,
+        wire: 2824u32,
+        call: 2508u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -77658,8 +78351,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2278u32,
+        wire: 2825u32,
+        call: 2509u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77703,8 +78396,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2279u32,
+        wire: 2826u32,
+        call: 2510u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -77764,8 +78457,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2280u32,
+        wire: 2827u32,
+        call: 2511u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77826,8 +78519,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2281u32,
+        wire: 2828u32,
+        call: 2512u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -77887,8 +78580,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2282u32,
+        wire: 2829u32,
+        call: 2513u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -77949,8 +78642,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2283u32,
+        wire: 2830u32,
+        call: 2514u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -77973,8 +78666,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2284u32,
+        wire: 2831u32,
+        call: 2515u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -77997,8 +78690,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2285u32,
+        wire: 2832u32,
+        call: 2516u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -78021,8 +78714,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2286u32,
+        wire: 2833u32,
+        call: 2517u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -78045,8 +78738,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2287u32,
+        wire: 2834u32,
+        call: 2518u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78084,8 +78777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2288u32,
+        wire: 2835u32,
+        call: 2519u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -78128,8 +78821,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2289u32,
+        wire: 2836u32,
+        call: 2520u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78172,8 +78865,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2290u32,
+        wire: 2837u32,
+        call: 2521u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -78235,8 +78928,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2291u32,
+        wire: 2838u32,
+        call: 2522u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78274,8 +78967,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2292u32,
+        wire: 2839u32,
+        call: 2523u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -78363,8 +79056,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2293u32,
+        wire: 2840u32,
+        call: 2524u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78446,8 +79139,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2294u32,
+        wire: 2841u32,
+        call: 2525u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -78512,8 +79205,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2295u32,
+        wire: 2842u32,
+        call: 2526u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -78578,8 +79271,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2296u32,
+        wire: 2843u32,
+        call: 2527u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78645,8 +79338,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2297u32,
+        wire: 2844u32,
+        call: 2528u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78712,8 +79405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2298u32,
+        wire: 2845u32,
+        call: 2529u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -78752,8 +79445,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2299u32,
+        wire: 2846u32,
+        call: 2530u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78796,8 +79489,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2300u32,
+        wire: 2847u32,
+        call: 2531u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -78844,8 +79537,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2301u32,
+        wire: 2848u32,
+        call: 2532u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -78890,8 +79583,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2302u32,
+        wire: 2849u32,
+        call: 2533u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -78933,8 +79626,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2303u32,
+        wire: 2850u32,
+        call: 2534u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78977,8 +79670,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2304u32,
+        wire: 2851u32,
+        call: 2535u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -79029,8 +79722,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2305u32,
+        wire: 2852u32,
+        call: 2536u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79082,8 +79775,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2306u32,
+        wire: 2853u32,
+        call: 2537u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -79130,8 +79823,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2307u32,
+        wire: 2854u32,
+        call: 2538u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79179,8 +79872,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2308u32,
+        wire: 2855u32,
+        call: 2539u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -79223,8 +79916,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2309u32,
+        wire: 2856u32,
+        call: 2540u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79268,8 +79961,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2310u32,
+        wire: 2857u32,
+        call: 2541u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -79329,8 +80022,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2311u32,
+        wire: 2858u32,
+        call: 2542u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79391,8 +80084,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2312u32,
+        wire: 2859u32,
+        call: 2543u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -79452,8 +80145,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2313u32,
+        wire: 2860u32,
+        call: 2544u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79514,8 +80207,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2314u32,
+        wire: 2861u32,
+        call: 2545u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -79557,8 +80250,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2315u32,
+        wire: 2862u32,
+        call: 2546u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -79599,8 +80292,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2316u32,
+        wire: 2863u32,
+        call: 2547u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79643,8 +80336,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2317u32,
+        wire: 2864u32,
+        call: 2548u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -79686,8 +80379,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2318u32,
+        wire: 2865u32,
+        call: 2549u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79730,8 +80423,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2319u32,
+        wire: 2866u32,
+        call: 2550u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -79777,8 +80470,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2320u32,
+        wire: 2867u32,
+        call: 2551u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -79828,8 +80521,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2321u32,
+        wire: 2868u32,
+        call: 2552u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -79876,8 +80569,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2322u32,
+        wire: 2869u32,
+        call: 2553u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -79925,8 +80618,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2323u32,
+        wire: 2870u32,
+        call: 2554u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -79977,8 +80670,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2324u32,
+        wire: 2871u32,
+        call: 2555u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -80033,8 +80726,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2325u32,
+        wire: 2872u32,
+        call: 2556u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -80090,8 +80783,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2326u32,
+        wire: 2873u32,
+        call: 2557u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -80143,8 +80836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2327u32,
+        wire: 2874u32,
+        call: 2558u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -80200,8 +80893,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2328u32,
+        wire: 2875u32,
+        call: 2559u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -80258,8 +80951,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2329u32,
+        wire: 2876u32,
+        call: 2560u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -80319,8 +81012,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2330u32,
+        wire: 2877u32,
+        call: 2561u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -80381,8 +81074,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2331u32,
+        wire: 2878u32,
+        call: 2562u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -80425,8 +81118,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2332u32,
+        wire: 2879u32,
+        call: 2563u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -80465,8 +81158,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2333u32,
+        wire: 2880u32,
+        call: 2564u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -80509,8 +81202,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2334u32,
+        wire: 2881u32,
+        call: 2565u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -80554,8 +81247,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2335u32,
+        wire: 2882u32,
+        call: 2566u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -80582,8 +81275,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2336u32,
+        wire: 2883u32,
+        call: 2567u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -80642,8 +81335,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2337u32,
+        wire: 2884u32,
+        call: 2568u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -80666,8 +81359,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2338u32,
+        wire: 2885u32,
+        call: 2569u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -80690,8 +81383,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2339u32,
+        wire: 2886u32,
+        call: 2570u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -80714,8 +81407,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2340u32,
+        wire: 2887u32,
+        call: 2571u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -80738,8 +81431,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2341u32,
+        wire: 2888u32,
+        call: 2572u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -80762,8 +81455,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2342u32,
+        wire: 2889u32,
+        call: 2573u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -80786,8 +81479,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2343u32,
+        wire: 2890u32,
+        call: 2574u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -80810,8 +81503,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2344u32,
+        wire: 2891u32,
+        call: 2575u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -80838,8 +81531,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2345u32,
+        wire: 2892u32,
+        call: 2576u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -80866,8 +81559,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2346u32,
+        wire: 2893u32,
+        call: 2577u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -80894,8 +81587,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2663u32,
-        call: 2347u32,
+        wire: 2894u32,
+        call: 2578u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -80922,8 +81615,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2664u32,
-        call: 2348u32,
+        wire: 2895u32,
+        call: 2579u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -80950,8 +81643,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2665u32,
-        call: 2349u32,
+        wire: 2896u32,
+        call: 2580u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -80982,8 +81675,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2666u32,
-        call: 2350u32,
+        wire: 2897u32,
+        call: 2581u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -81010,8 +81703,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2667u32,
-        call: 2351u32,
+        wire: 2898u32,
+        call: 2582u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -81038,8 +81731,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2668u32,
-        call: 2352u32,
+        wire: 2899u32,
+        call: 2583u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -81057,8 +81750,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2669u32,
-        call: 2353u32,
+        wire: 2900u32,
+        call: 2584u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -81081,8 +81774,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2670u32,
-        call: 2354u32,
+        wire: 2901u32,
+        call: 2585u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -81105,8 +81798,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2671u32,
-        call: 2355u32,
+        wire: 2902u32,
+        call: 2586u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -81164,8 +81857,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2672u32,
-        call: 2356u32,
+        wire: 2903u32,
+        call: 2587u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -81196,8 +81889,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2673u32,
-        call: 2357u32,
+        wire: 2904u32,
+        call: 2588u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -81224,8 +81917,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2674u32,
-        call: 2358u32,
+        wire: 2905u32,
+        call: 2589u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -81252,8 +81945,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2675u32,
-        call: 2359u32,
+        wire: 2906u32,
+        call: 2590u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -81280,8 +81973,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2676u32,
-        call: 2360u32,
+        wire: 2907u32,
+        call: 2591u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -81308,8 +82001,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2677u32,
-        call: 2361u32,
+        wire: 2908u32,
+        call: 2592u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81347,8 +82040,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2678u32,
-        call: 2362u32,
+        wire: 2909u32,
+        call: 2593u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -81391,8 +82084,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2679u32,
-        call: 2363u32,
+        wire: 2910u32,
+        call: 2594u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -81435,8 +82128,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2680u32,
-        call: 2364u32,
+        wire: 2911u32,
+        call: 2595u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -81498,8 +82191,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2681u32,
-        call: 2365u32,
+        wire: 2912u32,
+        call: 2596u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -81537,8 +82230,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2682u32,
-        call: 2366u32,
+        wire: 2913u32,
+        call: 2597u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -81626,8 +82319,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2683u32,
-        call: 2367u32,
+        wire: 2914u32,
+        call: 2598u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81709,8 +82402,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2684u32,
-        call: 2368u32,
+        wire: 2915u32,
+        call: 2599u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -81775,8 +82468,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2685u32,
-        call: 2369u32,
+        wire: 2916u32,
+        call: 2600u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -81841,8 +82534,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2686u32,
-        call: 2370u32,
+        wire: 2917u32,
+        call: 2601u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -81908,8 +82601,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2687u32,
-        call: 2371u32,
+        wire: 2918u32,
+        call: 2602u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -81975,8 +82668,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2688u32,
-        call: 2372u32,
+        wire: 2919u32,
+        call: 2603u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -82015,8 +82708,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2689u32,
-        call: 2373u32,
+        wire: 2920u32,
+        call: 2604u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82059,8 +82752,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2690u32,
-        call: 2374u32,
+        wire: 2921u32,
+        call: 2605u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -82107,8 +82800,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2691u32,
-        call: 2375u32,
+        wire: 2922u32,
+        call: 2606u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -82153,8 +82846,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2692u32,
-        call: 2376u32,
+        wire: 2923u32,
+        call: 2607u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -82196,8 +82889,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2693u32,
-        call: 2377u32,
+        wire: 2924u32,
+        call: 2608u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -82240,8 +82933,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2694u32,
-        call: 2378u32,
+        wire: 2925u32,
+        call: 2609u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -82292,8 +82985,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2695u32,
-        call: 2379u32,
+        wire: 2926u32,
+        call: 2610u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82345,8 +83038,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2696u32,
-        call: 2380u32,
+        wire: 2927u32,
+        call: 2611u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -82393,8 +83086,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2697u32,
-        call: 2381u32,
+        wire: 2928u32,
+        call: 2612u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82442,8 +83135,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2698u32,
-        call: 2382u32,
+        wire: 2929u32,
+        call: 2613u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -82486,8 +83179,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2699u32,
-        call: 2383u32,
+        wire: 2930u32,
+        call: 2614u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82531,8 +83224,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2700u32,
-        call: 2384u32,
+        wire: 2931u32,
+        call: 2615u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -82592,8 +83285,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2701u32,
-        call: 2385u32,
+        wire: 2932u32,
+        call: 2616u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82654,8 +83347,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2702u32,
-        call: 2386u32,
+        wire: 2933u32,
+        call: 2617u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -82715,8 +83408,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2703u32,
-        call: 2387u32,
+        wire: 2934u32,
+        call: 2618u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -82777,8 +83470,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2704u32,
-        call: 2388u32,
+        wire: 2935u32,
+        call: 2619u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -82820,8 +83513,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2705u32,
-        call: 2389u32,
+        wire: 2936u32,
+        call: 2620u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -82862,8 +83555,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2706u32,
-        call: 2390u32,
+        wire: 2937u32,
+        call: 2621u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -82906,8 +83599,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2707u32,
-        call: 2391u32,
+        wire: 2938u32,
+        call: 2622u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -82949,8 +83642,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2708u32,
-        call: 2392u32,
+        wire: 2939u32,
+        call: 2623u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -82993,8 +83686,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2709u32,
-        call: 2393u32,
+        wire: 2940u32,
+        call: 2624u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -83040,8 +83733,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2710u32,
-        call: 2394u32,
+        wire: 2941u32,
+        call: 2625u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -83091,8 +83784,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2711u32,
-        call: 2395u32,
+        wire: 2942u32,
+        call: 2626u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -83139,8 +83832,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2712u32,
-        call: 2396u32,
+        wire: 2943u32,
+        call: 2627u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83188,8 +83881,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2713u32,
-        call: 2397u32,
+        wire: 2944u32,
+        call: 2628u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -83240,8 +83933,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2714u32,
-        call: 2398u32,
+        wire: 2945u32,
+        call: 2629u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -83296,8 +83989,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2715u32,
-        call: 2399u32,
+        wire: 2946u32,
+        call: 2630u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -83353,8 +84046,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2716u32,
-        call: 2400u32,
+        wire: 2947u32,
+        call: 2631u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -83406,8 +84099,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2717u32,
-        call: 2401u32,
+        wire: 2948u32,
+        call: 2632u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -83463,8 +84156,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2718u32,
-        call: 2402u32,
+        wire: 2949u32,
+        call: 2633u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -83521,8 +84214,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2719u32,
-        call: 2403u32,
+        wire: 2950u32,
+        call: 2634u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -83582,8 +84275,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2720u32,
-        call: 2404u32,
+        wire: 2951u32,
+        call: 2635u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -83644,8 +84337,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2721u32,
-        call: 2405u32,
+        wire: 2952u32,
+        call: 2636u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -83688,8 +84381,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2722u32,
-        call: 2406u32,
+        wire: 2953u32,
+        call: 2637u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -83728,8 +84421,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2723u32,
-        call: 2407u32,
+        wire: 2954u32,
+        call: 2638u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -83772,8 +84465,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2724u32,
-        call: 2408u32,
+        wire: 2955u32,
+        call: 2639u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -83817,8 +84510,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2725u32,
-        call: 2409u32,
+        wire: 2956u32,
+        call: 2640u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -83910,8 +84603,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2726u32,
-        call: 2410u32,
+        wire: 2957u32,
+        call: 2641u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -84000,8 +84693,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2727u32,
-        call: 2411u32,
+        wire: 2958u32,
+        call: 2642u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -84071,8 +84764,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2728u32,
-        call: 2412u32,
+        wire: 2959u32,
+        call: 2643u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84139,8 +84832,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2729u32,
-        call: 2413u32,
+        wire: 2960u32,
+        call: 2644u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -84236,8 +84929,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2730u32,
-        call: 2414u32,
+        wire: 2961u32,
+        call: 2645u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -84330,8 +85023,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2731u32,
-        call: 2415u32,
+        wire: 2962u32,
+        call: 2646u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -84358,8 +85051,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2732u32,
-        call: 2416u32,
+        wire: 2963u32,
+        call: 2647u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -84386,8 +85079,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2733u32,
-        call: 2417u32,
+        wire: 2964u32,
+        call: 2648u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -84414,8 +85107,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2734u32,
-        call: 2418u32,
+        wire: 2965u32,
+        call: 2649u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -84508,8 +85201,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2735u32,
-        call: 2419u32,
+        wire: 2966u32,
+        call: 2650u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -84575,8 +85268,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2736u32,
-        call: 2420u32,
+        wire: 2967u32,
+        call: 2651u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84638,8 +85331,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2737u32,
-        call: 2421u32,
+        wire: 2968u32,
+        call: 2652u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -84698,8 +85391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2738u32,
-        call: 2422u32,
+        wire: 2969u32,
+        call: 2653u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -84764,8 +85457,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2739u32,
-        call: 2423u32,
+        wire: 2970u32,
+        call: 2654u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -84827,8 +85520,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2740u32,
-        call: 2424u32,
+        wire: 2971u32,
+        call: 2655u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -84886,8 +85579,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2741u32,
-        call: 2425u32,
+        wire: 2972u32,
+        call: 2656u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -84965,8 +85658,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2742u32,
-        call: 2426u32,
+        wire: 2973u32,
+        call: 2657u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85041,8 +85734,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2743u32,
-        call: 2427u32,
+        wire: 2974u32,
+        call: 2658u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -85116,8 +85809,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2744u32,
-        call: 2428u32,
+        wire: 2975u32,
+        call: 2659u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85188,8 +85881,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2745u32,
-        call: 2429u32,
+        wire: 2976u32,
+        call: 2660u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -85216,8 +85909,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2746u32,
-        call: 2430u32,
+        wire: 2977u32,
+        call: 2661u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -85244,8 +85937,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2747u32,
-        call: 2431u32,
+        wire: 2978u32,
+        call: 2662u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -85272,8 +85965,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2748u32,
-        call: 2432u32,
+        wire: 2979u32,
+        call: 2663u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -85344,8 +86037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2749u32,
-        call: 2433u32,
+        wire: 2980u32,
+        call: 2664u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -85413,8 +86106,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2750u32,
-        call: 2434u32,
+        wire: 2981u32,
+        call: 2665u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -85475,8 +86168,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2751u32,
-        call: 2435u32,
+        wire: 2982u32,
+        call: 2666u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -85534,8 +86227,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2752u32,
-        call: 2436u32,
+        wire: 2983u32,
+        call: 2667u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85573,8 +86266,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2753u32,
-        call: 2437u32,
+        wire: 2984u32,
+        call: 2668u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -85617,8 +86310,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2754u32,
-        call: 2438u32,
+        wire: 2985u32,
+        call: 2669u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -85661,8 +86354,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2755u32,
-        call: 2439u32,
+        wire: 2986u32,
+        call: 2670u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -85724,8 +86417,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2756u32,
-        call: 2440u32,
+        wire: 2987u32,
+        call: 2671u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -85763,8 +86456,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2757u32,
-        call: 2441u32,
+        wire: 2988u32,
+        call: 2672u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -85852,8 +86545,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2758u32,
-        call: 2442u32,
+        wire: 2989u32,
+        call: 2673u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -85935,8 +86628,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2759u32,
-        call: 2443u32,
+        wire: 2990u32,
+        call: 2674u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -86001,8 +86694,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2760u32,
-        call: 2444u32,
+        wire: 2991u32,
+        call: 2675u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -86067,8 +86760,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2761u32,
-        call: 2445u32,
+        wire: 2992u32,
+        call: 2676u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -86134,8 +86827,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2762u32,
-        call: 2446u32,
+        wire: 2993u32,
+        call: 2677u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86201,8 +86894,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2763u32,
-        call: 2447u32,
+        wire: 2994u32,
+        call: 2678u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -86241,8 +86934,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2764u32,
-        call: 2448u32,
+        wire: 2995u32,
+        call: 2679u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -86285,8 +86978,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2765u32,
-        call: 2449u32,
+        wire: 2996u32,
+        call: 2680u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -86333,8 +87026,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2766u32,
-        call: 2450u32,
+        wire: 2997u32,
+        call: 2681u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -86381,8 +87074,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2767u32,
-        call: 2451u32,
+        wire: 2998u32,
+        call: 2682u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -86430,8 +87123,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2768u32,
-        call: 2452u32,
+        wire: 2999u32,
+        call: 2683u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -86482,8 +87175,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2769u32,
-        call: 2453u32,
+        wire: 3000u32,
+        call: 2684u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -86538,8 +87231,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2770u32,
-        call: 2454u32,
+        wire: 3001u32,
+        call: 2685u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -86595,8 +87288,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2771u32,
-        call: 2455u32,
+        wire: 3002u32,
+        call: 2686u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86648,8 +87341,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2772u32,
-        call: 2456u32,
+        wire: 3003u32,
+        call: 2687u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -86705,8 +87398,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2773u32,
-        call: 2457u32,
+        wire: 3004u32,
+        call: 2688u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -86763,8 +87456,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2774u32,
-        call: 2458u32,
+        wire: 3005u32,
+        call: 2689u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -86824,8 +87517,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2775u32,
-        call: 2459u32,
+        wire: 3006u32,
+        call: 2690u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -86886,8 +87579,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2776u32,
-        call: 2460u32,
+        wire: 3007u32,
+        call: 2691u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -86932,8 +87625,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2777u32,
-        call: 2461u32,
+        wire: 3008u32,
+        call: 2692u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -86975,8 +87668,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2778u32,
-        call: 2462u32,
+        wire: 3009u32,
+        call: 2693u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -87019,8 +87712,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2779u32,
-        call: 2463u32,
+        wire: 3010u32,
+        call: 2694u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -87062,8 +87755,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2780u32,
-        call: 2464u32,
+        wire: 3011u32,
+        call: 2695u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -87104,8 +87797,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2781u32,
-        call: 2465u32,
+        wire: 3012u32,
+        call: 2696u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -87148,8 +87841,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2782u32,
-        call: 2466u32,
+        wire: 3013u32,
+        call: 2697u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -87191,8 +87884,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2783u32,
-        call: 2467u32,
+        wire: 3014u32,
+        call: 2698u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -87235,8 +87928,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2784u32,
-        call: 2468u32,
+        wire: 3015u32,
+        call: 2699u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -87282,8 +87975,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2785u32,
-        call: 2469u32,
+        wire: 3016u32,
+        call: 2700u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -87333,8 +88026,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2786u32,
-        call: 2470u32,
+        wire: 3017u32,
+        call: 2701u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -87377,8 +88070,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2787u32,
-        call: 2471u32,
+        wire: 3018u32,
+        call: 2702u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -87417,8 +88110,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2788u32,
-        call: 2472u32,
+        wire: 3019u32,
+        call: 2703u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -87461,8 +88154,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2789u32,
-        call: 2473u32,
+        wire: 3020u32,
+        call: 2704u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -87506,8 +88199,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2790u32,
-        call: 2474u32,
+        wire: 3021u32,
+        call: 2705u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -87558,8 +88251,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2791u32,
-        call: 2475u32,
+        wire: 3022u32,
+        call: 2706u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87611,8 +88304,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2792u32,
-        call: 2476u32,
+        wire: 3023u32,
+        call: 2707u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -87659,8 +88352,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2793u32,
-        call: 2477u32,
+        wire: 3024u32,
+        call: 2708u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87708,8 +88401,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2794u32,
-        call: 2478u32,
+        wire: 3025u32,
+        call: 2709u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -87752,8 +88445,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2795u32,
-        call: 2479u32,
+        wire: 3026u32,
+        call: 2710u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87797,8 +88490,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2796u32,
-        call: 2480u32,
+        wire: 3027u32,
+        call: 2711u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -87858,8 +88551,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2797u32,
-        call: 2481u32,
+        wire: 3028u32,
+        call: 2712u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -87920,8 +88613,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2798u32,
-        call: 2482u32,
+        wire: 3029u32,
+        call: 2713u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -87981,8 +88674,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2799u32,
-        call: 2483u32,
+        wire: 3030u32,
+        call: 2714u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -88043,8 +88736,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetProperty: CallDesc = CallDesc {
-        wire: 2800u32,
-        call: 2484u32,
+        wire: 3031u32,
+        call: 2715u32,
         name: "cusolverGetProperty",
         form: None,
         library: "cusolver",
@@ -88074,8 +88767,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverGetVersion: CallDesc = CallDesc {
-        wire: 2801u32,
-        call: 2485u32,
+        wire: 3032u32,
+        call: 2716u32,
         name: "cusolverGetVersion",
         form: None,
         library: "cusolver",
@@ -88101,8 +88794,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2802u32,
-        call: 2486u32,
+        wire: 3033u32,
+        call: 2717u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -88125,8 +88818,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2803u32,
-        call: 2487u32,
+        wire: 3034u32,
+        call: 2718u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -88149,8 +88842,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2804u32,
-        call: 2488u32,
+        wire: 3035u32,
+        call: 2719u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -88173,8 +88866,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2805u32,
-        call: 2489u32,
+        wire: 3036u32,
+        call: 2720u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -88197,8 +88890,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2806u32,
-        call: 2490u32,
+        wire: 3037u32,
+        call: 2721u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -88221,8 +88914,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2807u32,
-        call: 2491u32,
+        wire: 3038u32,
+        call: 2722u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -88245,8 +88938,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2808u32,
-        call: 2492u32,
+        wire: 3039u32,
+        call: 2723u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -88277,8 +88970,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2809u32,
-        call: 2493u32,
+        wire: 3040u32,
+        call: 2724u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -88309,8 +89002,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2810u32,
-        call: 2494u32,
+        wire: 3041u32,
+        call: 2725u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -88341,8 +89034,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2811u32,
-        call: 2495u32,
+        wire: 3042u32,
+        call: 2726u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -88369,8 +89062,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2812u32,
-        call: 2496u32,
+        wire: 3043u32,
+        call: 2727u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -88393,8 +89086,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2813u32,
-        call: 2497u32,
+        wire: 3044u32,
+        call: 2728u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -88417,8 +89110,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2814u32,
-        call: 2498u32,
+        wire: 3045u32,
+        call: 2729u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -88441,8 +89134,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2815u32,
-        call: 2499u32,
+        wire: 3046u32,
+        call: 2730u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -88465,8 +89158,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2816u32,
-        call: 2500u32,
+        wire: 3047u32,
+        call: 2731u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -88493,8 +89186,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2817u32,
-        call: 2501u32,
+        wire: 3048u32,
+        call: 2732u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -88555,7 +89248,39 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32,
         ],
     );
-    static LEN_cusparseSDDMM_4: Len = Len::Table(
+    static LEN_cusparseCsrmvEx_4: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cusparseCsrmvEx_5: Len = Len::Table(
+        16u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cusparseCsrmvEx_bufferSize_6: Len = Len::Table(
+        7u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cusparseCsrmvEx_bufferSize_7: Len = Len::Table(
+        16u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32,
+        ],
+    );
+    static LEN_cusparseSDDMM_8: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88563,7 +89288,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSDDMM_5: Len = Len::Table(
+    static LEN_cusparseSDDMM_9: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88571,7 +89296,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSDDMM_bufferSize_6: Len = Len::Table(
+    static LEN_cusparseSDDMM_bufferSize_10: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88579,7 +89304,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSDDMM_bufferSize_7: Len = Len::Table(
+    static LEN_cusparseSDDMM_bufferSize_11: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88587,7 +89312,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSDDMM_preprocess_8: Len = Len::Table(
+    static LEN_cusparseSDDMM_preprocess_12: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88595,7 +89320,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSDDMM_preprocess_9: Len = Len::Table(
+    static LEN_cusparseSDDMM_preprocess_13: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88603,7 +89328,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpGEMM_compute_10: Len = Len::Table(
+    static LEN_cusparseSpGEMM_compute_14: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88611,7 +89336,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpGEMM_compute_11: Len = Len::Table(
+    static LEN_cusparseSpGEMM_compute_15: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88619,7 +89344,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpGEMM_copy_12: Len = Len::Table(
+    static LEN_cusparseSpGEMM_copy_16: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88627,7 +89352,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpGEMM_copy_13: Len = Len::Table(
+    static LEN_cusparseSpGEMM_copy_17: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88635,7 +89360,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpGEMM_workEstimation_14: Len = Len::Table(
+    static LEN_cusparseSpGEMM_estimateMemory_18: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88643,7 +89368,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpGEMM_workEstimation_15: Len = Len::Table(
+    static LEN_cusparseSpGEMM_estimateMemory_19: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88651,7 +89376,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpGEMMreuse_compute_16: Len = Len::Table(
+    static LEN_cusparseSpGEMM_workEstimation_20: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88659,7 +89384,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpGEMMreuse_compute_17: Len = Len::Table(
+    static LEN_cusparseSpGEMM_workEstimation_21: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88667,7 +89392,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMM_18: Len = Len::Table(
+    static LEN_cusparseSpGEMMreuse_compute_22: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88675,7 +89400,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMM_19: Len = Len::Table(
+    static LEN_cusparseSpGEMMreuse_compute_23: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88683,7 +89408,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMM_bufferSize_20: Len = Len::Table(
+    static LEN_cusparseSpMM_24: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88691,7 +89416,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMM_bufferSize_21: Len = Len::Table(
+    static LEN_cusparseSpMM_25: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88699,7 +89424,10 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMM_preprocess_22: Len = Len::Table(
+    static LEN_cusparseSpMMOp_createPlan_26: Len = Len::Param(10u8);
+    static LEN_cusparseSpMMOp_createPlan_27: Len = Len::Param(12u8);
+    static LEN_cusparseSpMMOp_createPlan_28: Len = Len::Param(14u8);
+    static LEN_cusparseSpMM_bufferSize_29: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88707,7 +89435,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMM_preprocess_23: Len = Len::Table(
+    static LEN_cusparseSpMM_bufferSize_30: Len = Len::Table(
         8u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88715,7 +89443,23 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMV_24: Len = Len::Table(
+    static LEN_cusparseSpMM_preprocess_31: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMM_preprocess_32: Len = Len::Table(
+        8u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpMV_33: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88723,7 +89467,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMV_25: Len = Len::Table(
+    static LEN_cusparseSpMV_34: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88731,7 +89475,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMV_bufferSize_26: Len = Len::Table(
+    static LEN_cusparseSpMV_bufferSize_35: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88739,7 +89483,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMV_bufferSize_27: Len = Len::Table(
+    static LEN_cusparseSpMV_bufferSize_36: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88747,7 +89491,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMV_preprocess_28: Len = Len::Table(
+    static LEN_cusparseSpMV_preprocess_37: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88755,7 +89499,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpMV_preprocess_29: Len = Len::Table(
+    static LEN_cusparseSpMV_preprocess_38: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88763,7 +89507,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpSM_analysis_30: Len = Len::Table(
+    static LEN_cusparseSpSM_analysis_39: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88771,7 +89515,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpSM_bufferSize_31: Len = Len::Table(
+    static LEN_cusparseSpSM_bufferSize_40: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88779,7 +89523,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpSM_solve_32: Len = Len::Table(
+    static LEN_cusparseSpSM_solve_41: Len = Len::Table(
         7u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88787,7 +89531,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpSV_analysis_33: Len = Len::Table(
+    static LEN_cusparseSpSV_analysis_42: Len = Len::Table(
         6u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88795,7 +89539,7 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpSV_bufferSize_34: Len = Len::Table(
+    static LEN_cusparseSpSV_bufferSize_43: Len = Len::Table(
         6u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
@@ -88803,8 +89547,24 @@ pub mod cusparse {
             16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cusparseSpSV_solve_35: Len = Len::Table(
+    static LEN_cusparseSpSV_solve_44: Len = Len::Table(
         6u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpVV_45: Len = Len::Table(
+        5u8,
+        &[
+            4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
+            4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
+            16u32, 8u32, 16u32, 1u32, 1u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cusparseSpVV_bufferSize_46: Len = Len::Table(
+        5u8,
         &[
             4u32, 8u32, 2u32, 1u32, 8u32, 16u32, 4u32, 2u32, 1u32, 2u32, 4u32, 8u32,
             4u32, 8u32, 2u32, 4u32, 4u32, 4u32, 4u32, 4u32, 2u32, 4u32, 2u32, 4u32, 8u32,
@@ -88855,9 +89615,96 @@ pub mod cusparse {
         },
         only_waits: false,
     };
-    pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
+    pub static cusparseBlockedEllGet: CallDesc = CallDesc {
         wire: 2243u32,
         call: 1927u32,
+        name: "cusparseBlockedEllGet",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
+        wire: 2244u32,
+        call: 1928u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -88895,9 +89742,50 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCaxpyi: CallDesc = CallDesc {
+        wire: 2245u32,
+        call: 1929u32,
+        name: "cusparseCaxpyi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1928u32,
+        wire: 2246u32,
+        call: 1930u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -88950,8 +89838,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1929u32,
+        wire: 2247u32,
+        call: 1931u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -89005,9 +89893,65 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCbsric02_analysis: CallDesc = CallDesc {
+        wire: 2248u32,
+        call: 1932u32,
+        name: "cusparseCbsric02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 25u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1930u32,
+        wire: 2249u32,
+        call: 1933u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89063,9 +90007,67 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCbsric02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2250u32,
+        call: 1934u32,
+        name: "cusparseCbsric02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 25u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1931u32,
+        wire: 2251u32,
+        call: 1935u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -89120,8 +90122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1932u32,
+        wire: 2252u32,
+        call: 1936u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89176,8 +90178,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1933u32,
+        wire: 2253u32,
+        call: 1937u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89233,9 +90235,111 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCbsrilu02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2254u32,
+        call: 1938u32,
+        name: "cusparseCbsrilu02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 26u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCbsrilu02_numericBoost: CallDesc = CallDesc {
+        wire: 2255u32,
+        call: 1939u32,
+        name: "cusparseCbsrilu02_numericBoost",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 26u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1934u32,
+        wire: 2256u32,
+        call: 1940u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -89319,8 +90423,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1935u32,
+        wire: 2257u32,
+        call: 1941u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -89388,8 +90492,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1936u32,
+        wire: 2258u32,
+        call: 1942u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89456,8 +90560,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1937u32,
+        wire: 2259u32,
+        call: 1943u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89525,9 +90629,79 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCbsrsm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2260u32,
+        call: 1944u32,
+        name: "cusparseCbsrsm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1938u32,
+        wire: 2261u32,
+        call: 1945u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -89610,8 +90784,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1939u32,
+        wire: 2262u32,
+        call: 1946u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -89670,8 +90844,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1940u32,
+        wire: 2263u32,
+        call: 1947u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89731,9 +90905,71 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCbsrsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2264u32,
+        call: 1948u32,
+        name: "cusparseCbsrsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1941u32,
+        wire: 2265u32,
+        call: 1949u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89800,8 +91036,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1942u32,
+        wire: 2266u32,
+        call: 1950u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -89874,9 +91110,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsc2dense: CallDesc = CallDesc {
+        wire: 2267u32,
+        call: 1951u32,
+        name: "cusparseCcsc2dense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1943u32,
+        wire: 2268u32,
+        call: 1952u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -89928,9 +91208,57 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsr2csr_compress: CallDesc = CallDesc {
+        wire: 2269u32,
+        call: 1953u32,
+        name: "cusparseCcsr2csr_compress",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::ByValRecord { bytes: 8u32 },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1944u32,
+        wire: 2270u32,
+        call: 1954u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -89976,9 +91304,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsr2dense: CallDesc = CallDesc {
+        wire: 2271u32,
+        call: 1955u32,
+        name: "cusparseCcsr2dense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1945u32,
+        wire: 2272u32,
+        call: 1956u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -90036,8 +91408,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1946u32,
+        wire: 2273u32,
+        call: 1957u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -90093,9 +91465,126 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsr2gebsr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2274u32,
+        call: 1958u32,
+        name: "cusparseCcsr2gebsr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCcsrcolor: CallDesc = CallDesc {
+        wire: 2275u32,
+        call: 1959u32,
+        name: "cusparseCcsrcolor",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 82u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1947u32,
+        wire: 2276u32,
+        call: 1960u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -90168,8 +91657,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1948u32,
+        wire: 2277u32,
+        call: 1961u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90248,8 +91737,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1949u32,
+        wire: 2278u32,
+        call: 1962u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -90341,8 +91830,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1950u32,
+        wire: 2279u32,
+        call: 1963u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -90429,9 +91918,57 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsric02: CallDesc = CallDesc {
+        wire: 2280u32,
+        call: 1964u32,
+        name: "cusparseCcsric02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1951u32,
+        wire: 2281u32,
+        call: 1965u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -90478,8 +92015,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1952u32,
+        wire: 2282u32,
+        call: 1966u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90527,9 +92064,107 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsric02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2283u32,
+        call: 1967u32,
+        name: "cusparseCcsric02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCcsrilu02: CallDesc = CallDesc {
+        wire: 2284u32,
+        call: 1968u32,
+        name: "cusparseCcsrilu02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1953u32,
+        wire: 2285u32,
+        call: 1969u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -90576,8 +92211,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1954u32,
+        wire: 2286u32,
+        call: 1970u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -90625,9 +92260,103 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsrilu02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2287u32,
+        call: 1971u32,
+        name: "cusparseCcsrilu02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCcsrilu02_numericBoost: CallDesc = CallDesc {
+        wire: 2288u32,
+        call: 1972u32,
+        name: "cusparseCcsrilu02_numericBoost",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1955u32,
+        wire: 2289u32,
+        call: 1973u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -90700,9 +92429,90 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsrsm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2290u32,
+        call: 1974u32,
+        name: "cusparseCcsrsm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1956u32,
+        wire: 2291u32,
+        call: 1975u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -90776,8 +92586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1957u32,
+        wire: 2292u32,
+        call: 1976u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -90828,8 +92638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1958u32,
+        wire: 2293u32,
+        call: 1977u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -90881,9 +92691,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCcsrsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2294u32,
+        call: 1978u32,
+        name: "cusparseCcsrsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 34u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1959u32,
+        wire: 2295u32,
+        call: 1979u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -90942,8 +92806,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1960u32,
+        wire: 2296u32,
+        call: 1980u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -90990,8 +92854,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1961u32,
+        wire: 2297u32,
+        call: 1981u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -91039,9 +92903,99 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCdense2csc: CallDesc = CallDesc {
+        wire: 2298u32,
+        call: 1982u32,
+        name: "cusparseCdense2csc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCdense2csr: CallDesc = CallDesc {
+        wire: 2299u32,
+        call: 1983u32,
+        name: "cusparseCdense2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 1962u32,
+        wire: 2300u32,
+        call: 1984u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -91097,9 +93051,68 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCgebsr2gebsc: CallDesc = CallDesc {
+        wire: 2301u32,
+        call: 1985u32,
+        name: "cusparseCgebsr2gebsc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 1963u32,
+        wire: 2302u32,
+        call: 1986u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -91151,9 +93164,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCgebsr2gebsc_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2303u32,
+        call: 1987u32,
+        name: "cusparseCgebsr2gebsc_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 1964u32,
+        wire: 2304u32,
+        call: 1988u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -91223,8 +93290,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 1965u32,
+        wire: 2305u32,
+        call: 1989u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -91292,9 +93359,418 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCgebsr2gebsr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2306u32,
+        call: 1990u32,
+        name: "cusparseCgebsr2gebsr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgemmi: CallDesc = CallDesc {
+        wire: 2307u32,
+        call: 1991u32,
+        name: "cusparseCgemmi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgemvi: CallDesc = CallDesc {
+        wire: 2308u32,
+        call: 1992u32,
+        name: "cusparseCgemvi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgemvi_bufferSize: CallDesc = CallDesc {
+        wire: 2309u32,
+        call: 1993u32,
+        name: "cusparseCgemvi_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgpsvInterleavedBatch: CallDesc = CallDesc {
+        wire: 2310u32,
+        call: 1994u32,
+        name: "cusparseCgpsvInterleavedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgpsvInterleavedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2311u32,
+        call: 1995u32,
+        name: "cusparseCgpsvInterleavedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgthr: CallDesc = CallDesc {
+        wire: 2312u32,
+        call: 1996u32,
+        name: "cusparseCgthr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgthrz: CallDesc = CallDesc {
+        wire: 2313u32,
+        call: 1997u32,
+        name: "cusparseCgthrz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 1966u32,
+        wire: 2314u32,
+        call: 1998u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -91313,27 +93789,9 @@ pub mod cusparse {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 8u32,
-                len: None,
-                record: Some("float2"),
-                optional: false,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 8u32,
-                len: None,
-                record: Some("float2"),
-                optional: false,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 8u32,
-                len: None,
-                record: Some("float2"),
-                optional: false,
-            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
             Wire::Device,
             Wire::Val {
                 bytes: 4u8,
@@ -91351,9 +93809,144 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCgtsv2StridedBatch: CallDesc = CallDesc {
+        wire: 2315u32,
+        call: 1999u32,
+        name: "cusparseCgtsv2StridedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgtsv2StridedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2316u32,
+        call: 2000u32,
+        name: "cusparseCgtsv2StridedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgtsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2317u32,
+        call: 2001u32,
+        name: "cusparseCgtsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 1967u32,
+        wire: 2318u32,
+        call: 2002u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -91372,27 +93965,9 @@ pub mod cusparse {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 8u32,
-                len: None,
-                record: Some("float2"),
-                optional: false,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 8u32,
-                len: None,
-                record: Some("float2"),
-                optional: false,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 8u32,
-                len: None,
-                record: Some("float2"),
-                optional: false,
-            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
             Wire::Device,
             Wire::Val {
                 bytes: 4u8,
@@ -91410,20 +93985,728 @@ pub mod cusparse {
         },
         only_waits: false,
     };
-    pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 1968u32,
-        name: "cusparseConstDnMatGetValues",
+    pub static cusparseCgtsv2_nopivot_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2319u32,
+        call: 2003u32,
+        name: "cusparseCgtsv2_nopivot_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgtsvInterleavedBatch: CallDesc = CallDesc {
+        wire: 2320u32,
+        call: 2004u32,
+        name: "cusparseCgtsvInterleavedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCgtsvInterleavedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2321u32,
+        call: 2005u32,
+        name: "cusparseCgtsvInterleavedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCnnz: CallDesc = CallDesc {
+        wire: 2322u32,
+        call: 2006u32,
+        name: "cusparseCnnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCnnz_compress: CallDesc = CallDesc {
+        wire: 2323u32,
+        call: 2007u32,
+        name: "cusparseCnnz_compress",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::ByValRecord { bytes: 8u32 },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseConstBlockedEllGet: CallDesc = CallDesc {
+        wire: 2324u32,
+        call: 2008u32,
+        name: "cusparseConstBlockedEllGet",
         form: None,
         library: "cusparse",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseConstCooGet: CallDesc = CallDesc {
+        wire: 2325u32,
+        call: 2009u32,
+        name: "cusparseConstCooGet",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseConstCscGet: CallDesc = CallDesc {
+        wire: 2326u32,
+        call: 2010u32,
+        name: "cusparseConstCscGet",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseConstCsrGet: CallDesc = CallDesc {
+        wire: 2327u32,
+        call: 2011u32,
+        name: "cusparseConstCsrGet",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseConstDnMatGet: CallDesc = CallDesc {
+        wire: 2328u32,
+        call: 2012u32,
+        name: "cusparseConstDnMatGet",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
         params: &[
             Wire::Handle {
                 kind: 84u16,
                 destroy: false,
             },
-            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
+        wire: 2329u32,
+        call: 2013u32,
+        name: "cusparseConstDnMatGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseConstDnVecGet: CallDesc = CallDesc {
+        wire: 2330u32,
+        call: 2014u32,
+        name: "cusparseConstDnVecGet",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -91436,19 +94719,25 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 1969u32,
+        wire: 2331u32,
+        call: 2015u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
+        class: Class::Sync,
         params: &[
             Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -91461,19 +94750,98 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 1970u32,
+        wire: 2332u32,
+        call: 2016u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
+        class: Class::Sync,
         params: &[
             Wire::Handle {
                 kind: 89u16,
                 destroy: false,
             },
-            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseConstSpVecGet: CallDesc = CallDesc {
+        wire: 2333u32,
+        call: 2017u32,
+        name: "cusparseConstSpVecGet",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -91486,19 +94854,25 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 1971u32,
+        wire: 2334u32,
+        call: 2018u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
+        class: Class::Sync,
         params: &[
             Wire::Handle {
                 kind: 92u16,
                 destroy: false,
             },
-            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -91511,8 +94885,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 1972u32,
+        wire: 2335u32,
+        call: 2019u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -91572,8 +94946,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 1973u32,
+        wire: 2336u32,
+        call: 2020u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -91638,9 +95012,176 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCooAoSGet: CallDesc = CallDesc {
+        wire: 2337u32,
+        call: 2021u32,
+        name: "cusparseCooAoSGet",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCooGet: CallDesc = CallDesc {
+        wire: 2338u32,
+        call: 2022u32,
+        name: "cusparseCooGet",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 1974u32,
+        wire: 2339u32,
+        call: 2023u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -91666,8 +95207,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 1975u32,
+        wire: 2340u32,
+        call: 2024u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -91698,8 +95239,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 1976u32,
+        wire: 2341u32,
+        call: 2025u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -91726,8 +95267,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 1977u32,
+        wire: 2342u32,
+        call: 2026u32,
         name: "cusparseCreate",
         form: Some(Form::Call),
         library: "cusparse",
@@ -91749,9 +95290,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCreateBlockedEll: CallDesc = CallDesc {
+        wire: 2343u32,
+        call: 2027u32,
+        name: "cusparseCreateBlockedEll",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 89u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 1978u32,
+        wire: 2344u32,
+        call: 2028u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -91817,8 +95412,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 1979u32,
+        wire: 2345u32,
+        call: 2029u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -91841,8 +95436,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 1980u32,
+        wire: 2346u32,
+        call: 2030u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -91865,8 +95460,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 1981u32,
+        wire: 2347u32,
+        call: 2031u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -91889,8 +95484,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 1982u32,
+        wire: 2348u32,
+        call: 2032u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -91913,8 +95508,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 1983u32,
+        wire: 2349u32,
+        call: 2033u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -91936,9 +95531,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCreateConstBlockedEll: CallDesc = CallDesc {
+        wire: 2350u32,
+        call: 2034u32,
+        name: "cusparseCreateConstBlockedEll",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 89u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 1984u32,
+        wire: 2351u32,
+        call: 2035u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -92004,8 +95653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 1985u32,
+        wire: 2352u32,
+        call: 2036u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -92054,9 +95703,64 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCreateConstCsc: CallDesc = CallDesc {
+        wire: 2353u32,
+        call: 2037u32,
+        name: "cusparseCreateConstCsc",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 89u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 1986u32,
+        wire: 2354u32,
+        call: 2038u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -92110,8 +95814,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 1987u32,
+        wire: 2355u32,
+        call: 2039u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -92155,8 +95859,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 1988u32,
+        wire: 2356u32,
+        call: 2040u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -92187,9 +95891,118 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCreateConstSlicedEll: CallDesc = CallDesc {
+        wire: 2357u32,
+        call: 2041u32,
+        name: "cusparseCreateConstSlicedEll",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 89u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCreateConstSpVec: CallDesc = CallDesc {
+        wire: 2358u32,
+        call: 2042u32,
+        name: "cusparseCreateConstSpVec",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 92u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 1989u32,
+        wire: 2359u32,
+        call: 2043u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -92239,8 +96052,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 1990u32,
+        wire: 2360u32,
+        call: 2044u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -92288,9 +96101,64 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCreateCsc: CallDesc = CallDesc {
+        wire: 2361u32,
+        call: 2045u32,
+        name: "cusparseCreateCsc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 89u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 1991u32,
+        wire: 2362u32,
+        call: 2046u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -92344,8 +96212,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 1992u32,
+        wire: 2363u32,
+        call: 2047u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -92368,8 +96236,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 1993u32,
+        wire: 2364u32,
+        call: 2048u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -92392,8 +96260,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 1994u32,
+        wire: 2365u32,
+        call: 2049u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -92416,8 +96284,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 1995u32,
+        wire: 2366u32,
+        call: 2050u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -92440,8 +96308,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 1996u32,
+        wire: 2367u32,
+        call: 2051u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -92464,8 +96332,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 1997u32,
+        wire: 2368u32,
+        call: 2052u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -92488,8 +96356,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 1998u32,
+        wire: 2369u32,
+        call: 2053u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -92533,8 +96401,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 1999u32,
+        wire: 2370u32,
+        call: 2054u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -92566,8 +96434,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2000u32,
+        wire: 2371u32,
+        call: 2055u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -92595,8 +96463,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2001u32,
+        wire: 2372u32,
+        call: 2056u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -92619,8 +96487,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2002u32,
+        wire: 2373u32,
+        call: 2057u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -92642,9 +96510,492 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCreateSlicedEll: CallDesc = CallDesc {
+        wire: 2374u32,
+        call: 2058u32,
+        name: "cusparseCreateSlicedEll",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 89u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCreateSpVec: CallDesc = CallDesc {
+        wire: 2375u32,
+        call: 2059u32,
+        name: "cusparseCreateSpVec",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 92u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCscGet: CallDesc = CallDesc {
+        wire: 2376u32,
+        call: 2060u32,
+        name: "cusparseCscGet",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCscSetPointers: CallDesc = CallDesc {
+        wire: 2377u32,
+        call: 2061u32,
+        name: "cusparseCscSetPointers",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCsctr: CallDesc = CallDesc {
+        wire: 2378u32,
+        call: 2062u32,
+        name: "cusparseCsctr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCsr2cscEx2: CallDesc = CallDesc {
+        wire: 2379u32,
+        call: 2063u32,
+        name: "cusparseCsr2cscEx2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCsr2cscEx2_bufferSize: CallDesc = CallDesc {
+        wire: 2380u32,
+        call: 2064u32,
+        name: "cusparseCsr2cscEx2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCsrGet: CallDesc = CallDesc {
+        wire: 2381u32,
+        call: 2065u32,
+        name: "cusparseCsrGet",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2003u32,
+        wire: 2382u32,
+        call: 2066u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -92670,8 +97021,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2004u32,
+        wire: 2383u32,
+        call: 2067u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -92705,9 +97056,236 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseCsrmvEx: CallDesc = CallDesc {
+        wire: 2384u32,
+        call: 2068u32,
+        name: "cusparseCsrmvEx",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: Some(&LEN_cusparseCsrmvEx_4),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: Some(&LEN_cusparseCsrmvEx_5),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseCsrmvEx_bufferSize: CallDesc = CallDesc {
+        wire: 2385u32,
+        call: 2069u32,
+        name: "cusparseCsrmvEx_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: Some(&LEN_cusparseCsrmvEx_bufferSize_6),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: Some(&LEN_cusparseCsrmvEx_bufferSize_7),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDaxpyi: CallDesc = CallDesc {
+        wire: 2386u32,
+        call: 2070u32,
+        name: "cusparseDaxpyi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2005u32,
+        wire: 2387u32,
+        call: 2071u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -92760,8 +97338,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2006u32,
+        wire: 2388u32,
+        call: 2072u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -92815,9 +97393,65 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDbsric02_analysis: CallDesc = CallDesc {
+        wire: 2389u32,
+        call: 2073u32,
+        name: "cusparseDbsric02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 25u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2007u32,
+        wire: 2390u32,
+        call: 2074u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92873,9 +97507,67 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDbsric02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2391u32,
+        call: 2075u32,
+        name: "cusparseDbsric02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 25u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2008u32,
+        wire: 2392u32,
+        call: 2076u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -92930,8 +97622,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2009u32,
+        wire: 2393u32,
+        call: 2077u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92986,8 +97678,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2010u32,
+        wire: 2394u32,
+        call: 2078u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93043,9 +97735,111 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDbsrilu02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2395u32,
+        call: 2079u32,
+        name: "cusparseDbsrilu02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 26u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDbsrilu02_numericBoost: CallDesc = CallDesc {
+        wire: 2396u32,
+        call: 2080u32,
+        name: "cusparseDbsrilu02_numericBoost",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 26u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2011u32,
+        wire: 2397u32,
+        call: 2081u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -93129,8 +97923,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2012u32,
+        wire: 2398u32,
+        call: 2082u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -93198,8 +97992,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2013u32,
+        wire: 2399u32,
+        call: 2083u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -93266,8 +98060,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2014u32,
+        wire: 2400u32,
+        call: 2084u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93335,9 +98129,79 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDbsrsm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2401u32,
+        call: 2085u32,
+        name: "cusparseDbsrsm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2015u32,
+        wire: 2402u32,
+        call: 2086u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93420,8 +98284,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2016u32,
+        wire: 2403u32,
+        call: 2087u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93480,8 +98344,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2017u32,
+        wire: 2404u32,
+        call: 2088u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93541,9 +98405,71 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDbsrsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2405u32,
+        call: 2089u32,
+        name: "cusparseDbsrsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2018u32,
+        wire: 2406u32,
+        call: 2090u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -93610,8 +98536,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2019u32,
+        wire: 2407u32,
+        call: 2091u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -93684,9 +98610,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsc2dense: CallDesc = CallDesc {
+        wire: 2408u32,
+        call: 2092u32,
+        name: "cusparseDcsc2dense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2020u32,
+        wire: 2409u32,
+        call: 2093u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -93738,9 +98708,60 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsr2csr_compress: CallDesc = CallDesc {
+        wire: 2410u32,
+        call: 2094u32,
+        name: "cusparseDcsr2csr_compress",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2021u32,
+        wire: 2411u32,
+        call: 2095u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -93786,9 +98807,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsr2dense: CallDesc = CallDesc {
+        wire: 2412u32,
+        call: 2096u32,
+        name: "cusparseDcsr2dense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2022u32,
+        wire: 2413u32,
+        call: 2097u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -93846,8 +98911,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2023u32,
+        wire: 2414u32,
+        call: 2098u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -93903,9 +98968,126 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsr2gebsr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2415u32,
+        call: 2099u32,
+        name: "cusparseDcsr2gebsr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDcsrcolor: CallDesc = CallDesc {
+        wire: 2416u32,
+        call: 2100u32,
+        name: "cusparseDcsrcolor",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 82u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2024u32,
+        wire: 2417u32,
+        call: 2101u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -93978,8 +99160,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2025u32,
+        wire: 2418u32,
+        call: 2102u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94058,8 +99240,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2026u32,
+        wire: 2419u32,
+        call: 2103u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -94151,8 +99333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2027u32,
+        wire: 2420u32,
+        call: 2104u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94239,9 +99421,57 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsric02: CallDesc = CallDesc {
+        wire: 2421u32,
+        call: 2105u32,
+        name: "cusparseDcsric02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2028u32,
+        wire: 2422u32,
+        call: 2106u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -94288,8 +99518,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2029u32,
+        wire: 2423u32,
+        call: 2107u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94337,9 +99567,107 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsric02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2424u32,
+        call: 2108u32,
+        name: "cusparseDcsric02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDcsrilu02: CallDesc = CallDesc {
+        wire: 2425u32,
+        call: 2109u32,
+        name: "cusparseDcsrilu02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2030u32,
+        wire: 2426u32,
+        call: 2110u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -94386,8 +99714,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2031u32,
+        wire: 2427u32,
+        call: 2111u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94435,9 +99763,103 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsrilu02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2428u32,
+        call: 2112u32,
+        name: "cusparseDcsrilu02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDcsrilu02_numericBoost: CallDesc = CallDesc {
+        wire: 2429u32,
+        call: 2113u32,
+        name: "cusparseDcsrilu02_numericBoost",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2032u32,
+        wire: 2430u32,
+        call: 2114u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -94510,9 +99932,90 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsrsm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2431u32,
+        call: 2115u32,
+        name: "cusparseDcsrsm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2033u32,
+        wire: 2432u32,
+        call: 2116u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -94586,8 +100089,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2034u32,
+        wire: 2433u32,
+        call: 2117u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -94638,8 +100141,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2035u32,
+        wire: 2434u32,
+        call: 2118u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -94691,9 +100194,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDcsrsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2435u32,
+        call: 2119u32,
+        name: "cusparseDcsrsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 34u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2036u32,
+        wire: 2436u32,
+        call: 2120u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -94752,8 +100309,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2037u32,
+        wire: 2437u32,
+        call: 2121u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -94800,8 +100357,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2038u32,
+        wire: 2438u32,
+        call: 2122u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94849,9 +100406,99 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDdense2csc: CallDesc = CallDesc {
+        wire: 2439u32,
+        call: 2123u32,
+        name: "cusparseDdense2csc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDdense2csr: CallDesc = CallDesc {
+        wire: 2440u32,
+        call: 2124u32,
+        name: "cusparseDdense2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2039u32,
+        wire: 2441u32,
+        call: 2125u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -94887,8 +100534,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2040u32,
+        wire: 2442u32,
+        call: 2126u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -94930,8 +100577,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2041u32,
+        wire: 2443u32,
+        call: 2127u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -94967,8 +100614,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2042u32,
+        wire: 2444u32,
+        call: 2128u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -94991,8 +100638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2043u32,
+        wire: 2445u32,
+        call: 2129u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -95015,8 +100662,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2044u32,
+        wire: 2446u32,
+        call: 2130u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -95039,8 +100686,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2045u32,
+        wire: 2447u32,
+        call: 2131u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -95063,8 +100710,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2046u32,
+        wire: 2448u32,
+        call: 2132u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -95087,8 +100734,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2047u32,
+        wire: 2449u32,
+        call: 2133u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -95111,8 +100758,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2048u32,
+        wire: 2450u32,
+        call: 2134u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -95135,8 +100782,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2049u32,
+        wire: 2451u32,
+        call: 2135u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -95159,8 +100806,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2050u32,
+        wire: 2452u32,
+        call: 2136u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -95183,8 +100830,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2051u32,
+        wire: 2453u32,
+        call: 2137u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -95207,8 +100854,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2052u32,
+        wire: 2454u32,
+        call: 2138u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -95231,8 +100878,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2053u32,
+        wire: 2455u32,
+        call: 2139u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -95255,8 +100902,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2054u32,
+        wire: 2456u32,
+        call: 2140u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -95279,8 +100926,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2055u32,
+        wire: 2457u32,
+        call: 2141u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -95303,8 +100950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2056u32,
+        wire: 2458u32,
+        call: 2142u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -95327,8 +100974,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2057u32,
+        wire: 2459u32,
+        call: 2143u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -95351,8 +100998,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2058u32,
+        wire: 2460u32,
+        call: 2144u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -95375,8 +101022,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2059u32,
+        wire: 2461u32,
+        call: 2145u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -95399,8 +101046,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2060u32,
+        wire: 2462u32,
+        call: 2146u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -95456,9 +101103,68 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDgebsr2gebsc: CallDesc = CallDesc {
+        wire: 2463u32,
+        call: 2147u32,
+        name: "cusparseDgebsr2gebsc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2061u32,
+        wire: 2464u32,
+        call: 2148u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -95510,9 +101216,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDgebsr2gebsc_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2465u32,
+        call: 2149u32,
+        name: "cusparseDgebsr2gebsc_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2062u32,
+        wire: 2466u32,
+        call: 2150u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -95582,8 +101342,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2063u32,
+        wire: 2467u32,
+        call: 2151u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -95651,18 +101411,193 @@ pub mod cusparse {
         },
         only_waits: false,
     };
-    pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2064u32,
-        name: "cusparseDnMatGetValues",
+    pub static cusparseDgebsr2gebsr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2468u32,
+        call: 2152u32,
+        name: "cusparseDgebsr2gebsr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgemmi: CallDesc = CallDesc {
+        wire: 2469u32,
+        call: 2153u32,
+        name: "cusparseDgemmi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgemvi: CallDesc = CallDesc {
+        wire: 2470u32,
+        call: 2154u32,
+        name: "cusparseDgemvi",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 83u16,
                 destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
             },
             Wire::Device,
         ],
@@ -95676,9 +101611,705 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDgemvi_bufferSize: CallDesc = CallDesc {
+        wire: 2471u32,
+        call: 2155u32,
+        name: "cusparseDgemvi_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgpsvInterleavedBatch: CallDesc = CallDesc {
+        wire: 2472u32,
+        call: 2156u32,
+        name: "cusparseDgpsvInterleavedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgpsvInterleavedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2473u32,
+        call: 2157u32,
+        name: "cusparseDgpsvInterleavedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgthr: CallDesc = CallDesc {
+        wire: 2474u32,
+        call: 2158u32,
+        name: "cusparseDgthr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgthrz: CallDesc = CallDesc {
+        wire: 2475u32,
+        call: 2159u32,
+        name: "cusparseDgthrz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgtsv2: CallDesc = CallDesc {
+        wire: 2476u32,
+        call: 2160u32,
+        name: "cusparseDgtsv2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgtsv2StridedBatch: CallDesc = CallDesc {
+        wire: 2477u32,
+        call: 2161u32,
+        name: "cusparseDgtsv2StridedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgtsv2StridedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2478u32,
+        call: 2162u32,
+        name: "cusparseDgtsv2StridedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgtsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2479u32,
+        call: 2163u32,
+        name: "cusparseDgtsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgtsv2_nopivot: CallDesc = CallDesc {
+        wire: 2480u32,
+        call: 2164u32,
+        name: "cusparseDgtsv2_nopivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgtsv2_nopivot_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2481u32,
+        call: 2165u32,
+        name: "cusparseDgtsv2_nopivot_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgtsvInterleavedBatch: CallDesc = CallDesc {
+        wire: 2482u32,
+        call: 2166u32,
+        name: "cusparseDgtsvInterleavedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDgtsvInterleavedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2483u32,
+        call: 2167u32,
+        name: "cusparseDgtsvInterleavedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDnMatGet: CallDesc = CallDesc {
+        wire: 2484u32,
+        call: 2168u32,
+        name: "cusparseDnMatGet",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDnMatGetStridedBatch: CallDesc = CallDesc {
+        wire: 2485u32,
+        call: 2169u32,
+        name: "cusparseDnMatGetStridedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDnMatGetValues: CallDesc = CallDesc {
+        wire: 2486u32,
+        call: 2170u32,
+        name: "cusparseDnMatGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2065u32,
+        wire: 2487u32,
+        call: 2171u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -95709,8 +102340,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2066u32,
+        wire: 2488u32,
+        call: 2172u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -95733,20 +102364,71 @@ pub mod cusparse {
         },
         only_waits: false,
     };
-    pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2067u32,
-        name: "cusparseDnVecGetValues",
+    pub static cusparseDnVecGet: CallDesc = CallDesc {
+        wire: 2489u32,
+        call: 2173u32,
+        name: "cusparseDnVecGet",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
+        class: Class::Sync,
         params: &[
             Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDnVecGetValues: CallDesc = CallDesc {
+        wire: 2490u32,
+        call: 2174u32,
+        name: "cusparseDnVecGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -95759,8 +102441,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2068u32,
+        wire: 2491u32,
+        call: 2175u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -95783,9 +102465,163 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDnnz: CallDesc = CallDesc {
+        wire: 2492u32,
+        call: 2176u32,
+        name: "cusparseDnnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDnnz_compress: CallDesc = CallDesc {
+        wire: 2493u32,
+        call: 2177u32,
+        name: "cusparseDnnz_compress",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDpruneCsr2csr: CallDesc = CallDesc {
+        wire: 2494u32,
+        call: 2178u32,
+        name: "cusparseDpruneCsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2069u32,
+        wire: 2495u32,
+        call: 2179u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -95843,8 +102679,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2070u32,
+        wire: 2496u32,
+        call: 2180u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -95907,9 +102743,70 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDpruneCsr2csrNnz: CallDesc = CallDesc {
+        wire: 2497u32,
+        call: 2181u32,
+        name: "cusparseDpruneCsr2csrNnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2071u32,
+        wire: 2498u32,
+        call: 2182u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -95970,9 +102867,486 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseDpruneCsr2csr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2499u32,
+        call: 2183u32,
+        name: "cusparseDpruneCsr2csr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDpruneDense2csr: CallDesc = CallDesc {
+        wire: 2500u32,
+        call: 2184u32,
+        name: "cusparseDpruneDense2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDpruneDense2csrByPercentage: CallDesc = CallDesc {
+        wire: 2501u32,
+        call: 2185u32,
+        name: "cusparseDpruneDense2csrByPercentage",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 104u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDpruneDense2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2502u32,
+        call: 2186u32,
+        name: "cusparseDpruneDense2csrByPercentage_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 104u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDpruneDense2csrNnz: CallDesc = CallDesc {
+        wire: 2503u32,
+        call: 2187u32,
+        name: "cusparseDpruneDense2csrNnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDpruneDense2csrNnzByPercentage: CallDesc = CallDesc {
+        wire: 2504u32,
+        call: 2188u32,
+        name: "cusparseDpruneDense2csrNnzByPercentage",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 104u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDpruneDense2csr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2505u32,
+        call: 2189u32,
+        name: "cusparseDpruneDense2csr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDroti: CallDesc = CallDesc {
+        wire: 2506u32,
+        call: 2190u32,
+        name: "cusparseDroti",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDsctr: CallDesc = CallDesc {
+        wire: 2507u32,
+        call: 2191u32,
+        name: "cusparseDsctr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2072u32,
+        wire: 2508u32,
+        call: 2192u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -96002,9 +103376,40 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseGetColorAlgs: CallDesc = CallDesc {
+        wire: 2509u32,
+        call: 2193u32,
+        name: "cusparseGetColorAlgs",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 82u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2073u32,
+        wire: 2510u32,
+        call: 2194u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -96030,8 +103435,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2074u32,
+        wire: 2511u32,
+        call: 2195u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -96057,8 +103462,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2075u32,
+        wire: 2512u32,
+        call: 2196u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -96084,8 +103489,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2076u32,
+        wire: 2513u32,
+        call: 2197u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -96110,9 +103515,40 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseGetPointerMode: CallDesc = CallDesc {
+        wire: 2514u32,
+        call: 2198u32,
+        name: "cusparseGetPointerMode",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseGetProperty: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2077u32,
+        wire: 2515u32,
+        call: 2199u32,
         name: "cusparseGetProperty",
         form: None,
         library: "cusparse",
@@ -96142,8 +103578,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2078u32,
+        wire: 2516u32,
+        call: 2200u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -96170,8 +103606,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetVersion: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2079u32,
+        wire: 2517u32,
+        call: 2201u32,
         name: "cusparseGetVersion",
         form: None,
         library: "cusparse",
@@ -96201,8 +103637,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2080u32,
+        wire: 2518u32,
+        call: 2202u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -96220,8 +103656,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2081u32,
+        wire: 2519u32,
+        call: 2203u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -96244,8 +103680,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2082u32,
+        wire: 2520u32,
+        call: 2204u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -96267,9 +103703,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseRot: CallDesc = CallDesc {
+        wire: 2521u32,
+        call: 2205u32,
+        name: "cusparseRot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2083u32,
+        wire: 2522u32,
+        call: 2206u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -96292,7 +103772,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSDDMM_4),
+                size: Some(&LEN_cusparseSDDMM_8),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -96306,7 +103786,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSDDMM_5),
+                size: Some(&LEN_cusparseSDDMM_9),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -96333,8 +103813,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2084u32,
+        wire: 2523u32,
+        call: 2207u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -96357,7 +103837,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSDDMM_bufferSize_6),
+                size: Some(&LEN_cusparseSDDMM_bufferSize_10),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -96371,7 +103851,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSDDMM_bufferSize_7),
+                size: Some(&LEN_cusparseSDDMM_bufferSize_11),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -96404,8 +103884,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2085u32,
+        wire: 2524u32,
+        call: 2208u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -96428,7 +103908,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSDDMM_preprocess_8),
+                size: Some(&LEN_cusparseSDDMM_preprocess_12),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -96442,7 +103922,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSDDMM_preprocess_9),
+                size: Some(&LEN_cusparseSDDMM_preprocess_13),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -96468,9 +103948,50 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSaxpyi: CallDesc = CallDesc {
+        wire: 2525u32,
+        call: 2209u32,
+        name: "cusparseSaxpyi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2086u32,
+        wire: 2526u32,
+        call: 2210u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -96523,8 +104044,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2087u32,
+        wire: 2527u32,
+        call: 2211u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -96578,9 +104099,65 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSbsric02_analysis: CallDesc = CallDesc {
+        wire: 2528u32,
+        call: 2212u32,
+        name: "cusparseSbsric02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 25u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2088u32,
+        wire: 2529u32,
+        call: 2213u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96636,9 +104213,67 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSbsric02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2530u32,
+        call: 2214u32,
+        name: "cusparseSbsric02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 25u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2089u32,
+        wire: 2531u32,
+        call: 2215u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -96693,8 +104328,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2090u32,
+        wire: 2532u32,
+        call: 2216u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -96749,8 +104384,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2091u32,
+        wire: 2533u32,
+        call: 2217u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -96806,9 +104441,111 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSbsrilu02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2534u32,
+        call: 2218u32,
+        name: "cusparseSbsrilu02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 26u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSbsrilu02_numericBoost: CallDesc = CallDesc {
+        wire: 2535u32,
+        call: 2219u32,
+        name: "cusparseSbsrilu02_numericBoost",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 26u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2092u32,
+        wire: 2536u32,
+        call: 2220u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -96892,8 +104629,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2093u32,
+        wire: 2537u32,
+        call: 2221u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -96961,8 +104698,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2094u32,
+        wire: 2538u32,
+        call: 2222u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -97029,8 +104766,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2095u32,
+        wire: 2539u32,
+        call: 2223u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97098,9 +104835,79 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSbsrsm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2540u32,
+        call: 2224u32,
+        name: "cusparseSbsrsm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2096u32,
+        wire: 2541u32,
+        call: 2225u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -97183,8 +104990,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2097u32,
+        wire: 2542u32,
+        call: 2226u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -97243,8 +105050,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2098u32,
+        wire: 2543u32,
+        call: 2227u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -97304,9 +105111,71 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSbsrsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2544u32,
+        call: 2228u32,
+        name: "cusparseSbsrsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2099u32,
+        wire: 2545u32,
+        call: 2229u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -97373,8 +105242,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2100u32,
+        wire: 2546u32,
+        call: 2230u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -97448,8 +105317,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2101u32,
+        wire: 2547u32,
+        call: 2231u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -97479,9 +105348,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsc2dense: CallDesc = CallDesc {
+        wire: 2548u32,
+        call: 2232u32,
+        name: "cusparseScsc2dense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2102u32,
+        wire: 2549u32,
+        call: 2233u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -97533,9 +105446,60 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsr2csr_compress: CallDesc = CallDesc {
+        wire: 2550u32,
+        call: 2234u32,
+        name: "cusparseScsr2csr_compress",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2103u32,
+        wire: 2551u32,
+        call: 2235u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -97581,9 +105545,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsr2dense: CallDesc = CallDesc {
+        wire: 2552u32,
+        call: 2236u32,
+        name: "cusparseScsr2dense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2104u32,
+        wire: 2553u32,
+        call: 2237u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -97641,8 +105649,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2105u32,
+        wire: 2554u32,
+        call: 2238u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -97698,9 +105706,126 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsr2gebsr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2555u32,
+        call: 2239u32,
+        name: "cusparseScsr2gebsr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseScsrcolor: CallDesc = CallDesc {
+        wire: 2556u32,
+        call: 2240u32,
+        name: "cusparseScsrcolor",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 82u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2106u32,
+        wire: 2557u32,
+        call: 2241u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -97773,8 +105898,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2107u32,
+        wire: 2558u32,
+        call: 2242u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -97853,8 +105978,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2108u32,
+        wire: 2559u32,
+        call: 2243u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -97946,8 +106071,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2109u32,
+        wire: 2560u32,
+        call: 2244u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -98034,9 +106159,57 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsric02: CallDesc = CallDesc {
+        wire: 2561u32,
+        call: 2245u32,
+        name: "cusparseScsric02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2110u32,
+        wire: 2562u32,
+        call: 2246u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -98083,8 +106256,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2111u32,
+        wire: 2563u32,
+        call: 2247u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -98132,9 +106305,107 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsric02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2564u32,
+        call: 2248u32,
+        name: "cusparseScsric02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseScsrilu02: CallDesc = CallDesc {
+        wire: 2565u32,
+        call: 2249u32,
+        name: "cusparseScsrilu02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2112u32,
+        wire: 2566u32,
+        call: 2250u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -98181,8 +106452,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2113u32,
+        wire: 2567u32,
+        call: 2251u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -98230,9 +106501,103 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsrilu02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2568u32,
+        call: 2252u32,
+        name: "cusparseScsrilu02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseScsrilu02_numericBoost: CallDesc = CallDesc {
+        wire: 2569u32,
+        call: 2253u32,
+        name: "cusparseScsrilu02_numericBoost",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2114u32,
+        wire: 2570u32,
+        call: 2254u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -98305,9 +106670,90 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsrsm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2571u32,
+        call: 2255u32,
+        name: "cusparseScsrsm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2115u32,
+        wire: 2572u32,
+        call: 2256u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -98381,8 +106827,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2116u32,
+        wire: 2573u32,
+        call: 2257u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -98433,8 +106879,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2117u32,
+        wire: 2574u32,
+        call: 2258u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -98486,9 +106932,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseScsrsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2575u32,
+        call: 2259u32,
+        name: "cusparseScsrsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 34u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2118u32,
+        wire: 2576u32,
+        call: 2260u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -98547,8 +107047,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2119u32,
+        wire: 2577u32,
+        call: 2261u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -98595,8 +107095,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2120u32,
+        wire: 2578u32,
+        call: 2262u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -98644,9 +107144,99 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSdense2csc: CallDesc = CallDesc {
+        wire: 2579u32,
+        call: 2263u32,
+        name: "cusparseSdense2csc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSdense2csr: CallDesc = CallDesc {
+        wire: 2580u32,
+        call: 2264u32,
+        name: "cusparseSdense2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2121u32,
+        wire: 2581u32,
+        call: 2265u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -98673,8 +107263,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2122u32,
+        wire: 2582u32,
+        call: 2266u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -98701,8 +107291,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2123u32,
+        wire: 2583u32,
+        call: 2267u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -98729,8 +107319,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2124u32,
+        wire: 2584u32,
+        call: 2268u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -98757,8 +107347,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2125u32,
+        wire: 2585u32,
+        call: 2269u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -98785,8 +107375,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2126u32,
+        wire: 2586u32,
+        call: 2270u32,
         name: "cusparseSetPointerMode",
         form: Some(Form::Call),
         library: "cusparse",
@@ -98813,8 +107403,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2127u32,
+        wire: 2587u32,
+        call: 2271u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -98841,8 +107431,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2128u32,
+        wire: 2588u32,
+        call: 2272u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -98898,9 +107488,68 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSgebsr2gebsc: CallDesc = CallDesc {
+        wire: 2589u32,
+        call: 2273u32,
+        name: "cusparseSgebsr2gebsc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2129u32,
+        wire: 2590u32,
+        call: 2274u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -98952,9 +107601,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSgebsr2gebsc_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2591u32,
+        call: 2275u32,
+        name: "cusparseSgebsr2gebsc_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2130u32,
+        wire: 2592u32,
+        call: 2276u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -99024,8 +107727,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2131u32,
+        wire: 2593u32,
+        call: 2277u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -99093,9 +107796,867 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSgebsr2gebsr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2594u32,
+        call: 2278u32,
+        name: "cusparseSgebsr2gebsr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgemmi: CallDesc = CallDesc {
+        wire: 2595u32,
+        call: 2279u32,
+        name: "cusparseSgemmi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgemvi: CallDesc = CallDesc {
+        wire: 2596u32,
+        call: 2280u32,
+        name: "cusparseSgemvi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgemvi_bufferSize: CallDesc = CallDesc {
+        wire: 2597u32,
+        call: 2281u32,
+        name: "cusparseSgemvi_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgpsvInterleavedBatch: CallDesc = CallDesc {
+        wire: 2598u32,
+        call: 2282u32,
+        name: "cusparseSgpsvInterleavedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgpsvInterleavedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2599u32,
+        call: 2283u32,
+        name: "cusparseSgpsvInterleavedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgthr: CallDesc = CallDesc {
+        wire: 2600u32,
+        call: 2284u32,
+        name: "cusparseSgthr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgthrz: CallDesc = CallDesc {
+        wire: 2601u32,
+        call: 2285u32,
+        name: "cusparseSgthrz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgtsv2: CallDesc = CallDesc {
+        wire: 2602u32,
+        call: 2286u32,
+        name: "cusparseSgtsv2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgtsv2StridedBatch: CallDesc = CallDesc {
+        wire: 2603u32,
+        call: 2287u32,
+        name: "cusparseSgtsv2StridedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgtsv2StridedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2604u32,
+        call: 2288u32,
+        name: "cusparseSgtsv2StridedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgtsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2605u32,
+        call: 2289u32,
+        name: "cusparseSgtsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgtsv2_nopivot: CallDesc = CallDesc {
+        wire: 2606u32,
+        call: 2290u32,
+        name: "cusparseSgtsv2_nopivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgtsv2_nopivot_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2607u32,
+        call: 2291u32,
+        name: "cusparseSgtsv2_nopivot_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgtsvInterleavedBatch: CallDesc = CallDesc {
+        wire: 2608u32,
+        call: 2292u32,
+        name: "cusparseSgtsvInterleavedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSgtsvInterleavedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2609u32,
+        call: 2293u32,
+        name: "cusparseSgtsvInterleavedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSnnz: CallDesc = CallDesc {
+        wire: 2610u32,
+        call: 2294u32,
+        name: "cusparseSnnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSnnz_compress: CallDesc = CallDesc {
+        wire: 2611u32,
+        call: 2295u32,
+        name: "cusparseSnnz_compress",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2132u32,
+        wire: 2612u32,
+        call: 2296u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -99118,7 +108679,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpGEMM_compute_10),
+                size: Some(&LEN_cusparseSpGEMM_compute_14),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99132,7 +108693,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpGEMM_compute_11),
+                size: Some(&LEN_cusparseSpGEMM_compute_15),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99151,7 +108712,7 @@ pub mod cusparse {
                 destroy: false,
             },
             Wire::Buf {
-                dir: Dir::Out,
+                dir: Dir::InOut,
                 elem: 8u32,
                 len: None,
                 record: None,
@@ -99170,8 +108731,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2133u32,
+        wire: 2613u32,
+        call: 2297u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -99194,7 +108755,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpGEMM_copy_12),
+                size: Some(&LEN_cusparseSpGEMM_copy_16),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99208,7 +108769,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpGEMM_copy_13),
+                size: Some(&LEN_cusparseSpGEMM_copy_17),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99238,8 +108799,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2134u32,
+        wire: 2614u32,
+        call: 2298u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -99262,8 +108823,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2135u32,
+        wire: 2615u32,
+        call: 2299u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -99285,9 +108846,127 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpGEMM_estimateMemory: CallDesc = CallDesc {
+        wire: 2616u32,
+        call: 2300u32,
+        name: "cusparseSpGEMM_estimateMemory",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMM_estimateMemory_18),
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: Some(&LEN_cusparseSpGEMM_estimateMemory_19),
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpGEMM_getNumProducts: CallDesc = CallDesc {
+        wire: 2617u32,
+        call: 2301u32,
+        name: "cusparseSpGEMM_getNumProducts",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2136u32,
+        wire: 2618u32,
+        call: 2302u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -99310,7 +108989,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpGEMM_workEstimation_14),
+                size: Some(&LEN_cusparseSpGEMM_workEstimation_20),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99324,7 +109003,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpGEMM_workEstimation_15),
+                size: Some(&LEN_cusparseSpGEMM_workEstimation_21),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99343,7 +109022,7 @@ pub mod cusparse {
                 destroy: false,
             },
             Wire::Buf {
-                dir: Dir::Out,
+                dir: Dir::InOut,
                 elem: 8u32,
                 len: None,
                 record: None,
@@ -99362,8 +109041,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2137u32,
+        wire: 2619u32,
+        call: 2303u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -99386,7 +109065,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpGEMMreuse_compute_16),
+                size: Some(&LEN_cusparseSpGEMMreuse_compute_22),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99400,7 +109079,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpGEMMreuse_compute_17),
+                size: Some(&LEN_cusparseSpGEMMreuse_compute_23),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99429,9 +109108,145 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpGEMMreuse_copy: CallDesc = CallDesc {
+        wire: 2620u32,
+        call: 2304u32,
+        name: "cusparseSpGEMMreuse_copy",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpGEMMreuse_nnz: CallDesc = CallDesc {
+        wire: 2621u32,
+        call: 2305u32,
+        name: "cusparseSpGEMMreuse_nnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2138u32,
+        wire: 2622u32,
+        call: 2306u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -99471,7 +109286,7 @@ pub mod cusparse {
                 destroy: false,
             },
             Wire::Buf {
-                dir: Dir::Out,
+                dir: Dir::InOut,
                 elem: 8u32,
                 len: None,
                 record: None,
@@ -99490,8 +109305,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2139u32,
+        wire: 2623u32,
+        call: 2307u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -99514,7 +109329,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMM_18),
+                size: Some(&LEN_cusparseSpMM_24),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99528,7 +109343,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMM_19),
+                size: Some(&LEN_cusparseSpMM_25),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -99555,8 +109370,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2140u32,
+        wire: 2624u32,
+        call: 2308u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -99579,9 +109394,105 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpMMOp_createPlan: CallDesc = CallDesc {
+        wire: 2625u32,
+        call: 2309u32,
+        name: "cusparseSpMMOp_createPlan",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::OutHandle {
+                kind: 88u16,
+                named: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cusparseSpMMOp_createPlan_26),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cusparseSpMMOp_createPlan_27),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cusparseSpMMOp_createPlan_28),
+                record: None,
+                optional: true,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2141u32,
+        wire: 2626u32,
+        call: 2310u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -99604,8 +109515,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2142u32,
+        wire: 2627u32,
+        call: 2311u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -99628,7 +109539,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMM_bufferSize_20),
+                size: Some(&LEN_cusparseSpMM_bufferSize_29),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99642,7 +109553,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMM_bufferSize_21),
+                size: Some(&LEN_cusparseSpMM_bufferSize_30),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -99675,8 +109586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2143u32,
+        wire: 2628u32,
+        call: 2312u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -99699,7 +109610,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMM_preprocess_22),
+                size: Some(&LEN_cusparseSpMM_preprocess_31),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99713,7 +109624,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMM_preprocess_23),
+                size: Some(&LEN_cusparseSpMM_preprocess_32),
             },
             Wire::Handle {
                 kind: 84u16,
@@ -99740,8 +109651,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2144u32,
+        wire: 2629u32,
+        call: 2313u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -99760,7 +109671,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMV_24),
+                size: Some(&LEN_cusparseSpMV_33),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99774,7 +109685,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMV_25),
+                size: Some(&LEN_cusparseSpMV_34),
             },
             Wire::Handle {
                 kind: 85u16,
@@ -99801,8 +109712,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2145u32,
+        wire: 2630u32,
+        call: 2314u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -99821,7 +109732,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMV_bufferSize_26),
+                size: Some(&LEN_cusparseSpMV_bufferSize_35),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99835,7 +109746,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMV_bufferSize_27),
+                size: Some(&LEN_cusparseSpMV_bufferSize_36),
             },
             Wire::Handle {
                 kind: 85u16,
@@ -99868,8 +109779,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2146u32,
+        wire: 2631u32,
+        call: 2315u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -99888,7 +109799,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMV_preprocess_28),
+                size: Some(&LEN_cusparseSpMV_preprocess_37),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -99902,7 +109813,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpMV_preprocess_29),
+                size: Some(&LEN_cusparseSpMV_preprocess_38),
             },
             Wire::Handle {
                 kind: 85u16,
@@ -99929,8 +109840,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2147u32,
+        wire: 2632u32,
+        call: 2316u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -99961,9 +109872,71 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpMatGetFormat: CallDesc = CallDesc {
+        wire: 2633u32,
+        call: 2317u32,
+        name: "cusparseSpMatGetFormat",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpMatGetIndexBase: CallDesc = CallDesc {
+        wire: 2634u32,
+        call: 2318u32,
+        name: "cusparseSpMatGetIndexBase",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2148u32,
+        wire: 2635u32,
+        call: 2319u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -100006,20 +109979,57 @@ pub mod cusparse {
         },
         only_waits: false,
     };
-    pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2149u32,
-        name: "cusparseSpMatGetValues",
+    pub static cusparseSpMatGetStridedBatch: CallDesc = CallDesc {
+        wire: 2636u32,
+        call: 2320u32,
+        name: "cusparseSpMatGetStridedBatch",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
+        class: Class::Sync,
         params: &[
             Wire::Handle {
                 kind: 89u16,
                 destroy: false,
             },
-            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpMatGetValues: CallDesc = CallDesc {
+        wire: 2637u32,
+        call: 2321u32,
+        name: "cusparseSpMatGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -100032,8 +110042,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2150u32,
+        wire: 2638u32,
+        call: 2322u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -100065,8 +110075,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2151u32,
+        wire: 2639u32,
+        call: 2323u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -100093,8 +110103,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2152u32,
+        wire: 2640u32,
+        call: 2324u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -100118,8 +110128,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2153u32,
+        wire: 2641u32,
+        call: 2325u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -100142,7 +110152,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpSM_analysis_30),
+                size: Some(&LEN_cusparseSpSM_analysis_39),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -100181,8 +110191,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2154u32,
+        wire: 2642u32,
+        call: 2326u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -100205,7 +110215,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpSM_bufferSize_31),
+                size: Some(&LEN_cusparseSpSM_bufferSize_40),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -100250,8 +110260,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2155u32,
+        wire: 2643u32,
+        call: 2327u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -100274,8 +110284,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2156u32,
+        wire: 2644u32,
+        call: 2328u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -100298,8 +110308,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2157u32,
+        wire: 2645u32,
+        call: 2329u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -100322,7 +110332,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpSM_solve_32),
+                size: Some(&LEN_cusparseSpSM_solve_41),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -100359,9 +110369,42 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpSM_updateMatrix: CallDesc = CallDesc {
+        wire: 2646u32,
+        call: 2330u32,
+        name: "cusparseSpSM_updateMatrix",
+        form: None,
+        library: "cusparse",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2158u32,
+        wire: 2647u32,
+        call: 2331u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -100380,7 +110423,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpSV_analysis_33),
+                size: Some(&LEN_cusparseSpSV_analysis_42),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -100419,8 +110462,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2159u32,
+        wire: 2648u32,
+        call: 2332u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -100439,7 +110482,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpSV_bufferSize_34),
+                size: Some(&LEN_cusparseSpSV_bufferSize_43),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -100484,8 +110527,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2160u32,
+        wire: 2649u32,
+        call: 2333u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -100508,8 +110551,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2161u32,
+        wire: 2650u32,
+        call: 2334u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -100532,8 +110575,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2162u32,
+        wire: 2651u32,
+        call: 2335u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -100552,7 +110595,7 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-                size: Some(&LEN_cusparseSpSV_solve_35),
+                size: Some(&LEN_cusparseSpSV_solve_44),
             },
             Wire::Handle {
                 kind: 89u16,
@@ -100589,18 +110632,73 @@ pub mod cusparse {
         },
         only_waits: false,
     };
-    pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2163u32,
-        name: "cusparseSpVecGetValues",
+    pub static cusparseSpSV_updateMatrix: CallDesc = CallDesc {
+        wire: 2652u32,
+        call: 2336u32,
+        name: "cusparseSpSV_updateMatrix",
         form: None,
         library: "cusparse",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpVV: CallDesc = CallDesc {
+        wire: 2653u32,
+        call: 2337u32,
+        name: "cusparseSpVV",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
                 kind: 92u16,
                 destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 16u32,
+                mode: 0u8,
+                size: Some(&LEN_cusparseSpVV_45),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
             },
             Wire::Device,
         ],
@@ -100614,9 +110712,197 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpVV_bufferSize: CallDesc = CallDesc {
+        wire: 2654u32,
+        call: 2338u32,
+        name: "cusparseSpVV_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: Some(&LEN_cusparseSpVV_bufferSize_46),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpVecGet: CallDesc = CallDesc {
+        wire: 2655u32,
+        call: 2339u32,
+        name: "cusparseSpVecGet",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpVecGetIndexBase: CallDesc = CallDesc {
+        wire: 2656u32,
+        call: 2340u32,
+        name: "cusparseSpVecGetIndexBase",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpVecGetValues: CallDesc = CallDesc {
+        wire: 2657u32,
+        call: 2341u32,
+        name: "cusparseSpVecGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2164u32,
+        wire: 2658u32,
+        call: 2342u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -100640,8 +110926,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2165u32,
+        wire: 2659u32,
+        call: 2343u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -100677,8 +110963,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2166u32,
+        wire: 2660u32,
+        call: 2344u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -100719,9 +111005,66 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpruneCsr2csr: CallDesc = CallDesc {
+        wire: 2661u32,
+        call: 2345u32,
+        name: "cusparseSpruneCsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2167u32,
+        wire: 2662u32,
+        call: 2346u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -100779,8 +111122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2168u32,
+        wire: 2663u32,
+        call: 2347u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -100843,9 +111186,70 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpruneCsr2csrNnz: CallDesc = CallDesc {
+        wire: 2664u32,
+        call: 2348u32,
+        name: "cusparseSpruneCsr2csrNnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2169u32,
+        wire: 2665u32,
+        call: 2349u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -100906,9 +111310,486 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseSpruneCsr2csr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2666u32,
+        call: 2350u32,
+        name: "cusparseSpruneCsr2csr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpruneDense2csr: CallDesc = CallDesc {
+        wire: 2667u32,
+        call: 2351u32,
+        name: "cusparseSpruneDense2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpruneDense2csrByPercentage: CallDesc = CallDesc {
+        wire: 2668u32,
+        call: 2352u32,
+        name: "cusparseSpruneDense2csrByPercentage",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 104u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpruneDense2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2669u32,
+        call: 2353u32,
+        name: "cusparseSpruneDense2csrByPercentage_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 104u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpruneDense2csrNnz: CallDesc = CallDesc {
+        wire: 2670u32,
+        call: 2354u32,
+        name: "cusparseSpruneDense2csrNnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpruneDense2csrNnzByPercentage: CallDesc = CallDesc {
+        wire: 2671u32,
+        call: 2355u32,
+        name: "cusparseSpruneDense2csrNnzByPercentage",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 104u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpruneDense2csr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2672u32,
+        call: 2356u32,
+        name: "cusparseSpruneDense2csr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSroti: CallDesc = CallDesc {
+        wire: 2673u32,
+        call: 2357u32,
+        name: "cusparseSroti",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSsctr: CallDesc = CallDesc {
+        wire: 2674u32,
+        call: 2358u32,
+        name: "cusparseSsctr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2170u32,
+        wire: 2675u32,
+        call: 2359u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100941,8 +111822,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2171u32,
+        wire: 2676u32,
+        call: 2360u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -100975,8 +111856,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2172u32,
+        wire: 2677u32,
+        call: 2361u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101009,8 +111890,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2173u32,
+        wire: 2678u32,
+        call: 2362u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101043,8 +111924,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2174u32,
+        wire: 2679u32,
+        call: 2363u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -101081,8 +111962,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2175u32,
+        wire: 2680u32,
+        call: 2364u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -101121,8 +112002,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2176u32,
+        wire: 2681u32,
+        call: 2365u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -101161,8 +112042,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2177u32,
+        wire: 2682u32,
+        call: 2366u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -101205,9 +112086,98 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseXcscsort: CallDesc = CallDesc {
+        wire: 2683u32,
+        call: 2367u32,
+        name: "cusparseXcscsort",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseXcscsort_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2684u32,
+        call: 2368u32,
+        name: "cusparseXcscsort_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2178u32,
+        wire: 2685u32,
+        call: 2369u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -101263,8 +112233,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2179u32,
+        wire: 2686u32,
+        call: 2370u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -101301,8 +112271,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2180u32,
+        wire: 2687u32,
+        call: 2371u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -101363,8 +112333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2181u32,
+        wire: 2688u32,
+        call: 2372u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -101427,8 +112397,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2182u32,
+        wire: 2689u32,
+        call: 2373u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -101509,8 +112479,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2183u32,
+        wire: 2690u32,
+        call: 2374u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101543,8 +112513,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2184u32,
+        wire: 2691u32,
+        call: 2375u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101577,8 +112547,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2185u32,
+        wire: 2692u32,
+        call: 2376u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101611,8 +112581,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2186u32,
+        wire: 2693u32,
+        call: 2377u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -101655,8 +112625,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2187u32,
+        wire: 2694u32,
+        call: 2378u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -101700,8 +112670,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2188u32,
+        wire: 2695u32,
+        call: 2379u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -101734,8 +112704,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2189u32,
+        wire: 2696u32,
+        call: 2380u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -101790,8 +112760,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2190u32,
+        wire: 2697u32,
+        call: 2381u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -101863,9 +112833,50 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZaxpyi: CallDesc = CallDesc {
+        wire: 2698u32,
+        call: 2382u32,
+        name: "cusparseZaxpyi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2191u32,
+        wire: 2699u32,
+        call: 2383u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -101918,8 +112929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2192u32,
+        wire: 2700u32,
+        call: 2384u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -101973,9 +112984,65 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZbsric02_analysis: CallDesc = CallDesc {
+        wire: 2701u32,
+        call: 2385u32,
+        name: "cusparseZbsric02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 25u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2193u32,
+        wire: 2702u32,
+        call: 2386u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102031,9 +113098,67 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZbsric02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2703u32,
+        call: 2387u32,
+        name: "cusparseZbsric02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 25u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2194u32,
+        wire: 2704u32,
+        call: 2388u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -102088,8 +113213,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2195u32,
+        wire: 2705u32,
+        call: 2389u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -102144,8 +113269,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2196u32,
+        wire: 2706u32,
+        call: 2390u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -102201,9 +113326,111 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZbsrilu02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2707u32,
+        call: 2391u32,
+        name: "cusparseZbsrilu02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 26u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZbsrilu02_numericBoost: CallDesc = CallDesc {
+        wire: 2708u32,
+        call: 2392u32,
+        name: "cusparseZbsrilu02_numericBoost",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 26u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2197u32,
+        wire: 2709u32,
+        call: 2393u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -102287,8 +113514,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2198u32,
+        wire: 2710u32,
+        call: 2394u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -102356,8 +113583,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2199u32,
+        wire: 2711u32,
+        call: 2395u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -102424,8 +113651,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2200u32,
+        wire: 2712u32,
+        call: 2396u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -102493,9 +113720,79 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZbsrsm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2713u32,
+        call: 2397u32,
+        name: "cusparseZbsrsm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2201u32,
+        wire: 2714u32,
+        call: 2398u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -102578,8 +113875,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2202u32,
+        wire: 2715u32,
+        call: 2399u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -102638,8 +113935,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2203u32,
+        wire: 2716u32,
+        call: 2400u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -102699,9 +113996,71 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZbsrsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2717u32,
+        call: 2401u32,
+        name: "cusparseZbsrsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2204u32,
+        wire: 2718u32,
+        call: 2402u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -102768,8 +114127,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2205u32,
+        wire: 2719u32,
+        call: 2403u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -102842,9 +114201,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsc2dense: CallDesc = CallDesc {
+        wire: 2720u32,
+        call: 2404u32,
+        name: "cusparseZcsc2dense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2206u32,
+        wire: 2721u32,
+        call: 2405u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -102896,9 +114299,57 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsr2csr_compress: CallDesc = CallDesc {
+        wire: 2722u32,
+        call: 2406u32,
+        name: "cusparseZcsr2csr_compress",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::ByValRecord { bytes: 16u32 },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2207u32,
+        wire: 2723u32,
+        call: 2407u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -102944,9 +114395,53 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsr2dense: CallDesc = CallDesc {
+        wire: 2724u32,
+        call: 2408u32,
+        name: "cusparseZcsr2dense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2208u32,
+        wire: 2725u32,
+        call: 2409u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -103004,8 +114499,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2209u32,
+        wire: 2726u32,
+        call: 2410u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -103061,9 +114556,126 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsr2gebsr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2727u32,
+        call: 2411u32,
+        name: "cusparseZcsr2gebsr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZcsrcolor: CallDesc = CallDesc {
+        wire: 2728u32,
+        call: 2412u32,
+        name: "cusparseZcsrcolor",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 82u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2210u32,
+        wire: 2729u32,
+        call: 2413u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -103136,8 +114748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2211u32,
+        wire: 2730u32,
+        call: 2414u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103216,8 +114828,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2212u32,
+        wire: 2731u32,
+        call: 2415u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -103309,8 +114921,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2213u32,
+        wire: 2732u32,
+        call: 2416u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -103397,9 +115009,57 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsric02: CallDesc = CallDesc {
+        wire: 2733u32,
+        call: 2417u32,
+        name: "cusparseZcsric02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2214u32,
+        wire: 2734u32,
+        call: 2418u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -103446,8 +115106,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2215u32,
+        wire: 2735u32,
+        call: 2419u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -103495,9 +115155,107 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsric02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2736u32,
+        call: 2420u32,
+        name: "cusparseZcsric02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZcsrilu02: CallDesc = CallDesc {
+        wire: 2737u32,
+        call: 2421u32,
+        name: "cusparseZcsrilu02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2216u32,
+        wire: 2738u32,
+        call: 2422u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -103544,8 +115302,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2217u32,
+        wire: 2739u32,
+        call: 2423u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -103593,9 +115351,103 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsrilu02_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2740u32,
+        call: 2424u32,
+        name: "cusparseZcsrilu02_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZcsrilu02_numericBoost: CallDesc = CallDesc {
+        wire: 2741u32,
+        call: 2425u32,
+        name: "cusparseZcsrilu02_numericBoost",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2218u32,
+        wire: 2742u32,
+        call: 2426u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -103668,9 +115520,90 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsrsm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2743u32,
+        call: 2427u32,
+        name: "cusparseZcsrsm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2219u32,
+        wire: 2744u32,
+        call: 2428u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -103744,8 +115677,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2220u32,
+        wire: 2745u32,
+        call: 2429u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -103796,8 +115729,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2221u32,
+        wire: 2746u32,
+        call: 2430u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -103849,9 +115782,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZcsrsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2747u32,
+        call: 2431u32,
+        name: "cusparseZcsrsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 34u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2222u32,
+        wire: 2748u32,
+        call: 2432u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -103910,8 +115897,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2223u32,
+        wire: 2749u32,
+        call: 2433u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -103958,8 +115945,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2224u32,
+        wire: 2750u32,
+        call: 2434u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -104007,9 +115994,99 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZdense2csc: CallDesc = CallDesc {
+        wire: 2751u32,
+        call: 2435u32,
+        name: "cusparseZdense2csc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZdense2csr: CallDesc = CallDesc {
+        wire: 2752u32,
+        call: 2436u32,
+        name: "cusparseZdense2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2225u32,
+        wire: 2753u32,
+        call: 2437u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -104065,9 +116142,68 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZgebsr2gebsc: CallDesc = CallDesc {
+        wire: 2754u32,
+        call: 2438u32,
+        name: "cusparseZgebsr2gebsc",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2226u32,
+        wire: 2755u32,
+        call: 2439u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -104119,9 +116255,63 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZgebsr2gebsc_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2756u32,
+        call: 2440u32,
+        name: "cusparseZgebsr2gebsc_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2227u32,
+        wire: 2757u32,
+        call: 2441u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -104191,8 +116381,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2228u32,
+        wire: 2758u32,
+        call: 2442u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -104260,9 +116450,418 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZgebsr2gebsr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2759u32,
+        call: 2443u32,
+        name: "cusparseZgebsr2gebsr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgemmi: CallDesc = CallDesc {
+        wire: 2760u32,
+        call: 2444u32,
+        name: "cusparseZgemmi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgemvi: CallDesc = CallDesc {
+        wire: 2761u32,
+        call: 2445u32,
+        name: "cusparseZgemvi",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgemvi_bufferSize: CallDesc = CallDesc {
+        wire: 2762u32,
+        call: 2446u32,
+        name: "cusparseZgemvi_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgpsvInterleavedBatch: CallDesc = CallDesc {
+        wire: 2763u32,
+        call: 2447u32,
+        name: "cusparseZgpsvInterleavedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgpsvInterleavedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2764u32,
+        call: 2448u32,
+        name: "cusparseZgpsvInterleavedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgthr: CallDesc = CallDesc {
+        wire: 2765u32,
+        call: 2449u32,
+        name: "cusparseZgthr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgthrz: CallDesc = CallDesc {
+        wire: 2766u32,
+        call: 2450u32,
+        name: "cusparseZgthrz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2229u32,
+        wire: 2767u32,
+        call: 2451u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -104281,27 +116880,9 @@ pub mod cusparse {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 16u32,
-                len: None,
-                record: Some("double2"),
-                optional: false,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 16u32,
-                len: None,
-                record: Some("double2"),
-                optional: false,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 16u32,
-                len: None,
-                record: Some("double2"),
-                optional: false,
-            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
             Wire::Device,
             Wire::Val {
                 bytes: 4u8,
@@ -104319,9 +116900,144 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZgtsv2StridedBatch: CallDesc = CallDesc {
+        wire: 2768u32,
+        call: 2452u32,
+        name: "cusparseZgtsv2StridedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgtsv2StridedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2769u32,
+        call: 2453u32,
+        name: "cusparseZgtsv2StridedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgtsv2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2770u32,
+        call: 2454u32,
+        name: "cusparseZgtsv2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2230u32,
+        wire: 2771u32,
+        call: 2455u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -104340,27 +117056,9 @@ pub mod cusparse {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 16u32,
-                len: None,
-                record: Some("double2"),
-                optional: false,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 16u32,
-                len: None,
-                record: Some("double2"),
-                optional: false,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 16u32,
-                len: None,
-                record: Some("double2"),
-                optional: false,
-            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
             Wire::Device,
             Wire::Val {
                 bytes: 4u8,
@@ -104378,12 +117076,276 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseZgtsv2_nopivot_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2772u32,
+        call: 2456u32,
+        name: "cusparseZgtsv2_nopivot_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgtsvInterleavedBatch: CallDesc = CallDesc {
+        wire: 2773u32,
+        call: 2457u32,
+        name: "cusparseZgtsvInterleavedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZgtsvInterleavedBatch_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2774u32,
+        call: 2458u32,
+        name: "cusparseZgtsvInterleavedBatch_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+                optional: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZnnz: CallDesc = CallDesc {
+        wire: 2775u32,
+        call: 2459u32,
+        name: "cusparseZnnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZnnz_compress: CallDesc = CallDesc {
+        wire: 2776u32,
+        call: 2460u32,
+        name: "cusparseZnnz_compress",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+                size: None,
+            },
+            Wire::ByValRecord { bytes: 16u32 },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseZsctr: CallDesc = CallDesc {
+        wire: 2777u32,
+        call: 2461u32,
+        name: "cusparseZsctr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 83u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+            invalid_value: 3i64,
+        },
+        only_waits: false,
+    };
 }
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2912u32,
-        call: 2589u32,
+        wire: 3143u32,
+        call: 2820u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104409,8 +117371,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2913u32,
-        call: 2589u32,
+        wire: 3144u32,
+        call: 2820u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104436,8 +117398,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2914u32,
-        call: 2589u32,
+        wire: 3145u32,
+        call: 2820u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -104463,8 +117425,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtGetProperty: CallDesc = CallDesc {
-        wire: 2915u32,
-        call: 2590u32,
+        wire: 3146u32,
+        call: 2821u32,
         name: "cusparseLtGetProperty",
         form: None,
         library: "cusparselt",
@@ -104494,8 +117456,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2916u32,
-        call: 2591u32,
+        wire: 3147u32,
+        call: 2822u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104521,8 +117483,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2917u32,
-        call: 2591u32,
+        wire: 3148u32,
+        call: 2822u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104548,8 +117510,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2918u32,
-        call: 2591u32,
+        wire: 3149u32,
+        call: 2822u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -104575,8 +117537,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2919u32,
-        call: 2592u32,
+        wire: 3150u32,
+        call: 2823u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -104602,8 +117564,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2920u32,
-        call: 2593u32,
+        wire: 3151u32,
+        call: 2824u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -104629,8 +117591,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2921u32,
-        call: 2593u32,
+        wire: 3152u32,
+        call: 2824u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -104656,8 +117618,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2922u32,
-        call: 2593u32,
+        wire: 3153u32,
+        call: 2824u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -122659,8 +135621,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclAllGather: CallDesc = CallDesc {
-        wire: 2854u32,
-        call: 2538u32,
+        wire: 3085u32,
+        call: 2769u32,
         name: "ncclAllGather",
         form: None,
         library: "nccl",
@@ -122697,8 +135659,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAllReduce: CallDesc = CallDesc {
-        wire: 2855u32,
-        call: 2539u32,
+        wire: 3086u32,
+        call: 2770u32,
         name: "ncclAllReduce",
         form: None,
         library: "nccl",
@@ -122739,8 +135701,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclAlltoAll: CallDesc = CallDesc {
-        wire: 2856u32,
-        call: 2540u32,
+        wire: 3087u32,
+        call: 2771u32,
         name: "ncclAlltoAll",
         form: None,
         library: "nccl",
@@ -122777,8 +135739,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBcast: CallDesc = CallDesc {
-        wire: 2857u32,
-        call: 2541u32,
+        wire: 3088u32,
+        call: 2772u32,
         name: "ncclBcast",
         form: None,
         library: "nccl",
@@ -122818,8 +135780,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclBroadcast: CallDesc = CallDesc {
-        wire: 2858u32,
-        call: 2542u32,
+        wire: 3089u32,
+        call: 2773u32,
         name: "ncclBroadcast",
         form: None,
         library: "nccl",
@@ -122860,8 +135822,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2859u32,
-        call: 2543u32,
+        wire: 3090u32,
+        call: 2774u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -122884,8 +135846,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCount: CallDesc = CallDesc {
-        wire: 2860u32,
-        call: 2544u32,
+        wire: 3091u32,
+        call: 2775u32,
         name: "ncclCommCount",
         form: None,
         library: "nccl",
@@ -122915,8 +135877,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommCuDevice: CallDesc = CallDesc {
-        wire: 2861u32,
-        call: 2545u32,
+        wire: 3092u32,
+        call: 2776u32,
         name: "ncclCommCuDevice",
         form: None,
         library: "nccl",
@@ -122946,8 +135908,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2862u32,
-        call: 2546u32,
+        wire: 3093u32,
+        call: 2777u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -122970,8 +135932,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2863u32,
-        call: 2547u32,
+        wire: 3094u32,
+        call: 2778u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -122994,8 +135956,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommGetAsyncError: CallDesc = CallDesc {
-        wire: 2864u32,
-        call: 2548u32,
+        wire: 3095u32,
+        call: 2779u32,
         name: "ncclCommGetAsyncError",
         form: None,
         library: "nccl",
@@ -123025,8 +135987,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2865u32,
-        call: 2549u32,
+        wire: 3096u32,
+        call: 2780u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -123058,8 +136020,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu118: CallDesc = CallDesc {
-        wire: 2866u32,
-        call: 2550u32,
+        wire: 3097u32,
+        call: 2781u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -123098,8 +136060,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu128: CallDesc = CallDesc {
-        wire: 2867u32,
-        call: 2550u32,
+        wire: 3098u32,
+        call: 2781u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -123138,8 +136100,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRankConfig__cu131: CallDesc = CallDesc {
-        wire: 2868u32,
-        call: 2550u32,
+        wire: 3099u32,
+        call: 2781u32,
         name: "ncclCommInitRankConfig",
         form: None,
         library: "nccl",
@@ -123178,8 +136140,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2869u32,
-        call: 2551u32,
+        wire: 3100u32,
+        call: 2782u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -123206,8 +136168,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu118: CallDesc = CallDesc {
-        wire: 2870u32,
-        call: 2552u32,
+        wire: 3101u32,
+        call: 2783u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -123249,8 +136211,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu128: CallDesc = CallDesc {
-        wire: 2871u32,
-        call: 2552u32,
+        wire: 3102u32,
+        call: 2783u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -123292,8 +136254,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommSplit__cu131: CallDesc = CallDesc {
-        wire: 2872u32,
-        call: 2552u32,
+        wire: 3103u32,
+        call: 2783u32,
         name: "ncclCommSplit",
         form: None,
         library: "nccl",
@@ -123335,8 +136297,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommUserRank: CallDesc = CallDesc {
-        wire: 2873u32,
-        call: 2553u32,
+        wire: 3104u32,
+        call: 2784u32,
         name: "ncclCommUserRank",
         form: None,
         library: "nccl",
@@ -123366,8 +136328,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2874u32,
-        call: 2554u32,
+        wire: 3105u32,
+        call: 2785u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123394,8 +136356,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2875u32,
-        call: 2554u32,
+        wire: 3106u32,
+        call: 2785u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -123422,8 +136384,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGather: CallDesc = CallDesc {
-        wire: 2876u32,
-        call: 2555u32,
+        wire: 3107u32,
+        call: 2786u32,
         name: "ncclGather",
         form: None,
         library: "nccl",
@@ -123464,8 +136426,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetUniqueId: CallDesc = CallDesc {
-        wire: 2877u32,
-        call: 2556u32,
+        wire: 3108u32,
+        call: 2787u32,
         name: "ncclGetUniqueId",
         form: None,
         library: "nccl",
@@ -123491,8 +136453,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGetVersion: CallDesc = CallDesc {
-        wire: 2878u32,
-        call: 2557u32,
+        wire: 3109u32,
+        call: 2788u32,
         name: "ncclGetVersion",
         form: None,
         library: "nccl",
@@ -123518,8 +136480,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2879u32,
-        call: 2558u32,
+        wire: 3110u32,
+        call: 2789u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -123537,8 +136499,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2880u32,
-        call: 2559u32,
+        wire: 3111u32,
+        call: 2790u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -123556,8 +136518,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRecv: CallDesc = CallDesc {
-        wire: 2881u32,
-        call: 2560u32,
+        wire: 3112u32,
+        call: 2791u32,
         name: "ncclRecv",
         form: None,
         library: "nccl",
@@ -123597,8 +136559,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2882u32,
-        call: 2561u32,
+        wire: 3113u32,
+        call: 2792u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -123625,8 +136587,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduce: CallDesc = CallDesc {
-        wire: 2883u32,
-        call: 2562u32,
+        wire: 3114u32,
+        call: 2793u32,
         name: "ncclReduce",
         form: None,
         library: "nccl",
@@ -123671,8 +136633,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclReduceScatter: CallDesc = CallDesc {
-        wire: 2884u32,
-        call: 2563u32,
+        wire: 3115u32,
+        call: 2794u32,
         name: "ncclReduceScatter",
         form: None,
         library: "nccl",
@@ -123713,8 +136675,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2885u32,
-        call: 2564u32,
+        wire: 3116u32,
+        call: 2795u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -123732,8 +136694,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclScatter: CallDesc = CallDesc {
-        wire: 2886u32,
-        call: 2565u32,
+        wire: 3117u32,
+        call: 2796u32,
         name: "ncclScatter",
         form: None,
         library: "nccl",
@@ -123774,8 +136736,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclSend: CallDesc = CallDesc {
-        wire: 2887u32,
-        call: 2566u32,
+        wire: 3118u32,
+        call: 2797u32,
         name: "ncclSend",
         form: None,
         library: "nccl",
@@ -123815,8 +136777,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllGather: CallDesc = CallDesc {
-        wire: 2888u32,
-        call: 2567u32,
+        wire: 3119u32,
+        call: 2798u32,
         name: "pncclAllGather",
         form: None,
         library: "nccl",
@@ -123853,8 +136815,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAllReduce: CallDesc = CallDesc {
-        wire: 2889u32,
-        call: 2568u32,
+        wire: 3120u32,
+        call: 2799u32,
         name: "pncclAllReduce",
         form: None,
         library: "nccl",
@@ -123895,8 +136857,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclAlltoAll: CallDesc = CallDesc {
-        wire: 2890u32,
-        call: 2569u32,
+        wire: 3121u32,
+        call: 2800u32,
         name: "pncclAlltoAll",
         form: None,
         library: "nccl",
@@ -123933,8 +136895,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBcast: CallDesc = CallDesc {
-        wire: 2891u32,
-        call: 2570u32,
+        wire: 3122u32,
+        call: 2801u32,
         name: "pncclBcast",
         form: None,
         library: "nccl",
@@ -123974,8 +136936,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclBroadcast: CallDesc = CallDesc {
-        wire: 2892u32,
-        call: 2571u32,
+        wire: 3123u32,
+        call: 2802u32,
         name: "pncclBroadcast",
         form: None,
         library: "nccl",
@@ -124016,8 +136978,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2893u32,
-        call: 2572u32,
+        wire: 3124u32,
+        call: 2803u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -124040,8 +137002,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2894u32,
-        call: 2573u32,
+        wire: 3125u32,
+        call: 2804u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -124064,8 +137026,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2895u32,
-        call: 2574u32,
+        wire: 3126u32,
+        call: 2805u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -124088,8 +137050,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2896u32,
-        call: 2575u32,
+        wire: 3127u32,
+        call: 2806u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -124121,8 +137083,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2897u32,
-        call: 2576u32,
+        wire: 3128u32,
+        call: 2807u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -124149,8 +137111,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2898u32,
-        call: 2577u32,
+        wire: 3129u32,
+        call: 2808u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -124177,8 +137139,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2899u32,
-        call: 2577u32,
+        wire: 3130u32,
+        call: 2808u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -124205,8 +137167,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu128: CallDesc = CallDesc {
-        wire: 2900u32,
-        call: 2578u32,
+        wire: 3131u32,
+        call: 2809u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -124242,8 +137204,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowRegister__cu131: CallDesc = CallDesc {
-        wire: 2901u32,
-        call: 2578u32,
+        wire: 3132u32,
+        call: 2809u32,
         name: "pncclCommWindowRegister",
         form: None,
         library: "nccl",
@@ -124279,8 +137241,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGather: CallDesc = CallDesc {
-        wire: 2902u32,
-        call: 2579u32,
+        wire: 3133u32,
+        call: 2810u32,
         name: "pncclGather",
         form: None,
         library: "nccl",
@@ -124321,8 +137283,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2903u32,
-        call: 2580u32,
+        wire: 3134u32,
+        call: 2811u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -124340,8 +137302,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2904u32,
-        call: 2581u32,
+        wire: 3135u32,
+        call: 2812u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -124359,8 +137321,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRecv: CallDesc = CallDesc {
-        wire: 2905u32,
-        call: 2582u32,
+        wire: 3136u32,
+        call: 2813u32,
         name: "pncclRecv",
         form: None,
         library: "nccl",
@@ -124400,8 +137362,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2906u32,
-        call: 2583u32,
+        wire: 3137u32,
+        call: 2814u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -124428,8 +137390,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduce: CallDesc = CallDesc {
-        wire: 2907u32,
-        call: 2584u32,
+        wire: 3138u32,
+        call: 2815u32,
         name: "pncclReduce",
         form: None,
         library: "nccl",
@@ -124474,8 +137436,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclReduceScatter: CallDesc = CallDesc {
-        wire: 2908u32,
-        call: 2585u32,
+        wire: 3139u32,
+        call: 2816u32,
         name: "pncclReduceScatter",
         form: None,
         library: "nccl",
@@ -124516,8 +137478,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2909u32,
-        call: 2586u32,
+        wire: 3140u32,
+        call: 2817u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -124535,8 +137497,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclScatter: CallDesc = CallDesc {
-        wire: 2910u32,
-        call: 2587u32,
+        wire: 3141u32,
+        call: 2818u32,
         name: "pncclScatter",
         form: None,
         library: "nccl",
@@ -124577,8 +137539,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclSend: CallDesc = CallDesc {
-        wire: 2911u32,
-        call: 2588u32,
+        wire: 3142u32,
+        call: 2819u32,
         name: "pncclSend",
         form: None,
         library: "nccl",
@@ -124621,8 +137583,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2823u32,
-        call: 2507u32,
+        wire: 3054u32,
+        call: 2738u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -124645,8 +137607,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2824u32,
-        call: 2508u32,
+        wire: 3055u32,
+        call: 2739u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -124669,8 +137631,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2825u32,
-        call: 2509u32,
+        wire: 3056u32,
+        call: 2740u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -124693,8 +137655,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2826u32,
-        call: 2510u32,
+        wire: 3057u32,
+        call: 2741u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -124717,8 +137679,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2827u32,
-        call: 2511u32,
+        wire: 3058u32,
+        call: 2742u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -124741,8 +137703,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2828u32,
-        call: 2512u32,
+        wire: 3059u32,
+        call: 2743u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -124765,8 +137727,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2829u32,
-        call: 2513u32,
+        wire: 3060u32,
+        call: 2744u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -124789,8 +137751,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2830u32,
-        call: 2514u32,
+        wire: 3061u32,
+        call: 2745u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -124813,8 +137775,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2831u32,
-        call: 2515u32,
+        wire: 3062u32,
+        call: 2746u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -124837,8 +137799,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2832u32,
-        call: 2516u32,
+        wire: 3063u32,
+        call: 2747u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -124861,8 +137823,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2833u32,
-        call: 2517u32,
+        wire: 3064u32,
+        call: 2748u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -124892,8 +137854,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2834u32,
-        call: 2518u32,
+        wire: 3065u32,
+        call: 2749u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -124923,8 +137885,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2835u32,
-        call: 2519u32,
+        wire: 3066u32,
+        call: 2750u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -124954,8 +137916,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2836u32,
-        call: 2520u32,
+        wire: 3067u32,
+        call: 2751u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -124985,8 +137947,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2837u32,
-        call: 2521u32,
+        wire: 3068u32,
+        call: 2752u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -125016,8 +137978,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2838u32,
-        call: 2522u32,
+        wire: 3069u32,
+        call: 2753u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -125047,8 +138009,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2839u32,
-        call: 2523u32,
+        wire: 3070u32,
+        call: 2754u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -125078,8 +138040,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2840u32,
-        call: 2524u32,
+        wire: 3071u32,
+        call: 2755u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -125109,8 +138071,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2841u32,
-        call: 2525u32,
+        wire: 3072u32,
+        call: 2756u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -125140,8 +138102,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2842u32,
-        call: 2526u32,
+        wire: 3073u32,
+        call: 2757u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -125171,8 +138133,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2843u32,
-        call: 2527u32,
+        wire: 3074u32,
+        call: 2758u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -125202,8 +138164,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2844u32,
-        call: 2528u32,
+        wire: 3075u32,
+        call: 2759u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -125233,8 +138195,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2845u32,
-        call: 2529u32,
+        wire: 3076u32,
+        call: 2760u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -125264,8 +138226,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2846u32,
-        call: 2530u32,
+        wire: 3077u32,
+        call: 2761u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -125295,8 +138257,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2847u32,
-        call: 2531u32,
+        wire: 3078u32,
+        call: 2762u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -125326,8 +138288,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2848u32,
-        call: 2532u32,
+        wire: 3079u32,
+        call: 2763u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -125357,8 +138319,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2849u32,
-        call: 2533u32,
+        wire: 3080u32,
+        call: 2764u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -125388,8 +138350,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2850u32,
-        call: 2534u32,
+        wire: 3081u32,
+        call: 2765u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -125419,8 +138381,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2851u32,
-        call: 2535u32,
+        wire: 3082u32,
+        call: 2766u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -125450,8 +138412,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2852u32,
-        call: 2536u32,
+        wire: 3083u32,
+        call: 2767u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -125481,8 +138443,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2853u32,
-        call: 2537u32,
+        wire: 3084u32,
+        call: 2768u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -132608,8 +145570,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2818u32,
-        call: 2502u32,
+        wire: 3049u32,
+        call: 2733u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -132635,8 +145597,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2819u32,
-        call: 2503u32,
+        wire: 3050u32,
+        call: 2734u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -132662,8 +145624,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2820u32,
-        call: 2504u32,
+        wire: 3051u32,
+        call: 2735u32,
         name: "nvrtcGetSupportedArchs",
         form: Some(Form::Call),
         library: "nvrtc",
@@ -132689,8 +145651,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2821u32,
-        call: 2505u32,
+        wire: 3052u32,
+        call: 2736u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -132713,8 +145675,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2822u32,
-        call: 2506u32,
+        wire: 3053u32,
+        call: 2737u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",
