@@ -327,18 +327,12 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname16(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtQueryPlan@PLT
     .size cufftXtQueryPlan, .-cufftXtQueryPlan
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname17(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetCallback@PLT
     .size cufftXtSetCallback, .-cufftXtSetCallback
     .globl cufftXtSetCallbackSharedSize
     .type cufftXtSetCallbackSharedSize, @function
@@ -348,15 +342,12 @@ cufftXtSetCallbackSharedSize:
     .globl cufftXtSetDistribution
     .type cufftXtSetDistribution, @function
 cufftXtSetDistribution:
-    leaq .Lname18(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetDistribution__cu121@PLT
     .size cufftXtSetDistribution, .-cufftXtSetDistribution
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -364,7 +355,7 @@ cufftXtSetGPUs:
     .globl cufftXtSetJITCallback
     .type cufftXtSetJITCallback, @function
 cufftXtSetJITCallback:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -372,18 +363,12 @@ cufftXtSetJITCallback:
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname21(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetWorkArea@PLT
     .size cufftXtSetWorkArea, .-cufftXtSetWorkArea
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname22(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetWorkAreaPolicy@PLT
     .size cufftXtSetWorkAreaPolicy, .-cufftXtSetWorkAreaPolicy
     .section .rodata
 .Lname0:
@@ -419,17 +404,7 @@ cufftXtSetWorkAreaPolicy:
 .Lname15:
     .asciz "cufftXtMemcpy"
 .Lname16:
-    .asciz "cufftXtQueryPlan"
-.Lname17:
-    .asciz "cufftXtSetCallback"
-.Lname18:
-    .asciz "cufftXtSetDistribution"
-.Lname19:
     .asciz "cufftXtSetGPUs"
-.Lname20:
+.Lname17:
     .asciz "cufftXtSetJITCallback"
-.Lname21:
-    .asciz "cufftXtSetWorkArea"
-.Lname22:
-    .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits
