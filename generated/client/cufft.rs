@@ -4,6 +4,30 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`__cufftXtSetJITCallback_12_7` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft___cufftXtSetJITCallback_12_7(
+    plan: i32,
+    lto_callback_symbol_name: *mut c_void,
+    lto_callback_fatbin: *mut c_void,
+    lto_callback_fatbin_size: usize,
+    r#type: u32,
+    caller_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::__cufftXtSetJITCallback_12_7,
+            &[
+                (plan) as i64 as u64,
+                (lto_callback_symbol_name) as usize as u64,
+                (lto_callback_fatbin) as usize as u64,
+                (lto_callback_fatbin_size) as u64,
+                (r#type) as u64,
+                (caller_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cufftCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftCreate(handle: *mut c_void) -> u32 {
